@@ -1,0 +1,76 @@
+"""Messages between the front end and the scheduler process (msgspec, tagged unions).
+
+The front end validates and tokenizes jobs and sends GenerateRequest; the scheduler answers
+each one with exactly one RequestFinished (all n choices, or an error). These cross a ZMQ
+socket as msgpack, or an in-memory queue for tests and the offline API.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Protocol
+
+import msgspec
+
+from producer.schema import SamplingParams
+
+
+class GenerateRequest(msgspec.Struct, tag="generate", frozen=True):
+    uid: str
+    input_ids: list[int]
+    sampling: SamplingParams
+
+
+class AbortRequest(msgspec.Struct, tag="abort", frozen=True):
+    uid: str
+
+
+class ShutdownRequest(msgspec.Struct, tag="shutdown", frozen=True):
+    pass
+
+
+Inbound = GenerateRequest | AbortRequest | ShutdownRequest
+
+
+class ChoiceOutput(msgspec.Struct, frozen=True):
+    index: int
+    token_ids: list[int]  # generated tokens; a stop token id that ended it is not included
+    finish_reason: Literal["stop", "length", "error"]
+    matched_stop: str | None = None  # the stop string that ended it, for trimming the text
+
+
+class RequestFinished(msgspec.Struct, tag="finished", frozen=True):
+    uid: str
+    choices: list[ChoiceOutput]
+    prompt_tokens: int
+    cached_tokens: int  # prompt tokens served from the prefix cache (first admission)
+    error_code: str | None = None  # e.g. "prompt_too_long"; choices empty then
+    error_message: str | None = None
+
+
+class SchedulerReady(msgspec.Struct, tag="ready", frozen=True):
+    """Sent once when the scheduler process has loaded the model."""
+
+    max_running_reqs: int
+    max_seq_len: int
+    num_pages: int
+    page_size: int
+
+
+Outbound = RequestFinished | SchedulerReady
+
+inbound_decoder = msgspec.msgpack.Decoder(Inbound)
+outbound_decoder = msgspec.msgpack.Decoder(Outbound)
+encoder = msgspec.msgpack.Encoder()
+
+
+class SchedulerIO(Protocol):
+    """How the scheduler talks to its front end.
+
+    ``receive(block)`` returns every inbound message available now; with ``block`` it waits
+    until at least one arrives (the scheduler blocks only when it has nothing to run).
+    ``send`` delivers outbound messages in order.
+    """
+
+    def receive(self, block: bool) -> list[Inbound]: ...
+
+    def send(self, messages: list[Outbound]) -> None: ...
