@@ -1,0 +1,240 @@
+"""FlashInferBackend against a dense attention oracle (and the torch reference backend).
+
+Each case builds a KV pool filled with random bf16 K/V, scatters every request's tokens
+over randomly chosen pages (some requests share prefix pages, as the radix cache makes
+them), and checks the backend's output against causal softmax attention computed densely
+in fp32 from the same locations.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from worker.attention.base import BatchLayout  # noqa: E402
+from worker.engine.kv_pool import KVPool  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+HEADS = [(16, 8), (32, 8)]  # (q heads, kv heads): Qwen3-0.6B and Llama-3-8B shapes
+HEAD_DIM = 128
+NUM_LAYERS = 2
+MAX_SEQ_LEN = 1024
+ATOL, RTOL = 1e-2, 2e-2  # bf16 output rounding of values of magnitude <= ~1
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One forward pass over some of a case's requests."""
+
+    layout: BatchLayout
+    specs: list[tuple[int, int]]  # (cached_len, extend_len) a request
+    q: torch.Tensor  # [T, q_heads, head_dim] bf16
+
+
+class Case:
+    """A KV pool and page table holding requests given as (cached_len, extend_len)."""
+
+    def __init__(
+        self,
+        specs: list[tuple[int, int]],
+        q_heads: int,
+        kv_heads: int,
+        page_size: int,
+        device: str,
+        seed: int = 0,
+        share_prefix: bool = True,
+    ) -> None:
+        self.gen = torch.Generator().manual_seed(seed)
+        self.specs, self.page_size, self.q_heads, self.device = specs, page_size, q_heads, device
+        seq_lens = [c + e for c, e in specs]
+        pages_needed = sum(-(-n // page_size) for n in seq_lens) + 3
+        self.kv = KVPool(NUM_LAYERS, pages_needed, page_size, kv_heads, HEAD_DIM, torch.bfloat16, device)
+        for layer in range(NUM_LAYERS):
+            for cache in (self.kv.k_cache(layer), self.kv.v_cache(layer)):
+                cache.copy_(torch.randn(cache.shape, generator=self.gen).to(torch.bfloat16))
+        num_slots = 2 * len(specs) + 3
+        page_table = torch.full((num_slots, MAX_SEQ_LEN), -1, dtype=torch.int32)
+        self.slots = torch.randperm(num_slots, generator=self.gen)[: len(specs)].to(torch.int32)
+        free_pages = torch.randperm(pages_needed, generator=self.gen).tolist()
+        first_row: torch.Tensor | None = None
+        for i, n in enumerate(seq_lens):
+            pages = [free_pages.pop() for _ in range(-(-n // page_size))]
+            row = (torch.tensor(pages)[:, None] * page_size + torch.arange(page_size)).flatten()[:n]
+            if share_prefix and first_row is not None and i % 2 == 1:
+                # Requests at odd positions reuse whole pages of request 0's prefix.
+                shared = min(n, len(first_row)) // page_size * page_size
+                row[:shared] = first_row[:shared]
+            if first_row is None:
+                first_row = row.clone()
+            page_table[self.slots[i], :n] = row.to(torch.int32)
+        self.page_table = page_table.to(device)
+        self.model_config = SimpleNamespace(num_q_heads=q_heads, num_kv_heads=kv_heads, head_dim=HEAD_DIM)
+
+    def batch(self, requests: list[int] | None = None) -> Batch:
+        """A pass over the given requests (default: all), with fresh random queries."""
+        idx = list(range(len(self.specs))) if requests is None else requests
+        specs = [self.specs[i] for i in idx]
+        pin = self.device == "cuda"
+
+        def host(values: list[int]) -> torch.Tensor:
+            t = torch.tensor(values, dtype=torch.int32)
+            return t.pin_memory() if pin else t
+
+        layout = BatchLayout(
+            slots_cpu=host([int(self.slots[i]) for i in idx]),
+            cached_lens_cpu=host([c for c, _ in specs]),
+            extend_lens_cpu=host([e for _, e in specs]),
+        )
+        num_tokens = sum(e for _, e in specs)
+        q = torch.randn(num_tokens, self.q_heads, HEAD_DIM, generator=self.gen).to(torch.bfloat16)
+        return Batch(layout, specs, q.to(self.device))
+
+    def oracle(self, batch: Batch, layer_id: int) -> torch.Tensor:
+        """Dense causal attention in fp32, each request read from its page-table locations."""
+        k_all, v_all = self.kv.k_cache(layer_id).float(), self.kv.v_cache(layer_id).float()
+        group = self.q_heads // self.kv.num_kv_heads
+        outs, start = [], 0
+        for slot, (cached, extend) in zip(batch.layout.slots_cpu.tolist(), batch.specs, strict=True):
+            locs = self.page_table[slot, : cached + extend].long()
+            assert bool((locs >= 0).all()), "test bug: request reads an unset page-table entry"
+            k = k_all[locs].repeat_interleave(group, dim=1)  # [S, Hq, D]
+            v = v_all[locs].repeat_interleave(group, dim=1)
+            q = batch.q[start : start + extend].float()  # [E, Hq, D]
+            scores = torch.einsum("ehd,shd->hes", q, k) / math.sqrt(HEAD_DIM)
+            q_pos = cached + torch.arange(extend, device=q.device)
+            k_pos = torch.arange(cached + extend, device=q.device)
+            scores = scores.masked_fill(k_pos[None, None, :] > q_pos[None, :, None], float("-inf"))
+            outs.append(torch.einsum("hes,shd->ehd", scores.softmax(-1), v))
+            start += extend
+        return torch.cat(outs)
+
+
+def make_backend(case: Case, device: str, **kw):
+    from worker.attention.registry import create_backend
+
+    return create_backend(
+        "flashinfer",
+        kv=case.kv,
+        page_table=case.page_table,
+        model_config=case.model_config,
+        page_size=case.page_size,
+        device=device,
+        **kw,
+    )
+
+
+def check_eager(case: Case, device: str, **kw) -> None:
+    backend = make_backend(case, device, **kw)
+    batch = case.batch()
+    meta = backend.plan(batch.layout)
+    for layer in range(NUM_LAYERS):
+        out = backend.forward(batch.q, layer, meta)
+        assert out.shape == batch.q.shape and out.dtype == torch.bfloat16
+        torch.testing.assert_close(out.float(), case.oracle(batch, layer), atol=ATOL, rtol=RTOL)
+
+
+def mixed_specs(page_size: int) -> list[tuple[int, int]]:
+    """Prefill with cached prefixes, fresh prompts and decode rows in one batch."""
+    return [(0, 37), (3 * page_size, 1), (100, 200), (33, 1), (5 * page_size, 17), (0, 1), (250, 130)]
+
+
+def decode_specs(batch_size: int, seed: int) -> list[tuple[int, int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [(int(n) - 1, 1) for n in torch.randint(1, 700, (batch_size,), generator=gen)]
+
+
+@pytest.fixture(scope="module")
+def device() -> str:
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    import flashinfer  # noqa: F401  (on a GPU machine a missing FlashInfer is an error, not a skip)
+
+    return "cuda"
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("heads", HEADS)
+def test_mixed_prefill_matches_dense_oracle(device: str, heads: tuple[int, int], page_size: int) -> None:
+    """Ragged causal prefill over cached prefixes, shared pages and 1-token rows."""
+    check_eager(Case(mixed_specs(page_size), *heads, page_size, device), device)
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_fresh_prefill_matches_dense_oracle(device: str, page_size: int) -> None:
+    """Prompts with nothing cached (cached_len 0), one of them spanning many pages."""
+    specs = [(0, 513), (0, 1), (0, 64), (0, 300)]
+    check_eager(Case(specs, 16, 8, page_size, device, share_prefix=False), device)
+
+
+@pytest.mark.parametrize("use_tensor_cores", [True, False])
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("heads", HEADS)
+def test_decode_matches_dense_oracle(
+    device: str, heads: tuple[int, int], page_size: int, use_tensor_cores: bool
+) -> None:
+    """Pure decode batch (every extend_len == 1) through the decode wrapper."""
+    case = Case(decode_specs(13, seed=page_size), *heads, page_size, device)
+    assert case.batch().layout.is_decode
+    check_eager(case, device, use_tensor_cores=use_tensor_cores)
+
+
+@pytest.mark.parametrize("use_tensor_cores", [True, False])
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_cuda_graph_replay_matches_dense_oracle(device: str, page_size: int, use_tensor_cores: bool) -> None:
+    """Decode graphs captured on dummy data replay correctly for new, padded batches."""
+    case = Case(decode_specs(16, seed=7), 16, 8, page_size, device, seed=7)
+    backend = make_backend(case, device, use_tensor_cores=use_tensor_cores)
+    backend.init_cuda_graphs([8, 4], max_seq_len=MAX_SEQ_LEN)
+    assert backend.graph_batch_sizes == [4, 8]
+    assert backend.graph_batch_size(1) == 4 and backend.graph_batch_size(5) == 8
+    assert backend.graph_batch_size(9) is None
+    graphs = {}
+    for bs in (8, 4):
+        q_static = torch.zeros(bs, 16, HEAD_DIM, dtype=torch.bfloat16, device=device)
+        meta = backend.capture_meta(bs)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            backend.forward(q_static, 0, meta)  # warm-up outside the capture
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outs = [backend.forward(q_static, layer, meta) for layer in range(NUM_LAYERS)]
+        graphs[bs] = (graph, q_static, outs)
+    for requests in ([0, 3, 5, 9, 12], list(range(8, 16)), [15, 2, 7], [4]):
+        batch = case.batch(requests)
+        bs = backend.graph_batch_size(batch.layout.batch_size)
+        graph, q_static, outs = graphs[bs]
+        backend.plan_for_replay(batch.layout, bs)
+        q_static.zero_()
+        q_static[: len(requests)].copy_(batch.q)
+        graph.replay()
+        for layer in range(NUM_LAYERS):
+            got = outs[layer][: len(requests)].float()
+            torch.testing.assert_close(got, case.oracle(batch, layer), atol=ATOL, rtol=RTOL)
+
+
+def test_matches_torch_reference_backend(device: str) -> None:
+    """Same batch through the torch reference backend (the CPU-side oracle of the engine)."""
+    from worker.attention import torch_ref
+
+    case = Case(mixed_specs(16), 16, 8, 16, device)
+    batch = case.batch()
+    flash = make_backend(case, device)
+    ref = torch_ref.create(
+        kv=case.kv, page_table=case.page_table, model_config=case.model_config, page_size=16, device=device
+    )
+    meta_f, meta_r = flash.plan(batch.layout), ref.plan(batch.layout)
+    for layer in range(NUM_LAYERS):
+        torch.testing.assert_close(
+            flash.forward(batch.q, layer, meta_f).float(),
+            ref.forward(batch.q, layer, meta_r).float(),
+            atol=ATOL,
+            rtol=RTOL,
+        )

@@ -1,0 +1,115 @@
+"""Model fixtures and a tiny paged runner for tests (import from test modules).
+
+``PagedRunner`` drives a CausalLM through a KVPool + TorchRefBackend the way the engine
+does: per request a slot, page_table rows of KV locations (pages handed out in a shuffled
+order so they are not contiguous), ForwardBatch built by hand.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+
+from worker.attention.base import BatchLayout
+from worker.attention.torch_ref import TorchRefBackend
+from worker.engine.forward import ForwardBatch
+from worker.engine.kv_pool import KVPool
+from worker.models import LoadedModel
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """The SmolLM2-135M-Instruct GGUF converted to a HF directory (cached across runs)."""
+    from worker.models.gguf import ensure_converted
+    from worker.models.registry import ALIASES
+
+    return ensure_converted(ALIASES["smollm2-135m"].locate(), name="smollm2-135m")
+
+
+@dataclass
+class PagedRunner:
+    loaded: LoadedModel
+    page_size: int
+    max_reqs: int = 8
+    max_len: int = 128
+    seed: int = 0
+    kv: KVPool = field(init=False)
+    page_table: torch.Tensor = field(init=False)
+    backend: TorchRefBackend = field(init=False)
+
+    def __post_init__(self) -> None:
+        cfg = self.loaded.config
+        pages_per_req = -(-self.max_len // self.page_size)
+        num_pages = self.max_reqs * pages_per_req + 3
+        dtype = next(self.loaded.model.parameters()).dtype
+        device = next(self.loaded.model.parameters()).device
+        self.kv = KVPool(
+            cfg.num_layers, num_pages, self.page_size, cfg.num_kv_heads, cfg.head_dim, dtype, device
+        )
+        self.page_table = torch.zeros(self.max_reqs, self.max_len, dtype=torch.int32, device=device)
+        self.backend = TorchRefBackend(
+            self.kv, self.page_table, cfg.num_q_heads, cfg.head_dim, self.page_size
+        )
+        gen = torch.Generator().manual_seed(self.seed)
+        self._free_pages = torch.randperm(num_pages, generator=gen).tolist()
+        self._pages: dict[int, list[int]] = {}
+        self.device = device
+
+    def _locations(self, slot: int, start: int, end: int) -> list[int]:
+        pages = self._pages.setdefault(slot, [])
+        while len(pages) * self.page_size < end:
+            pages.append(self._free_pages.pop())
+        return [pages[i // self.page_size] * self.page_size + i % self.page_size for i in range(start, end)]
+
+    def step(self, requests: list[tuple[int, int, list[int]]]) -> torch.Tensor:
+        """One pass; each request is (slot, cached_len, new token ids). Returns logits [B, V]."""
+        input_ids, positions, out_loc, sample_idx = [], [], [], []
+        for slot, cached_len, tokens in requests:
+            locs = self._locations(slot, cached_len, cached_len + len(tokens))
+            self.page_table[slot, cached_len : cached_len + len(tokens)] = torch.tensor(
+                locs, dtype=torch.int32
+            )
+            input_ids += tokens
+            positions += range(cached_len, cached_len + len(tokens))
+            out_loc += locs
+            sample_idx.append(len(input_ids) - 1)
+        layout = BatchLayout(
+            slots_cpu=torch.tensor([r[0] for r in requests], dtype=torch.int32),
+            cached_lens_cpu=torch.tensor([r[1] for r in requests], dtype=torch.int32),
+            extend_lens_cpu=torch.tensor([len(r[2]) for r in requests], dtype=torch.int32),
+        )
+
+        def dev(values: list[int]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.int64, device=self.device)
+
+        batch = ForwardBatch(
+            input_ids=dev(input_ids),
+            positions=dev(positions),
+            out_loc=dev(out_loc),
+            sample_idx=dev(sample_idx),
+            layout=layout,
+            backend=self.backend,
+            attn_meta=self.backend.plan(layout),
+            kv=self.kv,
+        )
+        self.last_batch = batch
+        with torch.inference_mode():
+            return self.loaded.model(batch)
+
+    def greedy(self, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+        """Batched greedy decoding: prefill all prompts in one pass, then decode together."""
+        slots = list(range(len(prompts)))
+        lens = [0] * len(prompts)
+        outputs: list[list[int]] = [[] for _ in prompts]
+        pending = [list(p) for p in prompts]
+        for _ in range(max_new_tokens):
+            logits = self.step([(s, lens[s], pending[s]) for s in slots])
+            next_ids = logits.argmax(-1).tolist()
+            for s in slots:
+                lens[s] += len(pending[s])
+                outputs[s].append(next_ids[s])
+                pending[s] = [next_ids[s]]
+        return outputs

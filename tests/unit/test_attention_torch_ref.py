@@ -1,0 +1,111 @@
+"""TorchRefBackend vs dense attention over contiguous K/V, on random data."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from worker.attention.base import BatchLayout
+from worker.attention.registry import create_backend, resolve_backend_name
+from worker.attention.torch_ref import TorchRefBackend
+from worker.engine.kv_pool import KVPool
+from worker.models.config import ModelConfig
+
+
+def _dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cached_len: int) -> torch.Tensor:
+    """float64 oracle: q [E, Hq, D] at positions cached_len.., k/v [S, Hkv, D]."""
+    group = q.shape[1] // k.shape[1]
+    out = torch.empty(q.shape, dtype=torch.float64)
+    for h in range(q.shape[1]):
+        for j in range(q.shape[0]):
+            visible = cached_len + j + 1
+            scores = k[:visible, h // group].double() @ q[j, h].double() / math.sqrt(q.shape[2])
+            out[j, h] = torch.softmax(scores, 0) @ v[:visible, h // group].double()
+    return out
+
+
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+@pytest.mark.parametrize(("num_q_heads", "num_kv_heads"), [(4, 4), (8, 2), (6, 1)])
+def test_mixed_batch_matches_dense(page_size, num_q_heads, num_kv_heads):
+    """Fresh prefill, prefill over a cached prefix and decodes in one batch, on shuffled pages."""
+    gen = torch.Generator().manual_seed(page_size * 100 + num_q_heads)
+    head_dim, num_layers, layer = 16, 2, 1
+    requests = [(3, 0, 9), (0, 7, 5), (5, 20, 1), (1, 1, 1), (2, 0, 1)]  # (slot, cached_len, extend_len)
+    max_len = 32
+    num_pages = 6 * (max_len // page_size) + 1
+    kv = KVPool(num_layers, num_pages, page_size, num_kv_heads, head_dim, torch.float32, "cpu")
+    page_table = torch.zeros(6, max_len, dtype=torch.int32)
+    free_pages = torch.randperm(num_pages, generator=gen).tolist()
+    keys, values, queries = [], [], []
+    for slot, cached_len, extend_len in requests:
+        seq_len = cached_len + extend_len
+        pages = [free_pages.pop() for _ in range(-(-seq_len // page_size))]
+        locs = torch.tensor([pages[i // page_size] * page_size + i % page_size for i in range(seq_len)])
+        page_table[slot, :seq_len] = locs.int()
+        k = torch.randn(seq_len, num_kv_heads, head_dim, generator=gen)
+        v = torch.randn(seq_len, num_kv_heads, head_dim, generator=gen)
+        kv.store(layer, locs, k, v)
+        keys.append(k), values.append(v)
+        queries.append(torch.randn(extend_len, num_q_heads, head_dim, generator=gen))
+    backend = TorchRefBackend(kv, page_table, num_q_heads, head_dim, page_size)
+    layout = BatchLayout(
+        slots_cpu=torch.tensor([r[0] for r in requests], dtype=torch.int32),
+        cached_lens_cpu=torch.tensor([r[1] for r in requests], dtype=torch.int32),
+        extend_lens_cpu=torch.tensor([r[2] for r in requests], dtype=torch.int32),
+    )
+    out = backend.forward(torch.cat(queries), layer, backend.plan(layout))
+    expected = torch.cat(
+        [_dense_attention(q, k, v, r[1]) for q, k, v, r in zip(queries, keys, values, requests, strict=True)]
+    )
+    torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_bfloat16_pool_and_queries_keep_dtype():
+    kv = KVPool(1, 4, 4, 2, 8, torch.bfloat16, "cpu")
+    page_table = torch.arange(16, dtype=torch.int32).view(1, 16)
+    kv.store(0, torch.arange(5), torch.randn(5, 2, 8), torch.randn(5, 2, 8))
+    backend = TorchRefBackend(kv, page_table, 4, 8, 4)
+    layout = BatchLayout(
+        torch.tensor([0], dtype=torch.int32),
+        torch.tensor([2], dtype=torch.int32),
+        torch.tensor([3], dtype=torch.int32),
+    )
+    q = torch.randn(3, 4, 8, dtype=torch.bfloat16)
+    out = backend.forward(q, 0, backend.plan(layout))
+    expected = _dense_attention(q.float(), kv.k_cache(0)[:5].float(), kv.v_cache(0)[:5].float(), 2)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.double(), expected, atol=2e-2, rtol=2e-2)
+
+
+def test_registry_resolves_names():
+    """ "auto" is torch on CPU and flashinfer on CUDA; unknown names are refused."""
+    assert resolve_backend_name("auto", "cpu") == "torch"
+    assert resolve_backend_name("auto", "cuda") == "flashinfer"
+    with pytest.raises(ValueError, match="unknown attention backend"):
+        resolve_backend_name("xformers", "cpu")
+    config = ModelConfig(
+        architecture="LlamaForCausalLM",
+        vocab_size=8,
+        hidden_size=16,
+        num_layers=1,
+        num_q_heads=4,
+        num_kv_heads=2,
+        head_dim=4,
+        intermediate_size=8,
+        rms_norm_eps=1e-6,
+        rope_theta=1e4,
+        rope_scaling=None,
+        max_position_embeddings=16,
+        tie_word_embeddings=True,
+        qk_norm=False,
+        attention_bias=False,
+        eos_token_ids=(0,),
+    )
+    kv = KVPool(1, 4, 2, 2, 4, torch.float32, "cpu")
+    page_table = torch.zeros(2, 8, dtype=torch.int32)
+    backend = create_backend(
+        "auto", kv=kv, page_table=page_table, model_config=config, page_size=2, device="cpu"
+    )
+    assert isinstance(backend, TorchRefBackend) and backend.num_q_heads == 4

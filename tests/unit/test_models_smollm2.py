@@ -1,0 +1,68 @@
+"""The real default model (SmolLM2-135M-Instruct GGUF) through our paged decoder."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.model_fixtures import PagedRunner, smollm2_dir  # noqa: E402, F401  (fixture)
+from worker.models import load_model  # noqa: E402
+from worker.models.tokenizer import load_tokenizer, prompt_ids  # noqa: E402
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def _greedy_until_eos(
+    runner: PagedRunner, prompt: list[int], eos: tuple[int, ...], max_new_tokens: int
+) -> list[int]:
+    tokens: list[int] = []
+    pending, cached_len = prompt, 0
+    for _ in range(max_new_tokens):
+        next_id = int(runner.step([(0, cached_len, pending)])[0].argmax())
+        tokens.append(next_id)
+        if next_id in eos:
+            break
+        cached_len, pending = cached_len + len(pending), [next_id]
+    return tokens
+
+
+def test_smollm2_greedy_chat_matches_hf(smollm2_dir):  # noqa: F811
+    """Greedy chat answer is Paris, token for token what transformers generates."""
+    from transformers import AutoModelForCausalLM
+
+    start_s = time.monotonic()
+    loaded = load_model("smollm2-135m")
+    load_s = time.monotonic() - start_s
+    assert Path(loaded.path) == smollm2_dir
+    assert load_s < 10, f"cached SmolLM2 took {load_s:.1f}s to load"
+    config = loaded.config
+    assert (config.architecture, config.num_layers, config.hidden_size, config.vocab_size) == (
+        "LlamaForCausalLM",
+        30,
+        576,
+        49152,
+    )
+    assert config.tie_word_embeddings
+    tokenizer = load_tokenizer(loaded.path)
+    ids = prompt_ids(tokenizer, messages=QUESTION)
+    ours = _greedy_until_eos(PagedRunner(loaded, page_size=16, max_reqs=1), ids, config.eos_token_ids, 24)
+    assert tokenizer.decode(ours, skip_special_tokens=True).startswith("The capital of France is Paris")
+
+    hf = AutoModelForCausalLM.from_pretrained(str(smollm2_dir), dtype=torch.float32).eval()
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False)
+    assert ours == out[0, len(ids) :].tolist()
+
+
+def test_smollm2_tokenizer_helpers(smollm2_dir):  # noqa: F811
+    """prompt_ids follows the HF chat template and plain encoding; aliases resolve to the cache."""
+    tokenizer = load_tokenizer("smollm2-135m")
+    text = tokenizer.apply_chat_template(QUESTION, tokenize=False, add_generation_prompt=True)
+    assert text.rstrip().endswith("assistant")
+    expected = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert prompt_ids(tokenizer, messages=QUESTION) == list(expected)
+    assert prompt_ids(tokenizer, prompt="Hello world") == list(tokenizer("Hello world")["input_ids"])

@@ -1,0 +1,54 @@
+"""Attention backends by name; heavy backends are imported only when chosen."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from worker.attention.base import AttentionBackend
+    from worker.engine.kv_pool import KVPool
+    from worker.models.config import ModelConfig
+
+# name -> "module:factory"; the factory is called with the keyword arguments of create_backend.
+_BACKENDS: dict[str, str] = {
+    "torch": "worker.attention.torch_ref:create",
+    "flashinfer": "worker.attention.flashinfer:create",
+}
+
+
+def available_backends() -> list[str]:
+    return sorted(_BACKENDS)
+
+
+def resolve_backend_name(name: str, device: torch.device | str) -> str:
+    """ "auto" -> "flashinfer" on CUDA, "torch" elsewhere; other names pass through checked."""
+    if name == "auto":
+        return "flashinfer" if torch.device(device).type == "cuda" else "torch"
+    if name not in _BACKENDS:
+        raise ValueError(f"unknown attention backend {name!r}; choose from {['auto', *available_backends()]}")
+    return name
+
+
+def create_backend(
+    name: str,
+    *,
+    kv: KVPool,
+    page_table: torch.Tensor,
+    model_config: ModelConfig,
+    page_size: int,
+    device: torch.device | str,
+    **kw: Any,
+) -> AttentionBackend:
+    """Build the backend ``name`` ("torch", "flashinfer" or "auto") for this KV pool.
+
+    Each backend module exposes ``create(*, kv, page_table, model_config, page_size, device, **kw)``.
+    """
+    module_name, factory_name = _BACKENDS[resolve_backend_name(name, device)].split(":")
+    factory: Callable[..., AttentionBackend] = getattr(importlib.import_module(module_name), factory_name)
+    return factory(
+        kv=kv, page_table=page_table, model_config=model_config, page_size=page_size, device=device, **kw
+    )

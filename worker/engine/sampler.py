@@ -1,0 +1,155 @@
+"""Token sampling on the device: greedy, temperature, top-k, top-p, min-p, per-request seeds.
+
+Sampling is by inverse CDF: each row draws one uniform ``u`` from a counter-based hash of
+(seed, step) computed with torch integer ops, and picks the first token whose cumulative
+probability exceeds ``u`` (times the row's total mass). A seeded request therefore draws
+the same token at the same output position whatever else shares its batch, every row costs
+O(vocab) memory traffic, and nothing here synchronises with the host.
+
+Filters apply in this order, each on the survivors of the previous one: top-k (the k most
+likely tokens), top-p (the smallest prefix, by probability, whose mass after renormalising
+reaches top_p; the most likely token always survives), min-p (tokens whose probability is
+below min_p times the largest). Excluded tokens get probability 0 and are never drawn.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from producer.schema import SamplingParams
+
+_MASK32 = 0xFFFFFFFF
+# Multipliers stay below 2**31 so products of 32-bit values never overflow int64.
+_MUL_A = 0x7FEB352D
+_MUL_B = 0x68E31DA5
+_SALT = 0x27D4EB2F
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit avalanche mix of int64 values in [0, 2**32)."""
+    x = x ^ (x >> 16)
+    x = (x * _MUL_A) & _MASK32
+    x = x ^ (x >> 15)
+    x = (x * _MUL_B) & _MASK32
+    return x ^ (x >> 16)
+
+
+def row_uniforms(seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+    """float64 [B] uniforms in (0, 1) with 53 random bits, a pure function of (seed, step)."""
+    seed_lo, seed_hi = seeds & _MASK32, (seeds >> 32) & _MASK32
+    key = _mix32(seed_lo ^ _mix32(seed_hi ^ _mix32(steps & _MASK32)))
+    high = _mix32(key ^ _SALT)  # 32 bits
+    low = _mix32(high ^ key) >> 11  # 21 bits
+    return ((high << 21) | low).double().add(0.5).mul(2.0**-53)
+
+
+def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Index of the first column whose running mass exceeds u * total, per row."""
+    cdf = probs.double().cumsum(dim=-1)
+    target = (u * cdf[:, -1]).unsqueeze(1)
+    index = torch.searchsorted(cdf, target, right=True).squeeze(1)
+    return index.clamp_max(probs.shape[-1] - 1)
+
+
+@dataclass(frozen=True)
+class SamplingTensors:
+    """Per-request sampling parameters as device tensors [B]; flags say which filters run.
+
+    ``steps`` is each request's output position (0 for its first generated token);
+    ``top_k`` holds vocab-independent "off" as 0.
+    """
+
+    temperature: torch.Tensor  # float32, 1.0 where greedy (unused there)
+    top_p: torch.Tensor  # float32
+    top_k: torch.Tensor  # int64, 0 = off
+    min_p: torch.Tensor  # float32
+    seeds: torch.Tensor  # int64
+    steps: torch.Tensor  # int64
+    greedy: torch.Tensor  # bool
+    all_greedy: bool
+    use_top_k: bool
+    use_top_p: bool
+    use_min_p: bool
+
+    @classmethod
+    def build(
+        cls,
+        params: list[SamplingParams],
+        steps: list[int],
+        device: torch.device | str,
+        seeds: list[int] | None = None,
+    ) -> SamplingTensors:
+        """Stack ``params``. A request without a seed gets ``seeds[i]`` if given (the caller
+        picks one per request to keep its draws independent of batching), else fresh randomness."""
+        if len(steps) != len(params) or (seeds is not None and len(seeds) != len(params)):
+            raise ValueError(f"params ({len(params)}), steps ({len(steps)}) and seeds must align")
+        device = torch.device(device)
+        greedy = [p.temperature == 0 or p.top_k == 1 for p in params]
+        chosen_seeds = [
+            p.seed if p.seed is not None else (seeds[i] if seeds is not None else random.getrandbits(63))
+            for i, p in enumerate(params)
+        ]
+        top_k = [p.top_k if p.top_k > 0 else 0 for p in params]
+        sampled = [not g for g in greedy]
+        pin = device.type == "cuda"
+
+        def put(values: list, dtype: torch.dtype) -> torch.Tensor:
+            host = torch.tensor(values, dtype=dtype)
+            return host.pin_memory().to(device, non_blocking=True) if pin else host.to(device)
+
+        return cls(
+            temperature=put(
+                [1.0 if g else p.temperature for p, g in zip(params, greedy, strict=True)], torch.float32
+            ),
+            top_p=put([p.top_p for p in params], torch.float32),
+            top_k=put(top_k, torch.int64),
+            min_p=put([p.min_p for p in params], torch.float32),
+            seeds=put(chosen_seeds, torch.int64),
+            steps=put(list(steps), torch.int64),
+            greedy=put(greedy, torch.bool),
+            all_greedy=all(greedy),
+            use_top_k=any(k > 0 and s for k, s in zip(top_k, sampled, strict=True)),
+            use_top_p=any(p.top_p < 1.0 and s for p, s in zip(params, sampled, strict=True)),
+            use_min_p=any(p.min_p > 0.0 and s for p, s in zip(params, sampled, strict=True)),
+        )
+
+
+class Sampler:
+    """Turns float logits [B, vocab] into int32 tokens [B] on the same device."""
+
+    def sample(self, logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
+        greedy_tokens = logits.argmax(dim=-1)
+        if t.all_greedy:
+            return greedy_tokens.to(torch.int32)
+        scaled = logits.float() / t.temperature.unsqueeze(1)
+        u = row_uniforms(t.seeds, t.steps)
+        if t.use_top_k or t.use_top_p or t.use_min_p:
+            sorted_logits, order = scaled.sort(dim=-1, descending=True)
+            probs = torch.softmax(self._filter_sorted(sorted_logits, t), dim=-1)
+            sampled = order.gather(1, _inverse_cdf(probs, u).unsqueeze(1)).squeeze(1)
+        else:
+            sampled = _inverse_cdf(torch.softmax(scaled, dim=-1), u)
+        return torch.where(t.greedy, greedy_tokens, sampled).to(torch.int32)
+
+    @staticmethod
+    def _filter_sorted(sorted_logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
+        """Logits sorted descending, with excluded tokens set to -inf (rules: module docstring)."""
+        vocab = sorted_logits.shape[-1]
+        rank = torch.arange(vocab, device=sorted_logits.device).unsqueeze(0)
+        excluded = torch.zeros_like(sorted_logits, dtype=torch.bool)
+        if t.use_top_k:
+            k = torch.where(t.top_k > 0, t.top_k, vocab).unsqueeze(1)
+            excluded |= rank >= k
+        if t.use_top_p:
+            probs = torch.softmax(sorted_logits.masked_fill(excluded, float("-inf")), dim=-1)
+            mass_before = probs.cumsum(dim=-1) - probs
+            excluded |= (mass_before >= t.top_p.unsqueeze(1)) & (t.top_p < 1.0).unsqueeze(1)
+        if t.use_min_p:
+            probs = torch.softmax(sorted_logits.masked_fill(excluded, float("-inf")), dim=-1)
+            excluded |= probs < t.min_p.unsqueeze(1) * probs[:, :1]
+        return sorted_logits.masked_fill(excluded, float("-inf"))

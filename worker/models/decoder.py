@@ -1,0 +1,185 @@
+"""One decoder-only transformer for Llama, Qwen2 and Qwen3; ModelConfig carries the differences.
+
+Every layer works on the flattened tokens of the whole batch, [T, hidden]; attention goes
+through ``ForwardBatch.attention`` (paged KV cache + backend). No host synchronisation
+happens in ``forward``, so it can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from worker.models.config import ModelConfig
+from worker.models.rope import RotaryEmbedding
+
+if TYPE_CHECKING:
+    from worker.engine.forward import ForwardBatch
+
+# HF checkpoint name fragment -> (fused parameter fragment, shard index)
+_FUSED_SHARDS = {
+    "q_proj": ("qkv_proj", 0),
+    "k_proj": ("qkv_proj", 1),
+    "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * weight, normalised in float32 and cast back before the weight (as HF does)."""
+
+    def __init__(self, size: int, eps: float, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size, dtype=dtype))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_id: int, rope: RotaryEmbedding, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.layer_id = layer_id
+        self.rope = rope
+        self.num_q_heads = cfg.num_q_heads
+        self.num_kv_heads = cfg.num_kv_heads
+        self.head_dim = cfg.head_dim
+        self.q_size = cfg.num_q_heads * cfg.head_dim
+        self.kv_size = cfg.num_kv_heads * cfg.head_dim
+        self.qkv_shard_sizes = (self.q_size, self.kv_size, self.kv_size)
+        self.qkv_proj = nn.Linear(
+            cfg.hidden_size, self.q_size + 2 * self.kv_size, cfg.attention_bias, dtype=dtype
+        )
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, cfg.o_proj_bias, dtype=dtype)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, dtype) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, dtype) if cfg.qk_norm else None
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        q, k, v = self.qkv_proj(x).split(self.qkv_shard_sizes, dim=-1)
+        q = q.view(-1, self.num_q_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rope.apply(positions, q), self.rope.apply(positions, k)
+        out = batch.attention(q, k, v, self.layer_id)
+        return self.o_proj(out.reshape(-1, self.q_size))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.intermediate_size = cfg.intermediate_size
+        self.gate_up_shard_sizes = (cfg.intermediate_size, cfg.intermediate_size)
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, False, dtype=dtype)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, False, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_id: int, rope: RotaryEmbedding, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
+        self.self_attn = Attention(cfg, layer_id, rope, dtype)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
+        self.mlp = MLP(cfg, dtype)
+
+    def forward(self, positions: torch.Tensor, h: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        h = h + self.self_attn(positions, self.input_layernorm(h), batch)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class DecoderBody(nn.Module):
+    def __init__(self, cfg: ModelConfig, rope: RotaryEmbedding, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, rope, dtype) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
+
+
+class CausalLM(nn.Module):
+    """Decoder + LM head. Parameter names follow HF, except the fused qkv_proj / gate_up_proj.
+
+    ``rope_device`` is where the rotary tables live: the model's device (the module itself
+    may be built on the meta device and materialised later).
+    """
+
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, rope_device: torch.device | str) -> None:
+        super().__init__()
+        self.config = cfg
+        self.rope = RotaryEmbedding(
+            cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling, rope_device
+        )
+        self.model = DecoderBody(cfg, self.rope, dtype)
+        # Tied embeddings: no lm_head module, the embedding matrix is the output projection.
+        self.lm_head = (
+            None
+            if cfg.tie_word_embeddings
+            else nn.Linear(cfg.hidden_size, cfg.vocab_size, False, dtype=dtype)
+        )
+
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """float32 logits [B, vocab] for the tokens at ``batch.sample_idx``."""
+        positions = batch.positions
+        h = self.model.embed_tokens(batch.input_ids)
+        for layer in self.model.layers:
+            h = layer(positions, h, batch)
+        h = self.model.norm(h[batch.sample_idx])
+        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(h, weight).float()
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Copy HF-named tensors into the parameters (concatenating fused shards).
+
+        Returns the names of the parameters written; unknown checkpoint names raise.
+        """
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            if "rotary_emb.inv_freq" in name or (name == "lm_head.weight" and self.lm_head is None):
+                continue
+            target, offset, size = name, 0, None
+            for fragment, (fused, shard) in _FUSED_SHARDS.items():
+                if f".{fragment}." in name:
+                    target = name.replace(f".{fragment}.", f".{fused}.")
+                    sizes = self._shard_sizes(target)
+                    offset, size = sum(sizes[:shard]), sizes[shard]
+                    break
+            if target not in params:
+                raise KeyError(f"checkpoint tensor {name!r} has no matching model parameter")
+            param = params[target]
+            dest = param.data if size is None else param.data.narrow(0, offset, size)
+            if dest.shape != tensor.shape:
+                raise ValueError(
+                    f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)}, expected {tuple(dest.shape)}"
+                )
+            dest.copy_(tensor)
+            loaded.add(name if size is None else f"{target}#{offset}")
+        return loaded
+
+    def _shard_sizes(self, fused_name: str) -> tuple[int, ...]:
+        module = self.get_submodule(fused_name.rsplit(".", 2)[0])
+        sizes = getattr(module, "qkv_shard_sizes", None) or module.gate_up_shard_sizes
+        return tuple(sizes)
+
+    def expected_weight_keys(self) -> set[str]:
+        """The keys ``load_weights`` must report for a complete checkpoint."""
+        keys: set[str] = set()
+        for name, _ in self.named_parameters():
+            if ".qkv_proj." in name or ".gate_up_proj." in name:
+                sizes = self._shard_sizes(name)
+                keys.update(f"{name}#{sum(sizes[:i])}" for i in range(len(sizes)))
+            else:
+                keys.add(name)
+        return keys

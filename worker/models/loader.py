@@ -1,0 +1,141 @@
+"""load_model: a model name/path + load format -> an eval-mode CausalLM on a device."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from worker.models.config import ModelConfig, config_json_path
+from worker.models.decoder import CausalLM
+from worker.models.gguf import ensure_converted
+from worker.models.registry import ALIASES
+
+log = logging.getLogger(__name__)
+
+LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A ready model. ``path`` is the local HF-style directory (config.json, tokenizer files);
+    for dummy weights it is the directory holding the config, or the config file itself."""
+
+    model: CausalLM
+    config: ModelConfig
+    path: str
+    name: str
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def resolve_model_dir(model: str, load_format: str = "auto") -> tuple[Path, str]:
+    """(local HF directory, short name) for an alias, GGUF file, HF directory or cached hub id.
+
+    GGUF inputs are converted once into the cache. Not valid for load_format="dummy".
+    """
+    if load_format not in LOAD_FORMATS or load_format == "dummy":
+        raise ValueError(f"load_format must be one of {LOAD_FORMATS[:3]} here, got {load_format!r}")
+    if model in ALIASES:
+        return ensure_converted(ALIASES[model].locate(), name=model), model
+    path = Path(model).expanduser()
+    if path.is_file() and (path.suffix == ".gguf" or load_format == "gguf"):
+        return ensure_converted(path), path.stem.lower()
+    if path.is_dir():
+        ggufs = sorted(path.glob("*.gguf"))
+        has_safetensors = any(path.glob("*.safetensors"))
+        if ggufs and (load_format == "gguf" or not has_safetensors):
+            if len(ggufs) > 1:
+                raise ValueError(f"{path} holds several GGUF files {[g.name for g in ggufs]}; pass one file")
+            return ensure_converted(ggufs[0]), ggufs[0].stem.lower()
+        if has_safetensors:
+            return path, path.name.lower()
+        raise FileNotFoundError(f"{path} holds no *.safetensors or *.gguf weights")
+    if path.exists():
+        raise ValueError(
+            f"cannot load {path}: expected a directory, a .gguf file or an alias {sorted(ALIASES)}"
+        )
+    return _from_hub_cache(model), model.rsplit("/", 1)[-1].lower()
+
+
+def _from_hub_cache(repo_id: str) -> Path:
+    try:
+        from huggingface_hub import snapshot_download
+
+        local = snapshot_download(
+            repo_id,
+            local_files_only=True,
+            allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja"],
+        )
+    except Exception as exc:
+        raise FileNotFoundError(
+            f"model {repo_id!r} is not a known alias {sorted(ALIASES)}, a local path, "
+            f"or a hub id already in the local Hugging Face cache (no network download here): {exc}"
+        ) from exc
+    return Path(local)
+
+
+def _safetensors_weights(model_dir: Path):
+    from safetensors import safe_open
+
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{model_dir} holds no *.safetensors files")
+    for file in files:
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            for name in f.keys():
+                yield name, f.get_tensor(name)
+
+
+def _init_dummy(model: CausalLM, seed: int) -> None:
+    """Random weights that keep activations finite: N(0, 0.02) matrices, unit norms, zero bias."""
+    gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+    for name, param in model.named_parameters():
+        if name.endswith("norm.weight"):
+            param.data.fill_(1.0)
+        elif name.endswith(".bias"):
+            param.data.zero_()
+        else:
+            param.data.normal_(0.0, 0.02, generator=gen)
+
+
+def load_model(
+    model: str,
+    *,
+    load_format: str = "auto",
+    dtype: torch.dtype | None = None,
+    device: str | torch.device = "cpu",
+) -> LoadedModel:
+    """Load ``model`` (alias, HF dir, GGUF file, cached hub id; or a config for "dummy").
+
+    dtype defaults to float32 on CPU and bfloat16 on CUDA.
+    """
+    device = torch.device(device)
+    dtype = dtype or default_dtype(device)
+    if load_format == "dummy":
+        model_path, name = config_json_path(model), Path(model).stem.lower()
+        config = ModelConfig.from_hf_dir(model_path)
+        path = str(Path(model))
+    else:
+        model_dir, name = resolve_model_dir(model, load_format)
+        config = ModelConfig.from_hf_dir(model_dir)
+        path = str(model_dir)
+    with torch.device("meta"):
+        net = CausalLM(config, dtype, rope_device=device)
+    net = net.to_empty(device=device)
+    if load_format == "dummy":
+        _init_dummy(net, seed=0)
+    else:
+        loaded = net.load_weights(_safetensors_weights(Path(path)))
+        missing = net.expected_weight_keys() - loaded
+        if missing:
+            raise ValueError(
+                f"{path}: checkpoint lacks weights for {sorted(missing)[:8]} ({len(missing)} in all)"
+            )
+    net.eval().requires_grad_(False)
+    log.info("loaded %s (%s, %s) on %s", name, config.architecture, dtype, device)
+    return LoadedModel(model=net, config=config, path=path, name=name)

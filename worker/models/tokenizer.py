@@ -1,0 +1,56 @@
+"""Tokenizer loading and prompt encoding (chat template or plain text)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+
+def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
+    """The HF tokenizer of a model directory; aliases and GGUF files resolve to the cached
+    converted directory (see worker.models.loader.resolve_model_dir)."""
+    from transformers import AutoTokenizer
+
+    model_dir = Path(path)
+    if not (model_dir.is_dir() and (model_dir / "config.json").is_file()):
+        from worker.models.loader import resolve_model_dir
+
+        model_dir, _ = resolve_model_dir(path)
+    return AutoTokenizer.from_pretrained(str(model_dir))
+
+
+def _message_dict(message: Any, index: int) -> dict[str, str]:
+    if isinstance(message, dict):
+        role, content = message.get("role"), message.get("content")
+    else:
+        role, content = getattr(message, "role", None), getattr(message, "content", None)
+    if not isinstance(role, str) or not isinstance(content, str):
+        raise ValueError(f"messages[{index}] needs string 'role' and 'content', got {message!r}")
+    return {"role": role, "content": content}
+
+
+def prompt_ids(
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    prompt: str | None = None,
+    messages: Sequence[Any] | None = None,
+) -> list[int]:
+    """Token ids for exactly one of ``prompt`` (plain encode, special tokens such as BOS added
+    as the tokenizer does for HF generate) or ``messages`` (dicts or ChatMessage structs,
+    rendered with the chat template and add_generation_prompt=True)."""
+    if (prompt is None) == (messages is None):
+        raise ValueError("pass exactly one of prompt= or messages=")
+    if prompt is not None:
+        return list(tokenizer(prompt)["input_ids"])
+    assert messages is not None
+    if not messages:
+        raise ValueError("messages must not be empty")
+    if tokenizer.chat_template is None:
+        raise ValueError("this model's tokenizer has no chat template; send a plain prompt instead")
+    chat = [_message_dict(m, i) for i, m in enumerate(messages)]
+    text = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
