@@ -35,12 +35,22 @@ class QueueKeys:
 
     @property
     def done(self) -> str:
-        """Hash job id -> results-stream entry id: completion is idempotent by job id."""
+        """Hash job id -> jobs-stream entry id of the delivery whose result counts.
+
+        Set once (HSETNX) in the same transaction as the result and the ack, so completion is
+        idempotent by job id; a later duplicate result carries another or the same entry id and
+        collect keeps only the one named here. ``dlq requeue`` deletes the field.
+        """
         return self._key("done")
 
     @property
+    def failed(self) -> str:
+        """Hash job id -> error code, for jobs whose counted result is an error."""
+        return self._key("failed")
+
+    @property
     def enqueued(self) -> str:
-        """Hash job id -> jobs-stream entry id: enqueue is idempotent by job id."""
+        """Hash job id -> enqueue time in ms: enqueue is idempotent by job id."""
         return self._key("enqueued")
 
     @property
@@ -56,3 +66,13 @@ class QueueKeys:
     @property
     def group(self) -> str:
         return GROUP
+
+
+# Field names inside stream entries. jobs: id, job. results: id, entry (the jobs-stream entry
+# id it answers), result. dead: id, entry, job, reason, attempts.
+FIELD_ID = "id"
+FIELD_JOB = "job"
+FIELD_RESULT = "result"
+FIELD_ENTRY = "entry"
+FIELD_REASON = "reason"
+FIELD_ATTEMPTS = "attempts"

@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-    from worker.engine.kv_pool import KVPool
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,8 @@ class SchedulerReady(msgspec.Struct, tag="ready", frozen=True):
     max_seq_len: int
     num_pages: int
     page_size: int
+    model_name: str = ""
+    model_path: str = ""  # local HF-style directory: the front end loads the tokenizer from it
 
 
 Outbound = RequestFinished | SchedulerReady

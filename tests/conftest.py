@@ -1,0 +1,50 @@
+"""Shared fixtures: a private redis-server for integration tests, fakeredis for unit tests."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import fakeredis
+import pytest
+import redis
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+# NOTE: makes `tests.*` importable under bare `pytest` and in worker subprocesses.
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from producer.local_redis import LocalRedis  # noqa: E402
+
+
+def require_redis_server() -> None:
+    if shutil.which("redis-server") is None:
+        message = "redis-server is not installed (apt-get install redis-server)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[LocalRedis]:
+    """One private redis-server (AOF on) on a free loopback port for the whole session."""
+    require_redis_server()
+    with LocalRedis(use_server=True) as server:
+        yield server
+
+
+@pytest.fixture
+def redis_url(redis_server: LocalRedis) -> Iterator[str]:
+    """The session server's URL, emptied before each test."""
+    client = redis.Redis.from_url(redis_server.url)
+    client.flushall()
+    client.close()
+    yield redis_server.url
+
+
+@pytest.fixture
+def fake_redis() -> fakeredis.FakeRedis:
+    return fakeredis.FakeRedis()

@@ -1,0 +1,106 @@
+"""A GenerationBackend for queue tests and the queue benchmark: deterministic fake completions.
+
+It answers each job after ``latency_s`` with text and token ids derived from the job id, so
+any test can recompute the expected output independently. Jobs can ask for failure through
+their metadata: ``{"fake_error": "internal"}`` yields an error Result with that code. It
+records the most jobs it ever held at once, so tests can check backpressure.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from producer.schema import Choice, Job, Result, Usage, error_result
+
+
+def fake_token_ids(job_id: str, count: int) -> list[int]:
+    digest = hashlib.sha256(job_id.encode()).digest()
+    return [digest[i % len(digest)] + 3 for i in range(count)]
+
+
+def fake_text(job_id: str, index: int = 0) -> str:
+    return f"fake completion {index} of {job_id}"
+
+
+def prompt_tokens(job: Job) -> int:
+    if job.input_ids is not None:
+        return len(job.input_ids)
+    if job.prompt is not None:
+        return len(job.prompt.split())
+    return sum(len(message.content.split()) for message in job.messages or [])
+
+
+class FakeBackend:
+    model_name = "fake-model"
+
+    def __init__(self, capacity: int = 64, latency_s: float = 0.0, max_completion_tokens: int = 8) -> None:
+        self.capacity = capacity
+        self.latency_s = latency_s
+        self.max_completion_tokens = max_completion_tokens
+        self.max_held = 0
+        self.submitted: list[str] = []
+        self.closed = False
+        self._active: list[tuple[float, Job]] = []
+
+    def free_capacity(self) -> int:
+        return max(0, self.capacity - len(self._active))
+
+    def submit(self, job: Job) -> None:
+        if len(self._active) >= self.capacity:
+            raise AssertionError(
+                f"submit beyond capacity {self.capacity}: the consumer ignored free_capacity()"
+            )
+        self._active.append((time.monotonic() + self.latency_s, job))
+        self.submitted.append(job.id)
+        self.max_held = max(self.max_held, len(self._active))
+
+    def poll(self, timeout_s: float) -> list[Result]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            now = time.monotonic()
+            ready = [job for at, job in self._active if at <= now]
+            if ready or now >= deadline or not self._active:
+                break
+            earliest = min(at for at, _ in self._active)
+            time.sleep(max(0.0, min(deadline, earliest) - now))
+        if not ready and not self._active and timeout_s > 0:
+            time.sleep(min(timeout_s, 0.01))
+        done = {id(job) for job in ready}
+        self._active = [(at, job) for at, job in self._active if id(job) not in done]
+        return [self.complete(job) for job in ready]
+
+    def complete(self, job: Job) -> Result:
+        code = job.metadata.get("fake_error")
+        if code:
+            return error_result(job.id, str(code), f"fake failure asked for by job {job.id}")
+        count = min(job.sampling.max_tokens, self.max_completion_tokens)
+        finish = "length" if job.sampling.max_tokens <= self.max_completion_tokens else "stop"
+        choices = [
+            Choice(
+                index=i,
+                text=fake_text(job.id, i),
+                token_ids=fake_token_ids(job.id, count),
+                finish_reason=finish,
+            )
+            for i in range(job.sampling.n)
+        ]
+        usage = Usage(prompt_tokens=prompt_tokens(job), completion_tokens=count * job.sampling.n)
+        return Result(id=job.id, choices=choices, usage=usage)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def create_backend(options: Mapping[str, Any]) -> FakeBackend:
+    """The factory `radixq worker --backend tests.fake_backend:create_backend` calls.
+
+    Environment: RADIXQ_FAKE_CAPACITY (default 64), RADIXQ_FAKE_LATENCY_S (default 0).
+    """
+    return FakeBackend(
+        capacity=int(os.environ.get("RADIXQ_FAKE_CAPACITY", "64")),
+        latency_s=float(os.environ.get("RADIXQ_FAKE_LATENCY_S", "0")),
+    )

@@ -1,0 +1,49 @@
+"""Running the radixq CLI as subprocesses, the way users and `radixq run` do."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+FAKE_BACKEND = "tests.fake_backend:create_backend"
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """Environment for `radixq` subprocesses: repo importable, no stray Redis settings."""
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "RADIXQ_REDIS_URL", "RADIXQ_QUEUE")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH", "")]))
+    env.update(extra)
+    return env
+
+
+def radixq(
+    *args: str, env: dict[str, str] | None = None, timeout_s: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """Run the radixq CLI (producer.cli:main, the console script's target) to completion."""
+    return subprocess.run(
+        [sys.executable, "-m", "producer.cli", *args],
+        cwd=REPO_ROOT,
+        env=env or subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+
+
+def start_worker(
+    redis_url: str, name: str, log_path: Path, *args: str, **env: str
+) -> subprocess.Popen[bytes]:
+    """A `radixq worker` subprocess with the fake backend, logging to ``log_path``."""
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "producer.cli", "worker", "--redis-url", redis_url, "--name", name]
+            + ["--backend", FAKE_BACKEND, *args],
+            cwd=REPO_ROOT,
+            env=subprocess_env(**env),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )

@@ -1,0 +1,120 @@
+"""Malformed input: each bad line is reported with its line number and reason, nothing else
+is lost, and a job that is invalid only at intake gets an error result at once."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from producer.keys import FIELD_ID, FIELD_JOB, QueueKeys
+from producer.schema import MAX_JOB_BYTES
+from tests.fake_backend import fake_text
+from tests.integration.procs import radixq, start_worker
+
+pytestmark = pytest.mark.integration
+
+# (line, the words the reason must contain); line numbers are 1-based positions in the file.
+BAD_LINES = [
+    ('{"id": "b1", "prompt": "unterminated', "not valid JSON"),
+    ('["a", "list"]', "must be a JSON object"),
+    ('{"id": "b3", "prompt": "x", "max_tokens": "ten"}', "max_tokens"),
+    ('{"id": "b4", "prompt": "x", "temperature": -0.5}', "temperature"),
+    ('{"id": "b5", "prompt": "x", "top_p": 1.5}', "top_p"),
+    ('{"id": "b6", "max_tokens": 5}', "exactly one of prompt, messages, input_ids"),
+    ('{"id": "b7", "prompt": "x", "messages": [{"role": "user", "content": "y"}]}', "exactly one of"),
+    ('{"id": "b8", "prompt": "' + "x" * (MAX_JOB_BYTES + 10) + '"}', "exceeds the limit"),
+    ('{"id": "b9", "prompt": "x", "temprature": 0.5}', "unknown field"),
+    ('{"id": "b10", "messages": []}', "at least one message"),
+    ('{"id": "b11", "input_ids": [5, -1, 7]}', "token ids must be >= 0"),
+    ('{"id": "b12", "prompt": "x", "n": 0}', "n=0"),
+    ('{"id": 12, "prompt": "x"}', "id"),
+    ('{"id": "b14", "prompt": "x", "max_tokens": 0}', "max_tokens"),
+    ('{"id": "b15", "messages": [{"role": "user"}]}', "content"),
+    ('{"custom_id": "b16", "method": "POST", "url": "/v1/embeddings", "body": {}}', "url"),
+]
+
+
+def write_mixed_file(path: Path) -> tuple[list[str], dict[int, str]]:
+    """Valid and bad lines interleaved; returns the valid ids and {line_no: expected words}."""
+    lines: list[str] = []
+    valid_ids: list[str] = []
+    expected_bad: dict[int, str] = {}
+    for i, (bad, words) in enumerate(BAD_LINES):
+        job_id = f"ok-{i}"
+        lines.append(json.dumps({"id": job_id, "prompt": f"valid prompt {i}", "max_tokens": 4}))
+        valid_ids.append(job_id)
+        lines.append(bad)
+        expected_bad[len(lines)] = words
+    lines.append(json.dumps({"messages": [{"role": "user", "content": "no id here"}], "temperature": 0}))
+    lines.append(json.dumps({"input_ids": [1, 2, 3], "seed": 4, "stop_token_ids": [2]}))
+    path.write_text("\n".join(lines) + "\n")
+    return valid_ids, expected_bad
+
+
+def test_bad_lines_reported_and_valid_jobs_complete(redis_url: str, tmp_path: Path) -> None:
+    source = tmp_path / "mixed.jsonl"
+    valid_ids, expected_bad = write_mixed_file(source)
+    enqueue = radixq("enqueue", str(source), "--redis-url", redis_url)
+    assert enqueue.returncode == 0, enqueue.stderr
+    num_valid = len(valid_ids) + 2
+    assert f"enqueued {num_valid}, skipped 0 (already enqueued), rejected {len(BAD_LINES)}" in enqueue.stdout
+    reported = {}
+    for line in enqueue.stderr.splitlines():
+        assert line.startswith(f"rejected {source}:line ")
+        line_no, _, reason = line.removeprefix(f"rejected {source}:line ").partition(": ")
+        reported[int(line_no)] = reason
+    assert sorted(reported) == sorted(expected_bad)
+    for line_no, words in expected_bad.items():
+        assert words in reported[line_no], (line_no, reported[line_no])
+
+    again = radixq("enqueue", str(source), "--redis-url", redis_url)
+    assert f"enqueued 0, skipped {num_valid} (already enqueued)" in again.stdout
+
+    worker = start_worker(redis_url, "w1", tmp_path / "w1.log")
+    try:
+        out = tmp_path / "out.jsonl"
+        collected = radixq("collect", "-o", str(out), "--redis-url", redis_url, "--timeout", "60")
+        assert collected.returncode == 0, collected.stderr
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=30) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == num_valid
+    assert [row["id"] for row in rows[: len(valid_ids)]] == valid_ids
+    assert all(row["error"] is None and row["choices"][0]["text"] == fake_text(row["id"]) for row in rows)
+
+
+def test_job_invalid_at_intake_gets_error_result_without_retries(redis_url: str, tmp_path: Path) -> None:
+    client = redis.Redis.from_url(redis_url)
+    keys = QueueKeys()
+    client.xgroup_create(keys.jobs, keys.group, id="0", mkstream=True)
+    bad_entry = client.xadd(keys.jobs, {FIELD_ID: "raw-1", FIELD_JOB: b"\xc1not msgpack"}).decode()
+    wrong_entry = client.xadd(keys.jobs, {FIELD_ID: "raw-2", FIELD_JOB: b"\x81\xa2id\xa5raw-2"}).decode()
+    worker = start_worker(redis_url, "w1", tmp_path / "w1.log", "--max-attempts", "5")
+    try:
+        deadline = time.monotonic() + 30
+        while client.hlen(keys.done) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=30) == 0
+    assert client.hgetall(keys.done) == {b"raw-1": bad_entry.encode(), b"raw-2": wrong_entry.encode()}
+    assert client.hgetall(keys.failed) == {b"raw-1": b"invalid_job", b"raw-2": b"invalid_job"}
+    out = tmp_path / "out.jsonl"
+    collected = radixq("collect", "-o", str(out), "--redis-url", redis_url, "--no-wait")
+    assert collected.returncode == 0, collected.stderr
+    rows = {row["id"]: row for row in map(json.loads, out.read_text().splitlines())}
+    assert rows["raw-1"]["error"]["code"] == "invalid_job"
+    assert "not a msgpack job" in rows["raw-1"]["error"]["message"]
+    assert rows["raw-2"]["error"]["code"] == "invalid_job"
+    assert "exactly one of prompt, messages, input_ids" in rows["raw-2"]["error"]["message"]
+    # One delivery each, acked at once: no retries, nothing pending, nothing dead-lettered.
+    assert client.xpending(keys.jobs, keys.group)["pending"] == 0
+    assert client.xlen(keys.results) == 2
+    assert client.xlen(keys.dead) == 0
+    client.close()

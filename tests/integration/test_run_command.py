@@ -1,0 +1,122 @@
+"""`radixq run`: the all-in-one job, with a private Redis, workers as subprocesses."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from producer.client import Client
+from producer.collector import Collector
+from producer.keys import QueueKeys
+from producer.local_redis import LocalRedis
+from producer.schema import Job
+from tests.fake_backend import fake_text
+from tests.integration.procs import FAKE_BACKEND, REPO_ROOT, radixq, start_worker
+
+pytestmark = pytest.mark.integration
+
+
+def test_run_writes_every_job_in_input_order_and_resumes(tmp_path: Path) -> None:
+    source = REPO_ROOT / "examples" / "prompts.jsonl"
+    expected = [json.loads(line)["id"] for line in source.read_text().splitlines() if line.strip()]
+    out = tmp_path / "out.jsonl"
+    done = radixq(
+        "run", str(source), "-o", str(out), "--workers", "2", "--backend", FAKE_BACKEND, "--timeout", "60"
+    )
+    assert done.returncode == 0, done.stderr
+    assert "started a private" in done.stderr
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [row["id"] for row in rows] == expected
+    assert all(row["choices"][0]["text"] == fake_text(row["id"]) for row in rows)
+    water = next(row for row in rows if row["id"] == "water")
+    assert len(water["choices"]) == 2 and water["metadata"] == {"topic": "science"}
+
+    # Resume: drop the last two lines; a second run writes exactly those again.
+    lines = out.read_text().splitlines(keepends=True)
+    out.write_text("".join(lines[:-2]) + lines[-2][:10])  # and a torn line
+    again = radixq("run", str(source), "-o", str(out), "--backend", FAKE_BACKEND, "--timeout", "60")
+    assert again.returncode == 0, again.stderr
+    assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == expected
+
+
+def test_run_against_given_redis_with_openai_batch_file(redis_url: str, tmp_path: Path) -> None:
+    source = tmp_path / "batch.jsonl"
+    requests = [
+        {
+            "custom_id": f"r{i}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {"model": "m", "messages": [{"role": "user", "content": f"q{i}"}]},
+        }
+        for i in range(5)
+    ]
+    source.write_text("\n".join(json.dumps(r) for r in requests) + "\n")
+    out = tmp_path / "out.jsonl"
+    done = radixq(
+        "run",
+        str(source),
+        "-o",
+        str(out),
+        "--redis-url",
+        redis_url,
+        "--backend",
+        FAKE_BACKEND,
+        "--timeout",
+        "60",
+    )
+    assert done.returncode == 0, done.stderr
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [row["custom_id"] for row in rows] == [f"r{i}" for i in range(5)]
+    for row in rows:
+        assert row["response"]["body"]["choices"][0]["message"]["content"] == fake_text(row["custom_id"])
+        assert "metadata" not in row["response"]["body"]
+
+
+def test_embedded_fakeredis_server_serves_a_worker(tmp_path: Path) -> None:
+    """The fallback when no redis-server binary exists: fakeredis over TCP, real worker process."""
+    with LocalRedis(use_server=False) as server:
+        assert server.kind == "fakeredis"
+        client = Client.from_url(server.url)
+        client.enqueue([Job(id=f"f{i}", prompt="x") for i in range(20)])
+        worker = start_worker(server.url, "fw", tmp_path / "fw.log", "--min-idle-s", "0.5")
+        try:
+            report = Collector(client.redis).collect(tmp_path / "o.jsonl", wait=True, timeout_s=60)
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            assert worker.wait(timeout=30) == 0, (tmp_path / "fw.log").read_text()[-2000:]
+        assert report.missing == [] and report.written == 20
+        client.close()
+
+
+def test_status_and_dlq_commands(redis_url: str, tmp_path: Path) -> None:
+    client = Client.from_url(redis_url)
+    keys = QueueKeys()
+    client.enqueue([Job(id=f"s{i}", prompt="x") for i in range(3)])
+    client.redis.xreadgroup(keys.group, "ghost", {keys.jobs: ">"}, count=2)
+    status = radixq("status", "--redis-url", redis_url, "--json")
+    assert status.returncode == 0, status.stderr
+    snapshot = json.loads(status.stdout)
+    assert (snapshot["queued"], snapshot["in_flight"], snapshot["done"]) == (1, 2, 0)
+    assert snapshot["consumers"][0]["name"] == "ghost" and snapshot["consumers"][0]["in_flight"] == 2
+    time.sleep(0.3)
+    worker = start_worker(redis_url, "w", tmp_path / "w.log", "--min-idle-s", "0.2", "--max-attempts", "1")
+    try:
+        deadline = time.monotonic() + 30
+        while client.redis.hlen(keys.done) < 3:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=30) == 0
+    listed = radixq("dlq", "list", "--redis-url", redis_url)
+    assert listed.stdout.count("attempts=2") == 2 and "s0" in listed.stdout and "s1" in listed.stdout
+    text = radixq("status", "--redis-url", redis_url).stdout
+    assert "dead-lettered 2" in text and "failed        2" in text
+    requeued = radixq("dlq", "requeue", "s0", "--redis-url", redis_url)
+    assert "requeued 1 jobs" in requeued.stdout
+    assert client.redis.xlen(keys.dead) == 1 and client.redis.hget(keys.done, "s0") is None
+    client.close()

@@ -1,0 +1,106 @@
+"""A worker killed with SIGKILL mid-run loses nothing: the survivor reclaims its jobs."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from producer.client import Client
+from producer.collector import Collector
+from producer.keys import QueueKeys
+from producer.schema import Job, SamplingParams
+from tests.fake_backend import fake_text
+from tests.integration.procs import start_worker
+
+pytestmark = pytest.mark.integration
+
+NUM_JOBS = 500
+
+
+def wait_until(predicate, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(0.02)
+
+
+def test_sigkill_worker_jobs_are_reclaimed_and_all_results_collected_once(
+    redis_url: str, tmp_path: Path
+) -> None:
+    client = Client.from_url(redis_url)
+    keys = QueueKeys()
+    jobs = [
+        Job(id=f"job-{i:03d}", prompt=f"prompt number {i}", sampling=SamplingParams(max_tokens=4))
+        for i in range(NUM_JOBS)
+    ]
+    assert len(client.enqueue(jobs).enqueued) == NUM_JOBS
+
+    # 8 slots x 25 ms per job: ~320 jobs/s per worker, so the run takes a second or more.
+    env = {"RADIXQ_FAKE_CAPACITY": "8", "RADIXQ_FAKE_LATENCY_S": "0.025", "RADIXQ_MIN_IDLE_S": "1.0"}
+    victim = start_worker(redis_url, "victim", tmp_path / "victim.log", **env)
+    survivor = start_worker(redis_url, "survivor", tmp_path / "survivor.log", **env)
+    try:
+        wait_until(lambda: client.redis.hlen(keys.done) >= NUM_JOBS // 5, 60, "a fifth of the jobs")
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(timeout=10)
+        orphaned = {
+            info["message_id"].decode()
+            for info in client.redis.xpending_range(
+                keys.jobs, keys.group, "-", "+", 1000, consumername="victim"
+            )
+        }
+        assert orphaned, "the victim held no jobs when it was killed: the test proves nothing"
+
+        out = tmp_path / "out.jsonl"
+        report = Collector(client.redis).collect(out, wait=True, timeout_s=90)
+        assert report.missing == []
+    finally:
+        for proc in (victim, survivor):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        assert survivor.wait(timeout=30) == 0, (tmp_path / "survivor.log").read_text()[-3000:]
+
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    ids = [line["id"] for line in lines]
+    assert ids == [job.id for job in jobs]  # every id exactly once, in enqueue order
+    for line in lines:
+        assert line["error"] is None
+        assert line["choices"][0]["text"] == fake_text(line["id"])
+
+    # The orphaned entries were completed by the survivor, and nothing is left pending.
+    done = client.redis.hgetall(keys.done)
+    orphan_results = [
+        fields for _, fields in client.redis.xrange(keys.results) if fields[b"entry"].decode() in orphaned
+    ]
+    assert {fields[b"entry"].decode() for fields in orphan_results} == orphaned
+    assert all(done[fields[b"id"]] == fields[b"entry"] for fields in orphan_results)
+    assert client.redis.xpending(keys.jobs, keys.group)["pending"] == 0
+    assert client.redis.xlen(keys.dead) == 0
+    survivor_log = (tmp_path / "survivor.log").read_text()
+    assert "reclaimed" in survivor_log
+    client.close()
+
+
+def test_worker_drains_on_sigterm_and_exits_zero(redis_url: str, tmp_path: Path) -> None:
+    """SIGTERM: the worker stops reading, finishes what it holds, leaves the group, exits 0."""
+    client = Client.from_url(redis_url)
+    keys = QueueKeys()
+    client.enqueue([Job(id=f"d{i}", prompt="x") for i in range(200)])
+    env = {"RADIXQ_FAKE_CAPACITY": "4", "RADIXQ_FAKE_LATENCY_S": "0.05"}
+    worker = start_worker(redis_url, "drainer", tmp_path / "w.log", **env)
+    wait_until(lambda: client.redis.hlen(keys.done) >= 8, 30, "some jobs done")
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(timeout=30) == 0
+    done = client.redis.hlen(keys.done)
+    assert 8 <= done < 200
+    # Nothing stays pending on the departed consumer; everything else is still queued.
+    assert client.redis.xpending(keys.jobs, keys.group)["pending"] == 0
+    assert client.status().queued == 200 - done
+    assert client.redis.hget(keys.workers, "drainer") is None
+    assert all(c["name"] != b"drainer" for c in client.redis.xinfo_consumers(keys.jobs, keys.group))
+    client.close()

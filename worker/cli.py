@@ -1,0 +1,136 @@
+"""The worker-side CLI commands, registered into the radixq app by producer.cli.main.
+
+Nothing heavy is imported here at module level: the backend (and with it torch) loads only
+when a worker starts.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from producer.cli import QueueOption, RedisUrlOption, fail, resolve_redis_url
+
+BackendOption = Annotated[
+    str,
+    typer.Option("--backend", envvar="RADIXQ_BACKEND", help="'engine' or a module:callable backend factory."),
+]
+ModelOption = Annotated[str | None, typer.Option("--model", "-m", help="Model directory or hub id.")]
+DeviceOption = Annotated[
+    str | None, typer.Option("--device", help="auto | cpu | cuda (default: the config's, else auto)")
+]
+ConfigOption = Annotated[Path | None, typer.Option("--config", help="Worker TOML config file.")]
+MinIdleOption = Annotated[
+    float,
+    typer.Option(
+        "--min-idle-s", envvar="RADIXQ_MIN_IDLE_S", help="Reclaim entries idle this long (dead consumer)."
+    ),
+]
+MaxAttemptsOption = Annotated[
+    int,
+    typer.Option("--max-attempts", envvar="RADIXQ_MAX_ATTEMPTS", help="Deliveries before dead-lettering."),
+]
+DrainOption = Annotated[
+    float, typer.Option("--drain-timeout-s", envvar="RADIXQ_DRAIN_TIMEOUT_S", help="Graceful drain limit.")
+]
+
+
+def worker(
+    queue: QueueOption = "default",
+    redis_url: RedisUrlOption = None,
+    model: ModelOption = None,
+    device: DeviceOption = None,
+    config: ConfigOption = None,
+    name: Annotated[str | None, typer.Option("--name", help="Consumer name (default host-pid).")] = None,
+    backend: BackendOption = "engine",
+    min_idle_s: MinIdleOption = 60.0,
+    max_attempts: MaxAttemptsOption = 3,
+    drain_timeout_s: DrainOption = 30.0,
+    log_level: Annotated[str, typer.Option("--log-level", envvar="RADIXQ_LOG_LEVEL")] = "INFO",
+) -> None:
+    """Consume jobs until SIGINT/SIGTERM, then drain gracefully and exit 0."""
+    from producer.client import connect
+    from worker.queue.config import ConsumerConfig, default_worker_name
+    from worker.queue.consumer import Consumer
+    from worker.queue.factory import BackendOptions, create_backend
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if config is not None and not config.is_file():
+        fail(f"--config {config}: no such file")
+    consumer_config = ConsumerConfig(
+        queue=queue,
+        name=name or default_worker_name(),
+        min_idle_s=min_idle_s,
+        max_attempts=max_attempts,
+        drain_timeout_s=drain_timeout_s,
+    )
+    options = BackendOptions(
+        model=model,
+        device=device,
+        config=str(config) if config else None,
+        worker_name=consumer_config.name,
+    )
+    generation = create_backend(backend, options)
+    consumer = Consumer(connect(resolve_redis_url(redis_url)), generation, consumer_config)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: consumer.request_stop())
+    consumer.run()
+
+
+def run(
+    input_path: Annotated[Path, typer.Argument(help="Input JSONL file.", exists=True, dir_okay=False)],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Output JSONL file (resumed if it exists).")],
+    model: ModelOption = None,
+    workers: Annotated[int, typer.Option("--workers", "-w", min=1, help="Worker processes.")] = 1,
+    queue: QueueOption = "default",
+    redis_url: Annotated[
+        str | None,
+        typer.Option(
+            "--redis-url",
+            envvar="RADIXQ_REDIS_URL",
+            help="Use this Redis (not read from the generic REDIS_URL). Default: a private one for the run.",
+        ),
+    ] = None,
+    device: DeviceOption = None,
+    config: ConfigOption = None,
+    backend: BackendOption = "engine",
+    timeout_s: Annotated[
+        float | None, typer.Option("--timeout", help="Give up after this many seconds.")
+    ] = None,
+) -> None:
+    """Enqueue FILE, start worker(s), collect into OUT, shut everything down."""
+    from producer.runner import RunOptions, run_file
+
+    worker_args = ["--backend", backend]
+    if device:
+        worker_args += ["--device", device]
+    if model:
+        worker_args += ["--model", model]
+    if config:
+        worker_args += ["--config", str(config)]
+    options = RunOptions(
+        input_path=input_path,
+        output_path=output,
+        queue=queue,
+        redis_url=redis_url,
+        num_workers=workers,
+        worker_args=worker_args,
+        timeout_s=timeout_s,
+    )
+    report = run_file(options, say=lambda text: typer.echo(text, err=True))
+    collected = report.collected
+    written = collected.written if collected else 0
+    typer.echo(f"wrote {written} results to {output} ({report.resumed} were already there)", err=True)
+    if collected is not None and collected.missing:
+        fail(f"{len(collected.missing)} jobs have no result, e.g. {collected.missing[:3]}")
+    if not report.parsed.jobs:
+        fail("no valid jobs in the input file")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("worker")(worker)
+    app.command("run")(run)
