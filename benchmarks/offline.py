@@ -9,10 +9,12 @@ tokens / wall seconds of the timed run, after a warm-up run.
     python benchmarks/offline.py --model configs/qwen3-0.6b.json --peer hf    # transformers CB
 
 Engine switches (``--no-overlap``, ``--no-cuda-graph``, ``--cache naive``, ``--attention``,
-``--page-size``) are EngineConfig options passed to ``worker.LLM``. PLACEHOLDER: the engine
-honours them only as far as it has landed; as of stage 1, ``Engine.graph_runner`` is None (CUDA
-graphs not wired yet) and overlap scheduling depends on the scheduler engineer's loop. The
-report prints the options passed, so each figure names the path it measured.
+``--page-size``) are EngineConfig options passed to ``worker.LLM``; ``RADIXQ_TRITON=0`` turns
+the fused kernels off. ``--variants default,no-overlap,no-cuda-graph,naive`` runs several
+configurations one after another in this process (a table at the end); ``--profile-steps``
+records host time per step phase and CUDA-event time per pass (worker.engine.profile) and
+prints percentiles. ``--peer hf`` runs transformers' continuous batching on the same requests
+after radixq, in the same process, for a side-by-side ratio.
 """
 
 from __future__ import annotations
@@ -63,7 +65,15 @@ def warmup_workload() -> Workload:
     return Workload([[i + 1] * (64 + 32 * i) for i in range(8)], [32] * 8)
 
 
-def run_radixq(args: argparse.Namespace, workload: Workload) -> dict:
+VARIANTS = {
+    "default": {},
+    "no-overlap": {"overlap": False},
+    "no-cuda-graph": {"cuda_graph": False},
+    "naive": {"cache": "naive"},
+}
+
+
+def run_radixq(args: argparse.Namespace, workload: Workload, variant: str = "default") -> dict:
     from producer.schema import SamplingParams
     from worker import LLM
 
@@ -75,8 +85,12 @@ def run_radixq(args: argparse.Namespace, workload: Workload) -> dict:
         "cuda_graph": args.cuda_graph,
         "attention": args.attention,
         "max_running_reqs": args.max_running_reqs,
+        **({"mem_fraction": args.mem_fraction} if args.mem_fraction else {}),
+        **VARIANTS[variant],
     }
+    start = time.perf_counter()
     llm = LLM(args.model, **options)
+    startup_s = time.perf_counter() - start
 
     def generate(w: Workload) -> tuple[float, int]:
         params = [
@@ -93,8 +107,63 @@ def run_radixq(args: argparse.Namespace, workload: Workload) -> dict:
         return elapsed, sum(len(r.choices[0].token_ids) for r in results)
 
     generate(warmup_workload())
+    profiler = None
+    if args.profile_steps:
+        from worker.engine.profile import StepProfiler
+
+        profiler = StepProfiler.install(llm.scheduler)
     elapsed, generated = generate(workload)
-    return {"engine": "radixq", "options": options, "seconds": elapsed, "output_tokens": generated}
+    result = {
+        "engine": f"radixq[{variant}]",
+        "options": options,
+        "seconds": elapsed,
+        "output_tokens": generated,
+        "startup_s": startup_s,
+        "steps": llm.scheduler.stats.steps,
+    }
+    if profiler is not None:
+        result["step_profile"] = profiler.summary()
+    if args.kernel_profile:
+        result["kernel_profile"] = kernel_profile(generate, workload, args.kernel_profile)
+    _release(llm)
+    return result
+
+
+def kernel_profile(generate: object, workload: Workload, max_tokens: int) -> list[list]:
+    """GPU kernel time by kernel (torch.profiler) over the workload cut to ``max_tokens`` outputs."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    cut = Workload(workload.prompts, [min(n, max_tokens) for n in workload.max_tokens])
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        elapsed, _ = generate(cut)  # type: ignore[operator]
+    rows = []
+    for event in prof.key_averages():
+        device_us = getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0)
+        if device_us > 0:
+            rows.append([event.key[:90], event.count, device_us / 1e3])
+    rows.sort(key=lambda r: -r[2])
+    total_ms = sum(r[2] for r in rows)
+    print(
+        f"kernel profile: {cut.num_output_tokens} tokens in {elapsed:.2f} s, GPU kernel time {total_ms:.0f} ms"
+    )
+    for name, count, ms in rows[:25]:
+        print(f"  {ms:9.1f} ms {100 * ms / total_ms:5.1f}% {count:7d}x  {name}")
+    torch.cuda.synchronize()
+    return rows[:60]
+
+
+def _release(llm: object) -> None:
+    """Free the engine's GPU memory so the next variant (or the peer) can take it."""
+    import gc
+
+    import torch
+
+    del llm
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
 
 
 def run_hf(args: argparse.Namespace, workload: Workload) -> dict:
@@ -156,6 +225,27 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
+def print_step_profile(engine: str, profile: dict) -> None:
+    """One line per step kind: p50/p90 (ms) of host work, GPU pass time and host waits."""
+    print(f"step profile of {engine} ({profile['steps']} steps; p50/p90 ms)")
+    for kind in ("prefill", "decode"):
+        row = profile.get(kind)
+        if not row:
+            continue
+        cells = [
+            f"{name} {row[name].get('p50', float('nan')):.3f}/{row[name].get('p90', float('nan')):.3f}"
+            for name in ("launch_ms", "process_ms", "wait_ms", "gpu_ms")
+        ]
+        sums = f"host sum {row['host_ms'].get('sum', 0) / 1e3:.2f} s, gpu sum {row['gpu_ms'].get('sum', 0) / 1e3:.2f} s"
+        print(f"  {kind:<7} n={row['steps']:<5} " + "  ".join(cells) + f"  ({sums})")
+    if "gpu_gap_ms" in profile:
+        gap = profile["gpu_gap_ms"]
+        print(
+            f"  GPU idle between passes p50/p90 {gap['p50']:.3f}/{gap['p90']:.3f} ms, sum {gap['sum'] / 1e3:.2f} s;"
+            f" GPU busy {100 * profile['gpu_busy_share']:.1f}% of pass time + gaps"
+        )
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -174,6 +264,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--attention", default="auto", help="auto | flashinfer | torch")
     parser.add_argument("--max-running-reqs", type=int, default=256)
     parser.add_argument("--hf-attention", default="sdpa", help="transformers attn_implementation")
+    parser.add_argument("--variants", default="default", help=f"comma list of {sorted(VARIANTS)}")
+    parser.add_argument("--mem-fraction", type=float, default=None, help="EngineConfig.mem_fraction")
+    parser.add_argument("--profile-steps", action="store_true", help="per-step host/GPU breakdown")
+    parser.add_argument(
+        "--kernel-profile", type=int, default=0, help="also profile GPU kernels over outputs cut to N tokens"
+    )
     parser.add_argument("--out", default=None, help="write the result as JSON here")
     return parser.parse_args()
 
@@ -181,21 +277,31 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     workload = standard_workload(args.num_requests)
-    result = run_hf(args, workload) if args.peer == "hf" else run_radixq(args, workload)
-    if result["output_tokens"] != workload.num_output_tokens:
-        raise RuntimeError(
-            f"generated {result['output_tokens']} tokens, expected {workload.num_output_tokens}"
-        )
-    result["prompt_tokens"] = workload.num_prompt_tokens
-    result["tok_per_s"] = result["output_tokens"] / result["seconds"]
-    print(json.dumps(result))
+    results = [run_radixq(args, workload, v.strip()) for v in args.variants.split(",") if v.strip()]
+    if args.peer == "hf":
+        results.append(run_hf(args, workload))
+    for result in results:
+        if result["output_tokens"] != workload.num_output_tokens:
+            raise RuntimeError(
+                f"{result['engine']}: generated {result['output_tokens']} tokens, expected {workload.num_output_tokens}"
+            )
+        result["prompt_tokens"] = workload.num_prompt_tokens
+        result["tok_per_s"] = result["output_tokens"] / result["seconds"]
+        print(json.dumps(result))
     if args.out:
         with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
-    print(
-        f"{result['engine']}: {result['output_tokens']} tokens in {result['seconds']:.2f} s = "
-        f"{result['tok_per_s']:.0f} tok/s"
-    )
+            json.dump(results, f, indent=1)
+    for result in results:
+        if "step_profile" in result:
+            print_step_profile(result["engine"], result["step_profile"])
+    base = results[0]["tok_per_s"]
+    print(f"model {args.model}, {len(workload.prompts)} requests, temperature {args.temperature}")
+    print(f"{'engine':<28} {'seconds':>8} {'tok/s':>9} {'vs first':>8}")
+    for result in results:
+        print(
+            f"{result['engine']:<28} {result['seconds']:>8.2f} {result['tok_per_s']:>9.0f} "
+            f"{result['tok_per_s'] / base:>8.3f}"
+        )
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from worker.kernels.ops import add_rms_norm, norm_rope, rms_norm, silu_and_mul
 from worker.models.config import ModelConfig
 from worker.models.rope import RotaryEmbedding
 
@@ -39,9 +40,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        return rms_norm(x, self.weight, self.eps)  # one fused kernel on CUDA
 
 
 class Attention(nn.Module):
@@ -67,9 +66,13 @@ class Attention(nn.Module):
         q = q.view(-1, self.num_q_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
+        cos, sin = self.rope.cos_cache, self.rope.sin_cache
+        q_w = k_w = None
+        eps = 0.0
         if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rope.apply(positions, q), self.rope.apply(positions, k)
+            q_w, k_w, eps = self.q_norm.weight, self.k_norm.weight, self.q_norm.eps
+        # qk-norm (Qwen3) and rope in one kernel per tensor on CUDA.
+        q, k = norm_rope(q, positions, cos, sin, q_w, eps), norm_rope(k, positions, cos, sin, k_w, eps)
         out = batch.attention(q, k, v, self.layer_id)
         return self.o_proj(out.reshape(-1, self.q_size))
 
@@ -83,8 +86,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, False, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -96,8 +98,10 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(cfg, dtype)
 
     def forward(self, positions: torch.Tensor, h: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        h = h + self.self_attn(positions, self.input_layernorm(h), batch)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        attn = self.self_attn(positions, self.input_layernorm(h), batch)
+        norm = self.post_attention_layernorm
+        normed, h = add_rms_norm(attn, h, norm.weight, norm.eps)  # h += attn, fused with the norm
+        return h + self.mlp(normed)
 
 
 class DecoderBody(nn.Module):

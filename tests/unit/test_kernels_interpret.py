@@ -1,0 +1,84 @@
+"""worker.kernels: the Triton kernels (run by triton's CPU interpreter) against the torch paths."""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+import pytest
+import torch
+
+if torch.cuda.is_available():
+    pytest.skip("on CUDA the kernels run natively: tests/gpu/test_engine_gpu.py", allow_module_level=True)
+# NOTE: triton reads TRITON_INTERPRET when it is first imported and when kernels are decorated.
+os.environ["TRITON_INTERPRET"] = "1"
+try:
+    import triton  # noqa: F401
+except ImportError:
+    os.environ.pop("TRITON_INTERPRET")
+    pytest.skip("triton is not installed (the kernels run on CUDA only)", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def ops():
+    """worker.kernels.ops with its kernels run by triton's interpreter on CPU tensors."""
+    module = importlib.import_module("worker.kernels.ops")
+    module._triton.cache_clear()
+    yield module
+    os.environ.pop("TRITON_INTERPRET", None)  # other tests keep the torch paths on CPU
+    module._triton.cache_clear()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_and_residual(ops, dtype):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 48, generator=gen).to(dtype)
+    res = torch.randn(5, 48, generator=gen).to(dtype)
+    w = (1 + 0.1 * torch.randn(48, generator=gen)).to(dtype)
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(ops.rms_norm(x, w, 1e-6), ops.rms_norm_ref(x, w, 1e-6), **tol)
+    out, total = ops.add_rms_norm(x, res, w, 1e-6)
+    torch.testing.assert_close(total, res + x, **tol)
+    torch.testing.assert_close(out, ops.rms_norm_ref(res + x, w, 1e-6), **tol)
+
+
+@pytest.mark.parametrize("with_norm", [False, True])
+def test_norm_rope_on_strided_heads(ops, with_norm):
+    from worker.models.rope import RotaryEmbedding
+
+    gen = torch.Generator().manual_seed(1)
+    rope = RotaryEmbedding(16, 64, 10000.0, None, "cpu")
+    qkv = torch.randn(6, 3 * 2 * 16 + 7, generator=gen)  # a strided q slice, as after qkv_proj
+    q = qkv[:, : 2 * 16].view(6, 2, 16)
+    pos = torch.tensor([0, 3, 9, 17, 33, 63])
+    w = 1 + 0.1 * torch.randn(16, generator=gen) if with_norm else None
+    got = ops.norm_rope(q, pos, rope.cos_cache, rope.sin_cache, w, 1e-6)
+    normed = q if w is None else ops.rms_norm_ref(q, w, 1e-6)
+    torch.testing.assert_close(got, rope.apply(pos, normed), atol=1e-5, rtol=1e-5)
+
+
+def test_silu_and_mul(ops):
+    x = torch.randn(4, 2 * 40, generator=torch.Generator().manual_seed(2))
+    gate, up = x.chunk(2, dim=-1)
+    torch.testing.assert_close(ops.silu_and_mul(x), torch.nn.functional.silu(gate) * up)
+
+
+def test_fused_sampling_draws_what_the_torch_sampler_draws(ops):
+    from types import SimpleNamespace
+
+    from worker.engine.sampler import Sampler, SamplingTensors, row_uniforms
+    from worker.kernels.sampling import sample_unfiltered
+
+    gen = torch.Generator().manual_seed(4)
+    logits = torch.randn(24, 9000, generator=gen) * 4
+    params = [
+        SimpleNamespace(
+            temperature=0.0 if i % 5 == 0 else 0.3 + 0.1 * i, top_p=1.0, top_k=-1, min_p=0.0, seed=i
+        )
+        for i in range(24)
+    ]
+    t = SamplingTensors.build(params, list(range(24)), "cpu")
+    expected = Sampler().sample(logits, t)
+    got = sample_unfiltered(logits, t.temperature, row_uniforms(t.seeds, t.steps), t.greedy)
+    assert got is not None and got.dtype == torch.int32
+    assert got.tolist() == expected.tolist()

@@ -1,0 +1,78 @@
+"""EngineConfig: every engine and scheduler option, built once at the edge and frozen."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Options of one engine + scheduler. ``resolved()`` turns "auto" values into concrete ones.
+
+    ``num_pages`` None sizes the KV pool from ``mem_fraction`` of free device memory (CUDA)
+    or from ``cpu_kv_gib`` (CPU). ``max_seq_len`` None means the model's context length.
+    ``output_reserve_ratio`` is the share of each request's remaining output that admission
+    reserves in the KV pool (1.0: never retract; lower admits more and retracts when short).
+    """
+
+    model: str
+    load_format: str = "auto"
+    device: str = "auto"
+    dtype: str = "auto"
+    page_size: int = 1
+    num_pages: int | None = None
+    mem_fraction: float = 0.85
+    cpu_kv_gib: float = 1.0
+    max_running_reqs: int = 256
+    max_prefill_tokens: int = 8192
+    max_seq_len: int | None = None
+    cache: str = "radix"
+    overlap: bool = True
+    attention: str = "auto"
+    cuda_graph: bool = True
+    cuda_graph_max_bs: int = 256
+    output_reserve_ratio: float = 0.5
+
+    def __post_init__(self) -> None:
+        checks: list[tuple[bool, str, Any, str]] = [
+            (self.page_size >= 1, "page_size", self.page_size, "must be >= 1"),
+            (self.num_pages is None or self.num_pages >= 1, "num_pages", self.num_pages, "must be >= 1"),
+            (0 < self.mem_fraction <= 1, "mem_fraction", self.mem_fraction, "must be in (0, 1]"),
+            (self.max_running_reqs >= 1, "max_running_reqs", self.max_running_reqs, "must be >= 1"),
+            (self.max_prefill_tokens >= 1, "max_prefill_tokens", self.max_prefill_tokens, "must be >= 1"),
+            (
+                self.max_seq_len is None or self.max_seq_len >= 2,
+                "max_seq_len",
+                self.max_seq_len,
+                "must be >= 2",
+            ),
+            (self.cache in ("radix", "naive"), "cache", self.cache, "must be 'radix' or 'naive'"),
+            (
+                0 <= self.output_reserve_ratio <= 1,
+                "output_reserve_ratio",
+                self.output_reserve_ratio,
+                "must be in [0, 1]",
+            ),
+        ]
+        for ok, field, value, reason in checks:
+            if not ok:
+                raise ValueError(f"EngineConfig.{field}={value!r}: {reason}")
+
+    def resolved(self) -> EngineConfig:
+        """A copy with device "auto" resolved (cuda when available, else cpu)."""
+        if self.device != "auto":
+            return self
+        import torch
+
+        return dataclasses.replace(self, device="cuda" if torch.cuda.is_available() else "cpu")
+
+    @classmethod
+    def from_options(cls, model: str, **options: Any) -> EngineConfig:
+        """Build from keyword options, naming any unknown one."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise TypeError(f"unknown engine option(s) {unknown}; known: {sorted(known)}")
+        return cls(model=model, **options)

@@ -1,0 +1,161 @@
+"""Engine: the loaded model, the KV pool, the attention backend, the GPU tables and the sampler."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from worker.engine.config import EngineConfig
+from worker.engine.forward import ForwardBatch, ForwardOutput
+from worker.engine.input import ForwardInput
+from worker.engine.kv_pool import KVPool
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name not in _DTYPES:
+        raise ValueError(f"dtype={name!r}: expected one of {['auto', *_DTYPES]}")
+    return _DTYPES[name]
+
+
+class Engine:
+    """Runs one forward pass per ForwardInput and returns the sampled tokens.
+
+    ``page_table`` and ``token_pool`` ([max_running_reqs + 1, max_seq_len] int32, on the
+    device) are the GPU tables the scheduler's TableManager indexes by slot; the last row is
+    the dummy slot. ``stream`` and ``graph_runner`` are the hooks for CUDA streams and graphs
+    (None on CPU: then the pass runs eagerly on the current stream).
+
+    The KV pool holds one page more than ``num_pages``: the dummy page, never handed out. The
+    dummy slot's page_table row points at it, so padding requests write KV nowhere real.
+    With overlap on CUDA, the scheduler queues its metadata copies on ``scheduler_stream``
+    and each pass runs on ``stream`` after waiting for them.
+    """
+
+    def __init__(self, config: EngineConfig) -> None:
+        from worker.attention.registry import create_backend
+        from worker.engine.sampler import Sampler
+        from worker.models import load_model
+
+        config = config.resolved()
+        self.config = config
+        self.device = torch.device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        self.loaded = load_model(
+            config.model, load_format=config.load_format, dtype=self.dtype, device=self.device
+        )
+        model_config = self.loaded.config
+        self.model_config = model_config
+        self.eos_token_ids = frozenset(model_config.eos_token_ids)
+        self.page_size = config.page_size
+        self.num_pages = config.num_pages or self._pages_from_memory(config)
+        capacity = self.num_pages * self.page_size - self.page_size
+        limit = min(
+            config.max_seq_len or model_config.max_position_embeddings, model_config.max_position_embeddings
+        )
+        self.max_seq_len = min(limit, capacity)
+        if self.max_seq_len < 2:
+            raise ValueError(f"num_pages={self.num_pages} x page_size={self.page_size}: KV pool too small")
+        self.kv = KVPool(
+            num_layers=model_config.num_layers,
+            num_pages=self.num_pages + 1,
+            page_size=self.page_size,
+            num_kv_heads=model_config.num_kv_heads,
+            head_dim=model_config.head_dim,
+            dtype=self.dtype,
+            device=self.device,
+        )
+        table_shape = (config.max_running_reqs + 1, self.max_seq_len)
+        self.page_table = torch.zeros(table_shape, dtype=torch.int32, device=self.device)
+        self.token_pool = torch.zeros(table_shape, dtype=torch.int32, device=self.device)
+        self.dummy_loc = self.num_pages * self.page_size  # first location of the dummy page
+        self.page_table[-1].fill_(self.dummy_loc)
+        self.backend = create_backend(
+            config.attention,
+            kv=self.kv,
+            page_table=self.page_table,
+            model_config=model_config,
+            page_size=self.page_size,
+            device=self.device,
+        )
+        self.sampler = Sampler()
+        self.stream: Any = None  # CUDA + overlap: the engine stream
+        self.scheduler_stream: Any = None  # CUDA + overlap: where batch metadata is copied
+        self.graph_runner: Any = None  # CUDA graphs: replays captured decode batch sizes
+        if self.device.type == "cuda":
+            self._setup_cuda(config)
+
+    def _setup_cuda(self, config: EngineConfig) -> None:
+        from worker.attention.registry import resolve_backend_name
+
+        if config.overlap:
+            self.stream = torch.cuda.Stream(self.device)
+            self.scheduler_stream = torch.cuda.Stream(self.device)
+        if config.cuda_graph and resolve_backend_name(config.attention, self.device) == "flashinfer":
+            from worker.engine.graph import GraphRunner, graph_batch_sizes
+
+            max_bs = min(config.cuda_graph_max_bs, config.max_running_reqs)
+            self.graph_runner = GraphRunner(self, graph_batch_sizes(max_bs))
+
+    def _pages_from_memory(self, config: EngineConfig) -> int:
+        mc = self.model_config
+        per_page = (
+            KVPool.bytes_per_location(mc.num_layers, mc.num_kv_heads, mc.head_dim, self.dtype)
+            * self.page_size
+        )
+        if self.device.type == "cuda":
+            free_bytes, _ = torch.cuda.mem_get_info(self.device)
+            budget = free_bytes * config.mem_fraction
+        else:
+            want = config.max_running_reqs * (config.max_seq_len or mc.max_position_embeddings)
+            budget = min(config.cpu_kv_gib * 2**30, want * per_page / self.page_size)
+        return max(2, int(budget // per_page))
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.loaded.model
+
+    @torch.inference_mode()
+    def forward(self, fi: ForwardInput) -> ForwardOutput:
+        """Run the pass, sample, write each token into token_pool, start its copy to the host.
+
+        Nothing here waits for the GPU: under overlap the host returns while the pass runs."""
+        if self.stream is None:
+            return self._forward(fi)
+        self.stream.wait_stream(self.scheduler_stream)
+        for t in (fi.load_slots, fi.sampling.temperature):  # packed buffers from the scheduler stream
+            t.record_stream(self.stream)
+        with torch.cuda.stream(self.stream):
+            return self._forward(fi)
+
+    def _forward(self, fi: ForwardInput) -> ForwardOutput:
+        if fi.graph_bs is not None:
+            self.backend.plan_for_replay(fi.layout, fi.graph_bs)  # type: ignore[attr-defined]
+            logits = self.graph_runner.run(fi)
+        else:
+            attn_meta = fi.attn_meta if fi.attn_meta is not None else self.backend.plan(fi.layout)
+            input_ids = self.token_pool[fi.load_slots, fi.positions].to(torch.int64)
+            batch = ForwardBatch(
+                input_ids=input_ids,
+                positions=fi.positions,
+                out_loc=fi.out_loc,
+                sample_idx=fi.sample_idx,
+                layout=fi.layout,
+                backend=self.backend,
+                attn_meta=attn_meta,
+                kv=self.kv,
+            )
+            logits = self.model(batch)
+        next_tokens_gpu = self.sampler.sample(logits[: fi.batch_size], fi.sampling).to(torch.int32)
+        self.token_pool[fi.write_slots, fi.write_pos] = next_tokens_gpu
+        if self.device.type != "cuda":
+            return ForwardOutput(next_tokens_gpu, next_tokens_gpu.clone(), None)
+        next_tokens_cpu = torch.empty(next_tokens_gpu.shape, dtype=torch.int32, pin_memory=True)
+        next_tokens_cpu.copy_(next_tokens_gpu, non_blocking=True)
+        copy_done = torch.cuda.Event()
+        copy_done.record()
+        return ForwardOutput(next_tokens_gpu, next_tokens_cpu, copy_done)

@@ -1,0 +1,101 @@
+"""GraphRunner: decode passes captured as CUDA graphs, one per batch size, replayed per step.
+
+A captured pass reads three static rows (load slots, positions, out_loc) of ``max_bs``
+entries, gathers its input ids from ``token_pool`` and runs the whole model, logits
+included. Requests are padded to the next captured size with the dummy request (dummy slot,
+position 0, the engine's dummy KV location), so padding rows write only the dummy page and
+their logits are ignored. Attention metadata lives in FlashInfer's fixed graph buffers,
+re-planned per step by ``backend.plan_for_replay`` on the engine stream before ``run``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import time
+from typing import TYPE_CHECKING
+
+import torch
+
+from worker.attention.base import BatchLayout
+from worker.engine.forward import ForwardBatch
+
+if TYPE_CHECKING:
+    from worker.engine.engine import Engine
+    from worker.engine.input import ForwardInput
+
+logger = logging.getLogger(__name__)
+
+
+def graph_batch_sizes(max_bs: int) -> list[int]:
+    """1, 2, 4, 8, then every multiple of 16 up to max_bs (and max_bs itself)."""
+    sizes = [bs for bs in (1, 2, 4, 8) if bs < max_bs] + list(range(16, max_bs, 16))
+    return sorted({*sizes, max_bs})
+
+
+class GraphRunner:
+    def __init__(self, engine: Engine, batch_sizes: list[int]) -> None:
+        self.engine = engine
+        self.batch_sizes = sorted(batch_sizes)
+        max_bs = self.batch_sizes[-1]
+        device = engine.device
+        # rows: load slots, positions, out_loc; idle entries point at the dummy request.
+        self._inputs = torch.zeros((3, max_bs), dtype=torch.int64, device=device)
+        self._inputs[0].fill_(engine.page_table.shape[0] - 1)
+        self._inputs[2].fill_(engine.dummy_loc)
+        self._sample_idx = torch.arange(max_bs, dtype=torch.int64, device=device)
+        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._logits: dict[int, torch.Tensor] = {}
+        engine.backend.init_cuda_graphs(self.batch_sizes, max_seq_len=engine.max_seq_len)  # type: ignore[attr-defined]
+        start = time.perf_counter()
+        stream = engine.stream if engine.stream is not None else torch.cuda.Stream(device)
+        pool = torch.cuda.graph_pool_handle()
+        with torch.inference_mode():
+            for bs in reversed(self.batch_sizes):
+                with torch.cuda.stream(stream):
+                    meta = engine.backend.capture_meta(bs)  # type: ignore[attr-defined]
+                    for _ in range(2):  # warm-up: Triton compiles, cuBLAS picks its kernels
+                        self._pass(bs, meta)
+                stream.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool, stream=stream):
+                    self._logits[bs] = self._pass(bs, meta)
+                self._graphs[bs] = graph
+        torch.cuda.synchronize(device)
+        logger.info(
+            "captured %d CUDA graphs (bs <= %d) in %.1f s",
+            len(self._graphs),
+            max_bs,
+            time.perf_counter() - start,
+        )
+
+    def _pass(self, bs: int, meta: object) -> torch.Tensor:
+        engine = self.engine
+        load_slots, positions, out_loc = self._inputs[:, :bs]
+        ones = torch.ones(bs, dtype=torch.int32)
+        batch = ForwardBatch(
+            input_ids=engine.token_pool[load_slots, positions].to(torch.int64),
+            positions=positions,
+            out_loc=out_loc,
+            sample_idx=self._sample_idx[:bs],
+            layout=BatchLayout(slots_cpu=ones, cached_lens_cpu=ones - 1, extend_lens_cpu=ones),
+            backend=engine.backend,
+            attn_meta=meta,
+            kv=engine.kv,
+        )
+        return engine.model(batch)
+
+    def batch_size_for(self, batch_size: int) -> int | None:
+        """The smallest captured size holding ``batch_size`` requests, or None (run eagerly)."""
+        i = bisect.bisect_left(self.batch_sizes, batch_size)
+        return self.batch_sizes[i] if i < len(self.batch_sizes) else None
+
+    def run(self, fi: ForwardInput) -> torch.Tensor:
+        """Replay the pass of ``fi`` (padded to fi.graph_bs, already planned): logits [B, vocab]."""
+        bs = fi.graph_bs
+        assert bs is not None and fi.load_slots.numel() == bs
+        self._inputs[0, :bs].copy_(fi.load_slots)
+        self._inputs[1, :bs].copy_(fi.positions)
+        self._inputs[2, :bs].copy_(fi.out_loc)
+        self._graphs[bs].replay()
+        return self._logits[bs][: fi.batch_size]

@@ -1,0 +1,1 @@
+"""Fused GPU kernels (Triton) with torch fallbacks; see worker.kernels.ops."""

@@ -1,0 +1,151 @@
+"""Fused ops for the decoder: one Triton kernel each on CUDA, the plain torch code elsewhere.
+
+    rms_norm(x, w, eps)                  x [T, D] or [T, H, D] -> same shape
+    add_rms_norm(x, residual, w, eps)    -> (norm(x + residual), x + residual)
+    norm_rope(x, positions, cos, sin, w, eps)   [T, H, D] -> contiguous [T, H, D]
+    silu_and_mul(x)                      [T, 2I] -> [T, I]
+
+The torch paths are the reference semantics (HF's): norms in float32, cast to the model dtype
+before the weight; rope in float32 on neox halves. ``RADIXQ_TRITON=0`` forces the torch paths
+(ablation, debugging); set ``RADIXQ_TRITON_INTERPRET=1`` with triton's interpreter to run the
+kernels on CPU tensors in tests.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+
+@functools.cache
+def _triton() -> Any:
+    """The kernels module, or None when Triton is unavailable or switched off."""
+    if os.environ.get("RADIXQ_TRITON", "1") == "0":
+        return None
+    try:
+        from worker.kernels import triton_kernels
+    except ImportError:
+        return None
+    return triton_kernels
+
+
+def _kernels_for(x: torch.Tensor) -> Any:
+    if x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1":
+        return _triton()
+    return None
+
+
+def _rows_heads(x: torch.Tensor) -> tuple[int, int, int, int]:
+    """(rows, heads, row stride, head stride) of a [T, D] or [T, H, D] tensor with unit last stride."""
+    if x.dim() == 2:
+        return x.shape[0], 1, x.stride(0), 0
+    return x.shape[0], x.shape[1], x.stride(0), x.stride(1)
+
+
+def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    k = _kernels_for(x)
+    if k is None or x.stride(-1) != 1 or x.dim() not in (2, 3) or x.dtype != weight.dtype:
+        return rms_norm_ref(x, weight, eps)
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    rows, heads, sx_row, sx_head = _rows_heads(x)
+    so_row, so_head = (out.stride(0), 0) if x.dim() == 2 else (out.stride(0), out.stride(1))
+    n = x.shape[-1]
+    k.rms_norm_kernel[(rows, heads)](
+        x, x, out, out, weight, sx_row, sx_head, 0, so_row, so_head, n, eps,
+        HAS_RES=False, BLOCK=triton_block(n),
+    )  # fmt: skip
+    return out
+
+
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(x + residual), x + residual) for [T, D] tensors; the sum rounds to x.dtype."""
+    k = _kernels_for(x)
+    if (
+        k is None
+        or x.dim() != 2
+        or x.stride(-1) != 1
+        or not residual.is_contiguous()
+        or x.dtype != weight.dtype
+    ):
+        total = residual + x
+        return rms_norm_ref(total, weight, eps), total
+    x = x.contiguous()
+    total = torch.empty_like(residual)
+    out = torch.empty_like(residual)
+    n = x.shape[-1]
+    k.rms_norm_kernel[(x.shape[0], 1)](
+        x, residual, out, total, weight, x.stride(0), 0, residual.stride(0), out.stride(0), 0, n, eps,
+        HAS_RES=True, BLOCK=triton_block(n),
+    )  # fmt: skip
+    return out, total
+
+
+def rope_ref(
+    x: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor, sin_cache: torch.Tensor
+) -> torch.Tensor:
+    cos = cos_cache[positions].unsqueeze(1)
+    sin = sin_cache[positions].unsqueeze(1)
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+
+
+def norm_rope(
+    x: torch.Tensor,
+    positions: torch.Tensor,
+    cos_cache: torch.Tensor,
+    sin_cache: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """rope(rms_norm(x, weight)) (norm skipped when weight is None) for x [T, H, D]."""
+    k = _kernels_for(x)
+    half = x.shape[-1] // 2
+    usable = (
+        k is not None
+        and x.dim() == 3
+        and x.stride(-1) == 1
+        and half & (half - 1) == 0
+        and cos_cache.is_contiguous()
+        and sin_cache.is_contiguous()
+        and (weight is None or weight.dtype == x.dtype)
+    )
+    if not usable:
+        normed = x if weight is None else rms_norm_ref(x, weight, eps)
+        return rope_ref(normed, positions, cos_cache, sin_cache)
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    k.norm_rope_kernel[(x.shape[0], x.shape[1])](
+        x, out, x if weight is None else weight, positions, cos_cache, sin_cache,
+        x.stride(0), x.stride(1), out.stride(0), out.stride(1), cos_cache.stride(0), eps,
+        HAS_NORM=weight is not None, HALF=half,
+    )  # fmt: skip
+    return out
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """silu(x[:, :I]) * x[:, I:] for x [T, 2I]."""
+    k = _kernels_for(x)
+    if k is None or x.dim() != 2 or x.stride(-1) != 1:
+        gate, up = x.chunk(2, dim=-1)
+        return F.silu(gate) * up
+    n = x.shape[-1] // 2
+    out = torch.empty((x.shape[0], n), dtype=x.dtype, device=x.device)
+    block = min(1024, triton_block(n))
+    k.silu_and_mul_kernel[(x.shape[0], -(-n // block))](x, out, x.stride(0), out.stride(0), n, BLOCK=block)
+    return out
+
+
+def triton_block(n: int) -> int:
+    """The smallest power of two >= n."""
+    return 1 << max(0, (n - 1).bit_length())

@@ -1,0 +1,162 @@
+"""Triton kernels behind worker.kernels.ops (imported only on CUDA, lazily).
+
+Each kernel reproduces the rounding of the torch code it replaces: intermediates that torch
+materialises in the model dtype are rounded to it here too, so CUDA results match the
+fallback up to the order of float32 summation.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def rms_norm_kernel(
+    x_ptr,
+    res_ptr,
+    out_ptr,
+    res_out_ptr,
+    w_ptr,
+    stride_x_row,
+    stride_x_head,
+    stride_res_row,
+    stride_out_row,
+    stride_out_head,
+    n_cols,
+    eps,
+    HAS_RES: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """out[r, h] = norm(x[r, h] (+ res[r])) * w; with HAS_RES also res_out[r] = x[r] + res[r]."""
+    row = tl.program_id(0)
+    head = tl.program_id(1)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * stride_x_row + head * stride_x_head + cols, mask=mask, other=0.0)
+    dtype = x.dtype
+    x32 = x.to(tl.float32)
+    if HAS_RES:
+        r = tl.load(res_ptr + row * stride_res_row + cols, mask=mask, other=0.0)
+        s = (x32 + r.to(tl.float32)).to(dtype)
+        tl.store(res_out_ptr + row * stride_res_row + cols, s, mask=mask)
+        x32 = s.to(tl.float32)
+    var = tl.sum(x32 * x32, axis=0) / n_cols
+    rstd = 1.0 / tl.sqrt(var + eps)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    y = (x32 * rstd).to(dtype).to(tl.float32) * w
+    tl.store(out_ptr + row * stride_out_row + head * stride_out_head + cols, y.to(dtype), mask=mask)
+
+
+@triton.jit
+def norm_rope_kernel(
+    x_ptr,
+    out_ptr,
+    w_ptr,
+    pos_ptr,
+    cos_ptr,
+    sin_ptr,
+    stride_x_row,
+    stride_x_head,
+    stride_out_row,
+    stride_out_head,
+    stride_table_row,
+    eps,
+    HAS_NORM: tl.constexpr,
+    HALF: tl.constexpr,
+):
+    """out[t, h] = rope(rms_norm(x[t, h]) if HAS_NORM else x[t, h]) at position pos[t] (neox halves)."""
+    row = tl.program_id(0)
+    head = tl.program_id(1)
+    cols = tl.arange(0, HALF)
+    base = x_ptr + row * stride_x_row + head * stride_x_head
+    x1 = tl.load(base + cols)
+    x2 = tl.load(base + HALF + cols)
+    dtype = x1.dtype
+    a = x1.to(tl.float32)
+    b = x2.to(tl.float32)
+    if HAS_NORM:
+        var = (tl.sum(a * a, axis=0) + tl.sum(b * b, axis=0)) / (2 * HALF)
+        rstd = 1.0 / tl.sqrt(var + eps)
+        w1 = tl.load(w_ptr + cols).to(tl.float32)
+        w2 = tl.load(w_ptr + HALF + cols).to(tl.float32)
+        a = ((a * rstd).to(dtype).to(tl.float32) * w1).to(dtype).to(tl.float32)
+        b = ((b * rstd).to(dtype).to(tl.float32) * w2).to(dtype).to(tl.float32)
+    pos = tl.load(pos_ptr + row)
+    cos = tl.load(cos_ptr + pos * stride_table_row + cols)
+    sin = tl.load(sin_ptr + pos * stride_table_row + cols)
+    out = out_ptr + row * stride_out_row + head * stride_out_head
+    tl.store(out + cols, (a * cos - b * sin).to(dtype))
+    tl.store(out + HALF + cols, (b * cos + a * sin).to(dtype))
+
+
+@triton.jit
+def silu_and_mul_kernel(x_ptr, out_ptr, stride_x_row, stride_out_row, n_cols, BLOCK: tl.constexpr):
+    """out[r] = silu(x[r, :n]) * x[r, n:2n], rounding silu to the dtype first (as torch does)."""
+    row = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    gate = tl.load(x_ptr + row * stride_x_row + cols, mask=mask, other=0.0)
+    up = tl.load(x_ptr + row * stride_x_row + n_cols + cols, mask=mask, other=0.0)
+    dtype = gate.dtype
+    g = gate.to(tl.float32)
+    silu = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)
+    tl.store(out_ptr + row * stride_out_row + cols, (silu * up.to(tl.float32)).to(dtype), mask=mask)
+
+
+@triton.jit
+def sample_rows_kernel(
+    logits_ptr,
+    stride_row,
+    temperature_ptr,
+    u_ptr,
+    greedy_ptr,
+    out_ptr,
+    vocab: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """One row per program: argmax for greedy rows, else the inverse-CDF draw of
+    softmax(logits / T) at uniform u: the first token whose running mass exceeds u * total.
+
+    Pass 1 finds the max (and argmax, first on ties), pass 2 the total mass, pass 3 scans
+    blocks with a float64 carry and stops at the block that crosses the target.
+    """
+    row = tl.program_id(0)
+    base = logits_ptr + row * stride_row
+    cols = tl.arange(0, BLOCK)
+    best = float("-inf")
+    best_idx = 0
+    for off in range(0, vocab, BLOCK):
+        x = tl.load(base + off + cols, mask=off + cols < vocab, other=float("-inf")).to(tl.float32)
+        block_max = tl.max(x, axis=0)
+        block_idx = tl.argmax(x, axis=0, tie_break_left=True)
+        better = block_max > best
+        best_idx = tl.where(better, off + block_idx, best_idx)
+        best = tl.where(better, block_max, best)
+    is_greedy = tl.load(greedy_ptr + row) != 0
+    if is_greedy:
+        tl.store(out_ptr + row, best_idx.to(tl.int32))
+    else:
+        t = tl.load(temperature_ptr + row)
+        peak = best / t  # division is monotonic: max(x / t) == max(x) / t
+        total = tl.zeros((), dtype=tl.float64)
+        for off in range(0, vocab, BLOCK):
+            x = tl.load(base + off + cols, mask=off + cols < vocab, other=float("-inf")).to(tl.float32)
+            total += tl.sum(tl.exp(x / t - peak), axis=0).to(tl.float64)
+        target = tl.load(u_ptr + row) * total
+        carry = tl.zeros((), dtype=tl.float64)
+        found = vocab - 1
+        off = 0
+        while off < vocab:
+            x = tl.load(base + off + cols, mask=off + cols < vocab, other=float("-inf")).to(tl.float32)
+            p = tl.exp(x / t - peak)
+            running = carry + tl.cumsum(p, axis=0).to(tl.float64)
+            crossed = (running > target) & (off + cols < vocab)
+            first = tl.min(tl.where(crossed, cols, BLOCK), axis=0)
+            if first < BLOCK:
+                found = off + first
+                off = vocab
+            else:
+                carry += tl.sum(p, axis=0).to(tl.float64)
+                off += BLOCK
+        tl.store(out_ptr + row, found.to(tl.int32))

@@ -1,0 +1,143 @@
+"""CacheManager: KV pages (allocator) + prefix cache, on behalf of requests.
+
+A page is in exactly one of three places: free (allocator), owned by the prefix cache
+(locked or evictable), or private to one running request (its row of the page table past
+``matched_len``, up to ``alloc_len``). ``check_integrity`` asserts free + cached + private == total.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from worker.cache.allocator import PageAllocator
+from worker.cache.prefix import Match, create_prefix_cache
+from worker.scheduler.req import Req
+from worker.scheduler.table import TableManager
+
+
+class CacheManager:
+    def __init__(self, num_pages: int, page_size: int, kind: str, tables: TableManager) -> None:
+        self.page_size = page_size
+        self.num_pages = num_pages
+        self.allocator = PageAllocator(num_pages, page_size)
+        self.prefix = create_prefix_cache(kind, page_size)
+        self.tables = tables
+        self.num_private_pages = 0
+
+    @property
+    def shares_prefixes(self) -> bool:
+        """Whether the prefix cache ever serves one request's KV to another."""
+        return self.prefix.insertable_len(self.page_size) > 0
+
+    def pages_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.page_size)
+
+    @property
+    def available_pages(self) -> int:
+        """Pages obtainable now: free ones plus evictable cached ones."""
+        return self.allocator.num_free_pages + self.prefix.num_evictable_tokens // self.page_size
+
+    def match(self, input_ids: list[int]) -> Match:
+        """Longest cached prefix, keeping at least one token to compute (cached_len < device_len)."""
+        return self.prefix.match(input_ids[: len(input_ids) - 1])
+
+    def lock(self, match: Match) -> None:
+        self.prefix.lock(match.handle)
+
+    def unlock(self, match: Match) -> None:
+        self.prefix.unlock(match.handle)
+
+    def allocate(self, req: Req) -> None:
+        """Back the request's row with pages up to device_len (evicting cached pages if needed)."""
+        need = self.pages_for(req.device_len) - req.alloc_len // self.page_size
+        if need <= 0:
+            return
+        short = need - self.allocator.num_free_pages
+        if short > 0:
+            self.allocator.free(self.prefix.evict(short * self.page_size))
+        locations = self.allocator.allocate(need)
+        self.tables.write_locations(req.slot, req.alloc_len, locations)
+        req.alloc_len += need * self.page_size
+        self.num_private_pages += need
+
+    def allocate_batch(self, reqs: list[Req]) -> None:
+        """``allocate`` for every request of a batch, with one allocator call and one table write."""
+        ps = self.page_size
+        grown = [(r, n) for r in reqs if (n := self.pages_for(r.device_len) - r.alloc_len // ps) > 0]
+        if not grown:
+            return
+        total = sum(n for _, n in grown)
+        short = total - self.allocator.num_free_pages
+        if short > 0:
+            self.allocator.free(self.prefix.evict(short * ps))
+        locations = self.allocator.allocate(total)
+        counts = torch.tensor([n * ps for _, n in grown], dtype=torch.int64)
+        slots = torch.repeat_interleave(torch.tensor([r.slot for r, _ in grown], dtype=torch.int64), counts)
+        starts = torch.tensor([r.alloc_len for r, _ in grown], dtype=torch.int64)
+        first = torch.cumsum(counts, 0) - counts  # index of each request's first new entry
+        positions = torch.arange(total * ps, dtype=torch.int64) + torch.repeat_interleave(
+            starts - first, counts
+        )
+        self.tables.write_location_entries(slots, positions, locations)
+        for req, n in grown:
+            req.alloc_len += n * ps
+        self.num_private_pages += total
+
+    def can_allocate(self, reqs: list[Req]) -> bool:
+        need = sum(max(0, self.pages_for(r.device_len) - r.alloc_len // self.page_size) for r in reqs)
+        return need <= self.available_pages
+
+    def cache_req(self, req: Req, *, finished: bool) -> None:
+        """Insert the request's computed KV into the prefix cache.
+
+        finished: give everything back (cached pages stay in the cache, unlocked; the rest is
+        freed). Otherwise the request keeps running on the cached prefix, now locked in its
+        place, and keeps its private tail.
+        """
+        valid_len = min(req.cached_len, len(req.input_ids))
+        insert_len = max(self.prefix.insertable_len(valid_len), req.matched_len)
+        row = self.tables.page_table_cpu[req.slot, : req.alloc_len].clone()
+        existing = req.matched_len
+        if insert_len > req.matched_len:
+            existing = self.prefix.insert(req.input_ids[:insert_len], row[:insert_len])
+        assert existing >= req.matched_len, "the request's own locked prefix must be cached"
+        self.allocator.free(row[req.matched_len : existing])  # NOTE: duplicates of cached pages
+        self.prefix.unlock(req.handle)
+        if finished:
+            self.allocator.free(row[insert_len:])
+            self.num_private_pages -= (req.alloc_len - req.matched_len) // self.page_size
+            return
+        match = self.prefix.match(req.input_ids[:insert_len])
+        assert match.length == insert_len
+        self.prefix.lock(match.handle)
+        self.tables.write_locations(req.slot, req.matched_len, match.locations[req.matched_len : existing])
+        self.num_private_pages -= (insert_len - req.matched_len) // self.page_size
+        req.handle, req.matched_len = match.handle, insert_len
+
+    def release_unstarted(self, match: Match) -> None:
+        """Undo a lock taken for a request that was never admitted."""
+        self.prefix.unlock(match.handle)
+
+    def check_integrity(self, running: list[Req] | None = None) -> None:
+        """Assert free + cached + private == total with no page in two places.
+
+        ``running``: requests holding private pages (their rows are checked page by page).
+        """
+        free = self.allocator.free_pages()
+        cached = self.prefix.all_locations()[:: self.page_size] // self.page_size
+        parts = [free, cached.to(torch.int32)]
+        private = 0
+        for req in running or []:
+            row = self.tables.page_table_cpu[req.slot, req.matched_len : req.alloc_len]
+            parts.append((row[:: self.page_size] // self.page_size).to(torch.int32))
+            private += (req.alloc_len - req.matched_len) // self.page_size
+        assert private == self.num_private_pages, (
+            f"private pages: counted {self.num_private_pages}, running requests hold {private}"
+        )
+        assert len(cached) * self.page_size == self.prefix.num_cached_tokens, "cache size counter drifted"
+        everything = torch.cat(parts)
+        total = int(everything.numel())
+        assert total == self.num_pages, (
+            f"free {len(free)} + cached {len(cached)} + private {private} != {self.num_pages}"
+        )
+        assert int(torch.unique(everything).numel()) == total, "a KV page is in two places"

@@ -1,0 +1,44 @@
+"""Intake: turning a GenerateRequest into a RequestGroup of PendingReqs, or a reason to refuse it."""
+
+from __future__ import annotations
+
+import random
+
+import msgspec
+
+from worker.scheduler.messages import GenerateRequest
+from worker.scheduler.req import PendingReq, RequestGroup
+
+
+def refusal(msg: GenerateRequest, max_seq_len: int, vocab_size: int) -> tuple[str, str] | None:
+    """(error_code, message) when the request cannot run on this engine, else None."""
+    prompt_len = len(msg.input_ids)
+    if prompt_len == 0:
+        return "invalid_job", "input_ids: empty prompt"
+    bad = next((t for t in msg.input_ids if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        return "invalid_job", f"input_ids: token {bad} not in [0, {vocab_size})"
+    if prompt_len >= max_seq_len:
+        return (
+            "prompt_too_long",
+            f"prompt of {prompt_len} tokens leaves no room in the context of {max_seq_len} tokens",
+        )
+    return None
+
+
+def make_group(msg: GenerateRequest, max_seq_len: int) -> tuple[RequestGroup, list[PendingReq]]:
+    """The group and its n choices. max_tokens is clamped to the context (finish "length").
+
+    Choice i samples with seed + i when a seed is given, else with a seed drawn here, so its
+    draws depend on (seed, step) only, never on the batch it lands in."""
+    prompt_len = len(msg.input_ids)
+    max_device_len = prompt_len + min(msg.sampling.max_tokens, max_seq_len - prompt_len)
+    group = RequestGroup(uid=msg.uid, prompt_len=prompt_len, n=msg.sampling.n)
+    choices = []
+    for index in range(group.n):
+        sampling = msg.sampling
+        if sampling.seed is not None and index > 0:
+            sampling = msgspec.structs.replace(sampling, seed=(sampling.seed + index) % 2**63)
+        seed = sampling.seed if sampling.seed is not None else random.getrandbits(63)
+        choices.append(PendingReq(group, index, list(msg.input_ids), sampling, max_device_len, seed))
+    return group, choices

@@ -1,0 +1,146 @@
+"""The request ledger: pending requests, running requests and their three lengths.
+
+    input_ids (host):  [ prompt ............ | generated ... ]
+                       0          cached_len         device_len     max_device_len
+                       |-- KV computed --|-- extend --|-- remain_len --|
+
+Invariant where a Req is built: 0 <= cached_len < device_len <= max_device_len.
+Two hands move a running request: right after its forward pass (before the sampled token is
+known) ``complete_forward`` sets cached_len = device_len and device_len += 1; later the host
+appends the token to ``input_ids``. So len(input_ids) may trail device_len by one step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from producer.schema import SamplingParams
+from worker.scheduler.messages import ChoiceOutput
+
+
+@dataclass(eq=False)
+class RequestGroup:
+    """One GenerateRequest: its n choices share the prompt; answered once all are done."""
+
+    uid: str
+    prompt_len: int
+    n: int
+    choices: dict[int, ChoiceOutput] = field(default_factory=dict)
+    cached_tokens: int | None = None  # prefix-cache hit of the first admission
+    held_back: list[PendingReq] = field(default_factory=list)  # siblings waiting for the prompt KV
+
+    @property
+    def done(self) -> bool:
+        return len(self.choices) == self.n
+
+
+@dataclass(eq=False)
+class PendingReq:
+    """Arrived, holds no resources. ``input_ids`` is the prompt plus anything generated before a
+    retraction. ``chunk`` is the in-progress ChunkedReq when its prompt is being prefilled."""
+
+    group: RequestGroup
+    index: int  # choice index within the group
+    input_ids: list[int]
+    sampling: SamplingParams  # per choice (seed already offset by index)
+    max_device_len: int
+    seed: int  # sampling.seed, or one drawn at intake: draws do not depend on batching
+    chunk: ChunkedReq | None = None
+
+    @property
+    def rid(self) -> str:
+        return f"{self.group.uid}#{self.index}"
+
+
+@dataclass(eq=False)
+class Req:
+    """A running request: holds a table slot, KV pages and a locked prefix-cache handle."""
+
+    pending: PendingReq
+    slot: int
+    cached_len: int
+    device_len: int
+    max_device_len: int
+    handle: Any  # prefix-cache handle locked for [0, matched_len)
+    matched_len: int  # tokens at the head of the slot's row owned by the prefix cache
+    alloc_len: int  # tokens of the slot's row backed by pages (a multiple of page_size)
+    finished: bool = False
+    released: bool = False  # NOTE: under overlap a request can be released before its last batch is processed
+
+    def __post_init__(self) -> None:
+        assert 0 <= self.cached_len < self.device_len <= self.max_device_len, (
+            f"ledger broken: cached_len={self.cached_len} device_len={self.device_len} "
+            f"max_device_len={self.max_device_len}"
+        )
+
+    @property
+    def input_ids(self) -> list[int]:
+        return self.pending.input_ids
+
+    @property
+    def rid(self) -> str:
+        return self.pending.rid
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return self.pending.sampling
+
+    @property
+    def seed(self) -> int:
+        return self.pending.seed
+
+    @property
+    def prompt_len(self) -> int:
+        return self.pending.group.prompt_len
+
+    @property
+    def extend_len(self) -> int:
+        return self.device_len - self.cached_len
+
+    @property
+    def remain_len(self) -> int:
+        return self.max_device_len - self.device_len
+
+    @property
+    def can_decode(self) -> bool:
+        return self.remain_len > 0 and not self.finished
+
+    @property
+    def produces_token(self) -> bool:
+        return True
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.input_ids[self.prompt_len :]
+
+    @property
+    def max_tokens(self) -> int:
+        return self.max_device_len - self.prompt_len
+
+    def complete_forward(self) -> None:
+        """GPU-side progress after a pass, before the token is known."""
+        self.cached_len = self.device_len
+        self.device_len += 1
+
+    def append_host(self, token_id: int) -> None:
+        """Host-side progress once the sampled token has arrived."""
+        self.input_ids.append(token_id)
+
+
+class ChunkedReq(Req):
+    """A non-final chunk of a prompt: computes KV only, produces no token, never decodes."""
+
+    @property
+    def can_decode(self) -> bool:
+        return False
+
+    @property
+    def produces_token(self) -> bool:
+        return False
+
+    def complete_forward(self) -> None:
+        self.cached_len = self.device_len  # NOTE: spent; the next chunk is a new Req built from it
+
+    def append_host(self, token_id: int) -> None:
+        raise AssertionError("a chunked request samples no token")

@@ -1,0 +1,57 @@
+"""The scheduler process's entry point: load the engine, announce readiness, loop."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from worker.engine.config import EngineConfig
+from worker.engine.engine import Engine
+from worker.scheduler.messages import SchedulerIO, SchedulerReady
+from worker.scheduler.scheduler import Scheduler
+from worker.scheduler.stop import Detokenize
+
+logger = logging.getLogger(__name__)
+
+
+def build_scheduler(config: EngineConfig, io: SchedulerIO, detokenize: Detokenize | None = None) -> Scheduler:
+    """Load the model and wire a Scheduler to ``io`` (no message sent yet)."""
+    config = config.resolved()
+    return Scheduler(Engine(config), config, io, detokenize)
+
+
+def ready_message(scheduler: Scheduler) -> SchedulerReady:
+    engine = scheduler.engine
+    return SchedulerReady(
+        max_running_reqs=scheduler.config.max_running_reqs,
+        max_seq_len=engine.max_seq_len,
+        num_pages=engine.num_pages,
+        page_size=engine.page_size,
+        model_name=engine.loaded.name,
+        model_path=str(engine.loaded.path),
+    )
+
+
+def tokenizer_detokenize(model_path: str) -> Detokenize | None:
+    """A detokenize callable from the model directory's tokenizer, or None when it has none."""
+    try:
+        from worker.models.tokenizer import load_tokenizer
+
+        tokenizer = load_tokenizer(model_path)
+    except Exception:  # noqa: BLE001 - dummy/random models may ship no tokenizer
+        logger.warning("no tokenizer at %s: stop strings will not be checked", model_path)
+        return None
+    return lambda token_ids: tokenizer.decode(token_ids, skip_special_tokens=True)
+
+
+def run_scheduler(config: EngineConfig, io: SchedulerIO, detokenize: Detokenize | None = None) -> None:
+    """Load the engine, send SchedulerReady, then serve until a ShutdownRequest.
+
+    Without ``detokenize`` the model directory's tokenizer is loaded for stop strings."""
+    scheduler = build_scheduler(config, io, detokenize)
+    if scheduler.detokenize is None:
+        scheduler.detokenize = tokenizer_detokenize(str(scheduler.engine.loaded.path))
+    io.send([ready_message(scheduler)])
+    with torch.inference_mode():
+        scheduler.run()

@@ -1,0 +1,305 @@
+"""Scheduler: wires the managers; each step prefill first under a token budget, else decode.
+
+One iteration (the same code with overlap on or off):
+
+    receive messages -> schedule + launch step N -> process step N-1 (overlap) or N (plain)
+                     -> finish retractions -> send finished requests
+
+Under overlap, step N runs while the host processes step N-1's tokens: the scheduler plans
+from lengths (device_len runs ahead of input_ids) and the engine reads the next input ids
+from token_pool, so nothing waits for token values except ``_process``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import NamedTuple
+
+import msgspec
+
+from worker.engine.config import EngineConfig
+from worker.engine.engine import Engine
+from worker.engine.forward import ForwardOutput
+from worker.engine.input import ForwardInput
+from worker.scheduler.cache import CacheManager
+from worker.scheduler.decode import DecodeManager
+from worker.scheduler.intake import make_group, refusal
+from worker.scheduler.messages import (
+    AbortRequest,
+    ChoiceOutput,
+    GenerateRequest,
+    Inbound,
+    Outbound,
+    RequestFinished,
+    SchedulerIO,
+    ShutdownRequest,
+)
+from worker.scheduler.prefill import PrefillManager
+from worker.scheduler.prepare import BatchPreparer
+from worker.scheduler.req import ChunkedReq, Req, RequestGroup
+from worker.scheduler.stop import Detokenize, Stop, check_stop
+from worker.scheduler.table import TableManager
+
+logger = logging.getLogger(__name__)
+
+
+class Step(NamedTuple):
+    reqs: list[Req]
+    is_prefill: bool
+    input: ForwardInput
+    output: ForwardOutput
+
+
+class Stats(msgspec.Struct):
+    prefill_tokens: int = 0  # tokens computed by prefill passes (chunks included)
+    decode_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache at admission
+    steps: int = 0
+    retractions: int = 0
+
+
+class Scheduler:
+    def __init__(
+        self, engine: Engine, config: EngineConfig, io: SchedulerIO, detokenize: Detokenize | None = None
+    ) -> None:
+        self.engine = engine
+        self.config = config
+        self.io = io
+        self.detokenize = detokenize
+        self.tables = TableManager(config.max_running_reqs, engine.page_table, engine.token_pool)
+        self.cache = CacheManager(engine.num_pages, engine.page_size, config.cache, self.tables)
+        self.prefill = PrefillManager(self.cache, self.tables, config.output_reserve_ratio)
+        self.decode = DecodeManager()
+        self.preparer = BatchPreparer(engine, self.tables)
+        self.groups: dict[str, RequestGroup] = {}
+        self.retracting: list[Req] = []
+        self.outbox: list[Outbound] = []
+        self.stats = Stats()
+        self.shutdown = False
+
+    # ---- the loop -------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Loop until a ShutdownRequest arrives (blocking receive only when idle)."""
+        last: Step | None = None
+        while not (self.shutdown and last is None):
+            last = self.step(last)
+
+    def run_until_idle(self) -> None:
+        """Serve what has arrived until every request is answered (the offline API's loop)."""
+        last: Step | None = None
+        while True:
+            last = self.step(last, block=False)
+            if last is None and self.idle and not self.retracting:
+                return
+
+    def step(self, last: Step | None, block: bool = True) -> Step | None:
+        """One iteration; returns the step still to be processed (overlap) or None.
+
+        Blocks for messages only when ``block`` and nothing is running or waiting."""
+        busy = last is not None or self.prefill.runnable or self.decode.runnable
+        for message in self.io.receive(block=block and not busy and not self.shutdown):
+            self._handle(message)
+        current = None if self.shutdown else self._launch()
+        if current is None and last is None and self.prefill.runnable and not self.decode.runnable:
+            self._fail_unschedulable()
+        if self.config.overlap:
+            self._process(last)
+        else:
+            self._process(current)
+            current = None
+        self._finish_retractions()
+        if self.outbox:
+            self.io.send(self.outbox)
+            self.outbox = []
+        if current is None and not self.prefill.runnable and not self.decode.runnable:
+            self.cache.check_integrity([])
+        return current
+
+    @property
+    def idle(self) -> bool:
+        return not (self.prefill.runnable or self.decode.runnable or self.groups)
+
+    # ---- messages -------------------------------------------------------------------------
+
+    def _handle(self, message: Inbound) -> None:
+        match message:
+            case GenerateRequest():
+                self._admit_request(message)
+            case AbortRequest(uid=uid):
+                self._abort(uid)
+            case ShutdownRequest():
+                self.shutdown = True
+
+    def _reject(self, uid: str, prompt_len: int, code: str, why: str) -> None:
+        self.outbox.append(
+            RequestFinished(
+                uid=uid,
+                choices=[],
+                prompt_tokens=prompt_len,
+                cached_tokens=0,
+                error_code=code,
+                error_message=why,
+            )
+        )
+
+    def _admit_request(self, msg: GenerateRequest) -> None:
+        if msg.uid in self.groups:
+            refused: tuple[str, str] | None = ("invalid_job", f"request {msg.uid!r} is already running")
+        else:
+            refused = refusal(msg, self.engine.max_seq_len, self.engine.model_config.vocab_size)
+        if refused is not None:
+            return self._reject(msg.uid, len(msg.input_ids), *refused)
+        group, choices = make_group(msg, self.engine.max_seq_len)
+        self.groups[msg.uid] = group
+        self.prefill.add(choices[0])
+        group.held_back = choices[1:]  # NOTE: admitted once the first choice's prompt KV is cached
+
+    def _fail_unschedulable(self) -> None:
+        """Nothing runs and the head of the queue still cannot be admitted: answer it with an
+        error rather than spin (the engine's limits are meant to make this unreachable)."""
+        group = self.prefill.pending[0].group
+        capacity = self.cache.num_pages * self.cache.page_size
+        why = f"request does not fit the KV pool ({capacity} tokens) even when nothing else runs"
+        logger.error("%s: %s", group.uid, why)
+        self._abort(group.uid, code="internal", why=why)
+
+    def _abort(self, uid: str, code: str = "aborted", why: str = "aborted by the front end") -> None:
+        group = self.groups.pop(uid, None)
+        if group is None:
+            return
+        for pending in self.prefill.remove(group):
+            if pending.chunk is not None:
+                self._release(pending.chunk)
+        for req in [r for r in self.decode.running + self.retracting if r.pending.group is group]:
+            req.finished = True
+            self.decode.remove(req)
+            self._release(req)
+        self._reject(uid, group.prompt_len, code, why)
+
+    # ---- scheduling -----------------------------------------------------------------------
+
+    def _launch(self) -> Step | None:
+        reserved = self.decode.reserved_tokens(self.config.output_reserve_ratio)
+        reqs = self.prefill.schedule(self.config.max_prefill_tokens, reserved)
+        is_prefill = bool(reqs)
+        if not reqs:
+            reqs = self._decode_batch()
+        if not reqs:
+            return None
+        self.cache.allocate_batch(reqs)
+        fi = self.preparer.prepare(reqs)
+        output = self.engine.forward(fi)
+        for req in reqs:
+            req.complete_forward()
+        if is_prefill:
+            self._cache_prefills(reqs)
+        self.decode.update(reqs)
+        if is_prefill:
+            self.stats.prefill_tokens += fi.layout.num_tokens
+        else:
+            self.stats.decode_tokens += len(reqs)
+        self.stats.steps += 1
+        return Step(reqs, is_prefill, fi, output)
+
+    def _cache_prefills(self, reqs: list[Req]) -> None:
+        """Put the prompt KV of this pass into the prefix cache as soon as it is launched.
+
+        NOTE: the KV is being computed by the pass just launched; only later passes, which
+        run after it, can match it. Held-back siblings (n > 1) are admitted from here."""
+        for req in reqs:
+            self.cache.cache_req(req, finished=False)
+            group = req.pending.group
+            if req.produces_token and req.pending.index == 0 and group.held_back:
+                self.prefill.add_front(group.held_back)
+                group.held_back = []
+
+    def _decode_batch(self) -> list[Req]:
+        """Every running request. While the pool cannot hold a token each, first drop a
+        half-prefilled prompt's pages (its computed chunks stay cached), then retract the
+        newest running requests."""
+        running = list(self.decode.running)
+        while running and not self.cache.can_allocate(running):
+            chunked = [p for p in self.prefill.pending if p.chunk is not None]
+            if chunked:
+                self._release(chunked[0].chunk)
+                chunked[0].chunk = None
+            elif len(running) > 1:
+                self._retract(running.pop())
+            else:
+                break
+        return running
+
+    def _retract(self, req: Req) -> None:
+        """Send a decoding request back to pending; its computed KV stays in the prefix cache."""
+        self.decode.remove(req)
+        self._release(req)
+        self.retracting.append(req)
+        self.stats.retractions += 1
+        logger.info("retracted %s at %d tokens (KV pool full)", req.rid, req.cached_len)
+
+    def _finish_retractions(self) -> None:
+        """Requeue retracted requests once their in-flight token (if any) has been appended."""
+        back = [r.pending for r in self.retracting if not r.finished]
+        for pending in back:
+            pending.chunk = None
+        self.prefill.add_front(back)
+        self.retracting = []
+
+    def _release(self, req: Req) -> None:
+        if req.released:
+            return
+        req.released = True
+        self.cache.cache_req(req, finished=True)
+        self.tables.free(req.slot)
+
+    # ---- results --------------------------------------------------------------------------
+
+    def _process(self, step: Step | None) -> None:
+        if step is None:
+            return
+        if step.output.copy_done is not None:
+            step.output.copy_done.synchronize()
+        tokens = step.output.next_tokens_cpu.tolist()
+        for req, token in zip(step.reqs, tokens, strict=True):
+            if not req.produces_token or req.finished:
+                continue  # NOTE: under overlap a finished request can sit in one more batch
+            req.append_host(token)
+            stop = check_stop(req, self.engine.eos_token_ids, self.detokenize)
+            if stop is not None:
+                self._finish(req, stop)
+
+    def _finish(self, req: Req, stop: Stop) -> None:
+        req.finished = True
+        self.decode.remove(req)
+        self._release(req)
+        output = req.output_ids[:-1] if stop.drop_last else req.output_ids
+        group = req.pending.group
+        group.choices[req.pending.index] = ChoiceOutput(
+            index=req.pending.index,
+            token_ids=list(output),
+            finish_reason=stop.finish_reason,  # type: ignore[arg-type]
+            matched_stop=stop.matched_stop,
+        )
+        if group.done and self.groups.pop(group.uid, None) is not None:
+            self.stats.cached_tokens += group.cached_tokens or 0
+            self.outbox.append(
+                RequestFinished(
+                    uid=group.uid,
+                    choices=[group.choices[i] for i in range(group.n)],
+                    prompt_tokens=group.prompt_len,
+                    cached_tokens=group.cached_tokens or 0,
+                )
+            )
+
+    def check_integrity(self, in_flight: Step | None = None) -> None:
+        """Pages: free + cached + private == total, no page in two places (tests, idle).
+
+        ``in_flight``: the step returned by ``step`` under overlap, whose requests may have
+        left the running set (length reached) but still hold pages until processed."""
+        holders = list(self.decode.running)
+        holders += [p.chunk for p in self.prefill.pending if p.chunk is not None]
+        holders += in_flight.reqs if in_flight is not None else []
+        unique = {id(r): r for r in holders if not r.released and not isinstance(r, ChunkedReq)}
+        unique.update({id(p.chunk): p.chunk for p in self.prefill.pending if p.chunk is not None})
+        self.cache.check_integrity(list(unique.values()))

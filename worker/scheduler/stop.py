@@ -1,0 +1,35 @@
+"""Stop conditions of a choice, checked on the host after each appended token."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+from worker.scheduler.req import Req
+
+Detokenize = Callable[[list[int]], str]
+_STOP_WINDOW_SLACK = 4  # tokens decoded beyond the longest stop string, for multi-byte merges
+
+
+class Stop(NamedTuple):
+    finish_reason: str  # "stop" | "length"
+    matched_stop: str | None
+    drop_last: bool  # the ending token id is not part of the output (EOS, stop_token_ids)
+
+
+def check_stop(req: Req, eos_token_ids: frozenset[int], detokenize: Detokenize | None) -> Stop | None:
+    """Why the choice ends after its newest token, or None to go on."""
+    output = req.output_ids
+    token = output[-1]
+    sampling = req.sampling
+    if token in sampling.stop_token_ids or (not sampling.ignore_eos and token in eos_token_ids):
+        return Stop("stop", None, True)
+    if sampling.stop and detokenize is not None:
+        window = max(len(s) for s in sampling.stop) + _STOP_WINDOW_SLACK
+        tail = detokenize(output[-window:])
+        for stop in sampling.stop:
+            if stop in tail:
+                return Stop("stop", stop, False)
+    if len(output) >= req.max_tokens:
+        return Stop("length", None, False)
+    return None
