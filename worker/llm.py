@@ -7,6 +7,7 @@ from typing import Any
 
 from producer.schema import ChatMessage, Result, SamplingParams, error_result
 from worker.engine.config import EngineConfig
+from worker.models.tokenizer import NoTokenizer, load_tokenizer_or_none
 from worker.scheduler.io import InMemoryIO
 from worker.scheduler.messages import GenerateRequest, RequestFinished
 from worker.scheduler.run import build_scheduler
@@ -23,11 +24,6 @@ def _is_single(prompt: Any) -> bool:
     return False
 
 
-class _NoTokenizer:
-    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
-        return ""
-
-
 class LLM:
     """Batch generation on one engine, in this process.
 
@@ -40,13 +36,7 @@ class LLM:
         self.io = InMemoryIO()
         self.scheduler = build_scheduler(self.config, self.io, detokenize=self._detokenize)
         self.engine = self.scheduler.engine
-        self.tokenizer: Any = None
-        try:
-            from worker.models.tokenizer import load_tokenizer
-
-            self.tokenizer = load_tokenizer(self.engine.loaded.path)
-        except Exception:  # noqa: BLE001 - a dummy/random model may ship no tokenizer
-            self.tokenizer = None
+        self.tokenizer: Any = load_tokenizer_or_none(str(self.engine.loaded.path))
         self._next_id = 0
 
     def _detokenize(self, token_ids: list[int]) -> str:
@@ -94,7 +84,7 @@ class LLM:
                 continue
             self.io.put(GenerateRequest(uid=uid, input_ids=input_ids, sampling=sp))
         self.scheduler.run_until_idle()
-        detok = self.tokenizer or _NoTokenizer()
+        detok = self.tokenizer or NoTokenizer()
         for message in self.io.take_all():
             if isinstance(message, RequestFinished) and message.uid in uids:
                 job_id = str(uids.index(message.uid))

@@ -14,13 +14,13 @@ import shutil
 import tempfile
 import time
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 from producer.schema import Job, Result, Timings, error_result
 from worker.engine.config import EngineConfig
 from worker.frontend.channel import FrontendChannel, ZmqSchedulerIO
 from worker.frontend.results import build_result
+from worker.models.tokenizer import NoTokenizer, load_tokenizer_or_none, prompt_ids
 from worker.scheduler.messages import (
     GenerateRequest,
     RequestFinished,
@@ -37,27 +37,13 @@ def _now_ms() -> int:
 
 def _scheduler_main(config: EngineConfig, inbound_addr: str, outbound_addr: str) -> None:
     """Entry of the scheduler process."""
-    from worker.models.loader import resolve_model_dir
-    from worker.models.tokenizer import load_tokenizer
     from worker.scheduler import run_scheduler
 
-    detokenize = None
-    if config.load_format != "dummy":  # dummy weights come with no tokenizer: token ids only
-        model_dir, _ = resolve_model_dir(config.model, config.load_format)
-        tokenizer = load_tokenizer(str(model_dir))
-        detokenize = partial(tokenizer.decode, skip_special_tokens=True)
     io = ZmqSchedulerIO(inbound_addr, outbound_addr)
     try:
-        run_scheduler(config, io, detokenize=detokenize)
+        run_scheduler(config, io)
     finally:
         io.close()
-
-
-class TokenIdsOnly:
-    """The tokenizer of a model with dummy weights: it takes input_ids jobs alone, writes no text."""
-
-    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
-        return ""
 
 
 @dataclass(frozen=True)
@@ -87,12 +73,7 @@ class EngineBackend:
         ready = self._wait_ready(ready_timeout_s)
         self.model_name = ready.model_name or config.model
         self.max_inflight = ready.max_running_reqs * INFLIGHT_PER_SLOT
-        from worker.models.tokenizer import load_tokenizer, prompt_ids
-
-        self._tokenizer = (
-            TokenIdsOnly() if config.load_format == "dummy" else load_tokenizer(ready.model_path)
-        )
-        self._prompt_ids = prompt_ids
+        self._tokenizer = load_tokenizer_or_none(ready.model_path)
 
     def _wait_ready(self, timeout_s: float) -> SchedulerReady:
         deadline = time.monotonic() + timeout_s
@@ -117,9 +98,9 @@ class EngineBackend:
         try:
             input_ids = job.input_ids
             if input_ids is None:
-                if isinstance(self._tokenizer, TokenIdsOnly):
-                    raise ValueError("a model with dummy weights has no tokenizer; send input_ids")
-                input_ids = self._prompt_ids(self._tokenizer, prompt=job.prompt, messages=job.messages)
+                if self._tokenizer is None:
+                    raise ValueError(f"model {self.model_name!r} ships no tokenizer; send input_ids")
+                input_ids = prompt_ids(self._tokenizer, prompt=job.prompt, messages=job.messages)
         except Exception as exc:  # a template or tokenizer failure belongs to this job alone
             self._done.append(
                 error_result(
@@ -167,7 +148,7 @@ class EngineBackend:
         return build_result(
             job.id,
             finished,
-            self._tokenizer,
+            self._tokenizer or NoTokenizer(),
             metadata=job.metadata,
             model=self.model_name,
             worker=self.worker_name,

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
+
+logger = logging.getLogger(__name__)
 
 
 def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
@@ -21,6 +24,23 @@ def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
 
         model_dir, _ = resolve_model_dir(path)
     return AutoTokenizer.from_pretrained(str(model_dir))
+
+
+class NoTokenizer:
+    """Stands in for the tokenizer of a model that ships none (dummy weights): token ids go
+    in, no text comes out."""
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        return ""
+
+
+def load_tokenizer_or_none(path: str) -> PreTrainedTokenizerBase | None:
+    """The model directory's tokenizer, or None when it has none (dummy or random models)."""
+    try:
+        return load_tokenizer(path)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        logger.warning("no tokenizer at %s (%s): token ids only, no text", path, exc)
+        return None
 
 
 def _message_dict(message: Any, index: int) -> dict[str, str]:

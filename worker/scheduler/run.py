@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import logging
+from functools import partial
 
 import torch
 
@@ -11,8 +11,6 @@ from worker.engine.engine import Engine
 from worker.scheduler.messages import SchedulerIO, SchedulerReady
 from worker.scheduler.scheduler import Scheduler
 from worker.scheduler.stop import Detokenize
-
-logger = logging.getLogger(__name__)
 
 
 def build_scheduler(config: EngineConfig, io: SchedulerIO, detokenize: Detokenize | None = None) -> Scheduler:
@@ -35,14 +33,12 @@ def ready_message(scheduler: Scheduler) -> SchedulerReady:
 
 def tokenizer_detokenize(model_path: str) -> Detokenize | None:
     """A detokenize callable from the model directory's tokenizer, or None when it has none."""
-    try:
-        from worker.models.tokenizer import load_tokenizer
+    from worker.models.tokenizer import load_tokenizer_or_none
 
-        tokenizer = load_tokenizer(model_path)
-    except Exception:  # noqa: BLE001 - dummy/random models may ship no tokenizer
-        logger.warning("no tokenizer at %s: stop strings will not be checked", model_path)
+    tokenizer = load_tokenizer_or_none(model_path)
+    if tokenizer is None:
         return None
-    return lambda token_ids: tokenizer.decode(token_ids, skip_special_tokens=True)
+    return partial(tokenizer.decode, skip_special_tokens=True)
 
 
 def run_scheduler(config: EngineConfig, io: SchedulerIO, detokenize: Detokenize | None = None) -> None:

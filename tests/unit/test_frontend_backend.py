@@ -1,0 +1,91 @@
+"""EngineBackend: jobs through a real scheduler process over ZMQ, checked against transformers."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from producer.schema import Job, SamplingParams
+from worker.frontend import create_backend
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Llama saved with weights and no tokenizer."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        eos_token_id=None,
+    )
+    path = tmp_path_factory.mktemp("frontend-llama")
+    LlamaForCausalLM(config).save_pretrained(path)
+    return path
+
+
+def _hf_greedy(model_dir: Path, input_ids: list[int], max_new_tokens: int) -> list[int]:
+    from transformers import LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(model_dir).eval()
+    with torch.inference_mode():
+        out = model.generate(torch.tensor([input_ids]), max_new_tokens=max_new_tokens, do_sample=False)
+    return out[0, len(input_ids) :].tolist()
+
+
+def _poll_all(backend, count: int, timeout_s: float = 60) -> dict:
+    results: dict = {}
+    deadline = time.monotonic() + timeout_s
+    while len(results) < count and time.monotonic() < deadline:
+        for result in backend.poll(0.5):
+            results[result.id] = result
+    return results
+
+
+def test_jobs_round_trip_and_bad_ones_fail_alone(model_dir: Path) -> None:
+    backend = create_backend({"model": str(model_dir), "device": "cpu", "max_running_reqs": 4})
+    try:
+        assert backend.free_capacity() == 8
+        greedy = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+        backend.submit(Job(id="a", input_ids=[5, 6, 7, 8], sampling=greedy, metadata={"row": 1}))
+        backend.submit(Job(id="text", prompt="no tokenizer here", sampling=greedy))
+        backend.submit(Job(id="long", input_ids=[3] * 200, sampling=greedy))
+        backend.submit(Job(id="b", input_ids=[9, 10], sampling=greedy))
+        results = _poll_all(backend, 4)
+        assert set(results) == {"a", "text", "long", "b"}
+        assert results["a"].choices[0].token_ids == _hf_greedy(model_dir, [5, 6, 7, 8], 6)
+        assert results["b"].choices[0].token_ids == _hf_greedy(model_dir, [9, 10], 6)
+        assert results["a"].metadata == {"row": 1}
+        assert results["a"].usage.prompt_tokens == 4 and results["a"].usage.completion_tokens == 6
+        assert results["text"].error is not None and results["text"].error.code == "invalid_job"
+        assert "no tokenizer" in results["text"].error.message
+        assert results["long"].error is not None and results["long"].error.code == "prompt_too_long"
+        assert "'long'" in results["long"].error.message
+        assert backend.free_capacity() == 8
+    finally:
+        backend.close()
+
+
+def test_a_dead_scheduler_is_reported(model_dir: Path) -> None:
+    backend = create_backend({"model": str(model_dir), "device": "cpu"})
+    try:
+        backend._process.kill()
+        backend._process.join(timeout=10)
+        with pytest.raises(RuntimeError, match="scheduler process exited"):
+            backend.poll(0.1)
+    finally:
+        backend.close()
+
+
+def test_unknown_engine_option_is_named() -> None:
+    with pytest.raises(TypeError, match="pagesize"):
+        create_backend({"model": "x", "pagesize": 4})
