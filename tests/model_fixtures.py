@@ -19,6 +19,47 @@ from worker.engine.forward import ForwardBatch
 from worker.engine.kv_pool import KVPool
 from worker.models import LoadedModel
 
+TINY_SHAPE = dict(
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    eos_token_id=None,
+)
+
+
+def tiny_hf_model(kind: str = "llama", *, spread: float = 0.0, **overrides: object) -> torch.nn.Module:
+    """A tiny random transformers model of ``kind`` ("llama", "qwen2", "qwen3"), in eval mode.
+
+    ``spread`` adds seeded noise of that scale to every weight, so logits are spread out and
+    greedy choices sit far from ties; ``overrides`` change TINY_SHAPE's config values."""
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+    )
+
+    classes = {
+        "llama": (LlamaConfig, LlamaForCausalLM, {"tie_word_embeddings": False}),
+        "qwen2": (Qwen2Config, Qwen2ForCausalLM, {"tie_word_embeddings": True}),
+        "qwen3": (Qwen3Config, Qwen3ForCausalLM, {"tie_word_embeddings": False, "head_dim": 32}),
+    }
+    config_cls, model_cls, defaults = classes[kind]
+    torch.manual_seed(0)
+    model = model_cls(config_cls(**{**TINY_SHAPE, **defaults, **overrides}))
+    if spread:
+        gen = torch.Generator().manual_seed(1)
+        with torch.no_grad():
+            for param in model.parameters():
+                param.add_(spread * torch.randn(param.shape, generator=gen))
+    return model.eval()
+
 
 @pytest.fixture(scope="session")
 def smollm2_dir() -> Path:

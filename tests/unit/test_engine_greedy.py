@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from producer.schema import SamplingParams
+from tests.model_fixtures import tiny_hf_model
 from worker.llm import LLM
 
 SPREAD = 0.2
@@ -26,37 +27,7 @@ PROMPTS.append(list(PROMPTS[1]))  # a repeated prompt
 
 
 def _hf_model(kind: str) -> torch.nn.Module:
-    from transformers import (
-        LlamaConfig,
-        LlamaForCausalLM,
-        Qwen2Config,
-        Qwen2ForCausalLM,
-        Qwen3Config,
-        Qwen3ForCausalLM,
-    )
-
-    shape = dict(
-        vocab_size=256,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        eos_token_id=None,
-    )
-    torch.manual_seed(0)
-    if kind == "llama":
-        model = LlamaForCausalLM(LlamaConfig(**shape, tie_word_embeddings=False))
-    elif kind == "qwen2":
-        model = Qwen2ForCausalLM(Qwen2Config(**shape, tie_word_embeddings=True))
-    else:
-        model = Qwen3ForCausalLM(Qwen3Config(**shape, head_dim=32, tie_word_embeddings=False))
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():  # spread the logits so greedy choices are far from ties
-        for param in model.parameters():
-            param.add_(SPREAD * torch.randn(param.shape, generator=gen))
-    return model.eval()
+    return tiny_hf_model(kind, spread=SPREAD)
 
 
 class Oracle:

@@ -9,27 +9,15 @@ import pytest
 import torch
 
 from producer.schema import Job, SamplingParams
+from tests.model_fixtures import tiny_hf_model
 from worker.frontend import create_backend
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Llama saved with weights and no tokenizer."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=256,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        eos_token_id=None,
-    )
     path = tmp_path_factory.mktemp("frontend-llama")
-    LlamaForCausalLM(config).save_pretrained(path)
+    tiny_hf_model("llama", max_position_embeddings=128).save_pretrained(path)
     return path
 
 

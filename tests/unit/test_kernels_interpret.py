@@ -82,3 +82,40 @@ def test_fused_sampling_draws_what_the_torch_sampler_draws(ops):
     got = sample_unfiltered(logits, t.temperature, row_uniforms(t.seeds, t.steps), t.greedy)
     assert got is not None and got.dtype == torch.int32
     assert got.tolist() == expected.tolist()
+
+
+@pytest.mark.parametrize("with_norm", [False, True])
+def test_qk_norm_rope_store_matches_the_unfused_path(ops, with_norm):
+    from worker.engine.kv_pool import KVPool
+    from worker.models.rope import RotaryEmbedding
+
+    gen = torch.Generator().manual_seed(6)
+    hq, hkv, d, t = 4, 2, 16, 5
+    rope = RotaryEmbedding(d, 64, 10000.0, None, "cpu")
+    qkv = torch.randn(t, (hq + 2 * hkv) * d, generator=gen)
+    pos = torch.tensor([0, 5, 9, 33, 63])
+    out_loc = torch.tensor([7, 2, 11, 0, 5])
+    q_w = 1 + 0.1 * torch.randn(d, generator=gen) if with_norm else None
+    k_w = 1 + 0.1 * torch.randn(d, generator=gen) if with_norm else None
+    fused, ref = (KVPool(1, 12, 1, hkv, d, torch.float32, "cpu") for _ in range(2))
+    q = ops.qk_norm_rope_store(
+        qkv,
+        pos,
+        rope.cos_cache,
+        rope.sin_cache,
+        q_w,
+        k_w,
+        1e-6,
+        fused.k_cache(0),
+        fused.v_cache(0),
+        out_loc,
+        hq,
+        hkv,
+    )
+    q_ref, k_ref, v_ref = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
+    q_ref = ops.norm_rope(q_ref.view(t, hq, d), pos, rope.cos_cache, rope.sin_cache, q_w, 1e-6)
+    k_ref = ops.norm_rope(k_ref.view(t, hkv, d), pos, rope.cos_cache, rope.sin_cache, k_w, 1e-6)
+    ref.store(0, out_loc, k_ref, v_ref.view(t, hkv, d))
+    torch.testing.assert_close(q, q_ref)
+    torch.testing.assert_close(fused.k_cache(0), ref.k_cache(0))
+    torch.testing.assert_close(fused.v_cache(0), ref.v_cache(0))

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from producer.schema import SamplingParams
+from tests.model_fixtures import tiny_hf_model
 from worker.llm import LLM
 
 _GEN = torch.Generator().manual_seed(3)
@@ -16,21 +17,8 @@ PROMPTS = [torch.randint(1, 250, (n,), generator=_GEN).tolist() for n in (5, 12,
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=256,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        eos_token_id=None,
-    )
     path = tmp_path_factory.mktemp("sampling-llama")
-    LlamaForCausalLM(config).save_pretrained(path)
+    tiny_hf_model("llama").save_pretrained(path)
     return path
 
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from producer.schema import SamplingParams
+from tests.model_fixtures import tiny_hf_model
 from worker.engine.config import EngineConfig
 from worker.scheduler import InMemoryIO, build_scheduler, run_scheduler
 from worker.scheduler.messages import (
@@ -26,24 +27,7 @@ PROMPTS = [torch.randint(1, 250, (n,), generator=_GEN).tolist() for n in (6, 21,
 
 @pytest.fixture(scope="module")
 def hf_and_dir(tmp_path_factory):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=256,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        eos_token_id=None,
-    )
-    model = LlamaForCausalLM(config).eval()
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for param in model.parameters():
-            param.add_(0.2 * torch.randn(param.shape, generator=gen))
+    model = tiny_hf_model("llama", spread=0.2)
     path = tmp_path_factory.mktemp("loop-llama")
     model.save_pretrained(path)
     return model, path

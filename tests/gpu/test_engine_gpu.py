@@ -1,0 +1,154 @@
+"""The whole GPU fast path (FlashInfer, fused kernels, CUDA graphs, overlap) against transformers.
+
+Tiny random Qwen3 and Llama models (head_dim 128, bf16, as the FlashInfer JIT cache holds)
+are saved with save_pretrained and loaded by radixq from disk. Oracle: transformers' greedy
+decoding in float32 on the same weights. bf16 rounding may flip a near-tie, so where the
+token streams first differ the test asks the oracle that both tokens were within a bf16-sized
+logit margin there, and stops comparing that prompt. Switching overlap or CUDA graphs changes
+no arithmetic (same batches, same kernels), so those comparisons demand identical tokens.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+pytestmark = pytest.mark.gpu
+MARGIN = 0.15  # logit gap below which bf16 rounding may flip the argmax of these tiny models
+
+
+def _prompts() -> list[list[int]]:
+    gen = torch.Generator().manual_seed(3)
+    lengths = [5, 17, 33, 64, 9, 120, 2, 48, 77, 30]
+    return [torch.randint(0, 500, (n,), generator=gen).tolist() for n in lengths]
+
+
+MAX_TOKENS = [12, 5, 16, 9, 16, 3, 14, 16, 7, 11]  # decode batches shrink: padding gets exercised
+
+
+@pytest.fixture(scope="module", params=["qwen3", "llama"])
+def tiny_dir(request, tmp_path_factory):
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    shape = dict(
+        vocab_size=512,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=128,
+        max_position_embeddings=1024,
+        eos_token_id=None,
+    )
+    config_cls, model_cls = {
+        "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+        "llama": (LlamaConfig, LlamaForCausalLM),
+    }[request.param]
+    model = model_cls(config_cls(**shape)).eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(0.05 * torch.randn_like(param))
+    path = tmp_path_factory.mktemp(request.param)
+    model.save_pretrained(path)
+    return model.to(torch.bfloat16).float().cuda(), path  # the oracle sees the bf16-rounded weights
+
+
+def _generate(path, **options) -> list[list[int]]:
+    from producer.schema import SamplingParams
+    from worker import LLM
+
+    llm = LLM(str(path), dtype="bfloat16", max_running_reqs=16, num_pages=8192, max_seq_len=512, **options)
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in MAX_TOKENS]
+    results = llm.generate(_prompts(), params)
+    assert all(r.error is None for r in results), [r.error for r in results]
+    tokens = [r.choices[0].token_ids for r in results]
+    del llm
+    torch.cuda.empty_cache()
+    return tokens
+
+
+def _assert_matches_oracle(hf, prompt: list[int], got: list[int], n: int) -> None:
+    with torch.no_grad():
+        ref = hf.generate(torch.tensor([prompt]).cuda(), max_new_tokens=n, min_new_tokens=n, do_sample=False)
+    expected = ref[0, len(prompt) :].tolist()
+    assert len(got) == n
+    for i, (a, b) in enumerate(zip(got, expected, strict=True)):
+        if a != b:
+            with torch.no_grad():
+                logits = hf(torch.tensor([prompt + expected[:i]]).cuda()).logits[0, -1]
+            gap = float(logits[b] - logits[a])
+            assert gap < MARGIN, f"token {i}: radixq {a}, transformers {b}, logit gap {gap:.3f}"
+            return
+
+
+def test_fast_path_matches_transformers(tiny_dir):
+    hf, path = tiny_dir
+    got = _generate(path)  # defaults on CUDA: flashinfer, CUDA graphs, overlap
+    for prompt, tokens, n in zip(_prompts(), got, MAX_TOKENS, strict=True):
+        _assert_matches_oracle(hf, prompt, tokens, n)
+
+
+def test_overlap_and_graphs_change_no_token(tiny_dir):
+    _, path = tiny_dir
+    fast = _generate(path)
+    assert _generate(path, overlap=False) == fast
+    assert _generate(path, cuda_graph=False) == fast
+    assert _generate(path, cuda_graph=False, overlap=False) == fast
+
+
+def test_fused_kernels_match_torch_on_cuda():
+    from worker.kernels import ops
+    from worker.models.rope import RotaryEmbedding
+
+    assert ops._triton() is not None, "triton kernels should be active on CUDA"
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(300, 1024, device="cuda", generator=gen).bfloat16()
+    res = torch.randn(300, 1024, device="cuda", generator=gen).bfloat16()
+    w = (1 + 0.1 * torch.randn(1024, device="cuda", generator=gen)).bfloat16()
+    tol = dict(atol=3e-2, rtol=2e-2)
+    torch.testing.assert_close(ops.rms_norm(x, w, 1e-6), ops.rms_norm_ref(x, w, 1e-6), **tol)
+    out, total = ops.add_rms_norm(x, res, w, 1e-6)
+    assert torch.equal(total, res + x)
+    torch.testing.assert_close(out, ops.rms_norm_ref(res + x, w, 1e-6), **tol)
+    rope = RotaryEmbedding(128, 4096, 1e6, None, "cuda")
+    qkv = torch.randn(300, 32 * 128, device="cuda", generator=gen).bfloat16()
+    q = qkv[:, : 16 * 128].view(300, 16, 128)
+    pos = torch.randint(0, 4096, (300,), device="cuda", generator=gen)
+    qw = (1 + 0.1 * torch.randn(128, device="cuda", generator=gen)).bfloat16()
+    torch.testing.assert_close(
+        ops.norm_rope(q, pos, rope.cos_cache, rope.sin_cache, qw, 1e-6),
+        rope.apply(pos, ops.rms_norm_ref(q, qw, 1e-6)),
+        **tol,
+    )
+    gate_up = torch.randn(300, 2 * 3072, device="cuda", generator=gen).bfloat16()
+    gate, up = gate_up.chunk(2, dim=-1)
+    torch.testing.assert_close(ops.silu_and_mul(gate_up), torch.nn.functional.silu(gate) * up, **tol)
+
+
+def test_fused_sampler_draws_what_the_torch_sampler_draws():
+    """Temperature-only rows: the CUDA kernel against the torch inverse-CDF path on CPU."""
+    from types import SimpleNamespace
+
+    from worker.engine.sampler import Sampler, SamplingTensors
+
+    gen = torch.Generator().manual_seed(5)
+    logits = torch.randn(64, 151936, generator=gen) * 3
+    params = [
+        SimpleNamespace(
+            temperature=0.0 if i % 7 == 0 else 0.2 + 0.02 * i, top_p=1.0, top_k=-1, min_p=0.0, seed=i
+        )
+        for i in range(64)
+    ]
+    steps = list(range(64))
+    expected = Sampler().sample(logits, SamplingTensors.build(params, steps, "cpu"))
+    got = Sampler().sample(logits.cuda(), SamplingTensors.build(params, steps, "cuda"))
+    assert got.dtype == torch.int32
+    assert got.cpu().tolist() == expected.tolist()
