@@ -70,6 +70,7 @@ VARIANTS = {
     "no-overlap": {"overlap": False},
     "no-cuda-graph": {"cuda_graph": False},
     "naive": {"cache": "naive"},
+    "page16": {"page_size": 16},
 }
 
 
@@ -120,12 +121,15 @@ def run_radixq(args: argparse.Namespace, workload: Workload, variant: str = "def
         "output_tokens": generated,
         "startup_s": startup_s,
         "steps": llm.scheduler.stats.steps,
+        "retractions": llm.scheduler.stats.retractions,
+        "kv_pages": llm.engine.num_pages,
     }
     if profiler is not None:
         result["step_profile"] = profiler.summary()
     if args.kernel_profile:
         result["kernel_profile"] = kernel_profile(generate, workload, args.kernel_profile)
-    _release(llm)
+    llm = generate = profiler = None  # type: ignore[assignment]  # NOTE: drop every reference first
+    _free_gpu_memory()
     return result
 
 
@@ -153,13 +157,13 @@ def kernel_profile(generate: object, workload: Workload, max_tokens: int) -> lis
     return rows[:60]
 
 
-def _release(llm: object) -> None:
-    """Free the engine's GPU memory so the next variant (or the peer) can take it."""
+def _free_gpu_memory() -> None:
+    """Collect the dropped engine (its objects form cycles) and hand its memory back to the
+    driver, so the next variant sizes its KV pool from the same free memory as the first."""
     import gc
 
     import torch
 
-    del llm
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.synchronize()

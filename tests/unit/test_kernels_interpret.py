@@ -10,22 +10,29 @@ import torch
 
 if torch.cuda.is_available():
     pytest.skip("on CUDA the kernels run natively: tests/gpu/test_engine_gpu.py", allow_module_level=True)
-# NOTE: triton reads TRITON_INTERPRET when it is first imported and when kernels are decorated.
+# NOTE: triton reads TRITON_INTERPRET when it is first imported and when kernels are decorated,
+# so both happen here with it set. It is unset again at once: left set, it would send every CPU
+# test collected after this module through the (slow) interpreter. The fixture sets it only
+# while these tests run, which is what worker.kernels.ops checks to pick the kernels on CPU.
 os.environ["TRITON_INTERPRET"] = "1"
 try:
     import triton  # noqa: F401
+
+    importlib.import_module("worker.kernels.triton_kernels")
 except ImportError:
-    os.environ.pop("TRITON_INTERPRET")
     pytest.skip("triton is not installed (the kernels run on CUDA only)", allow_module_level=True)
+finally:
+    os.environ.pop("TRITON_INTERPRET")
 
 
 @pytest.fixture(scope="module")
 def ops():
     """worker.kernels.ops with its kernels run by triton's interpreter on CPU tensors."""
     module = importlib.import_module("worker.kernels.ops")
+    os.environ["TRITON_INTERPRET"] = "1"
     module._triton.cache_clear()
     yield module
-    os.environ.pop("TRITON_INTERPRET", None)  # other tests keep the torch paths on CPU
+    os.environ.pop("TRITON_INTERPRET", None)
     module._triton.cache_clear()
 
 

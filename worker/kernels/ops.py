@@ -149,3 +149,51 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 def triton_block(n: int) -> int:
     """The smallest power of two >= n."""
     return 1 << max(0, (n - 1).bit_length())
+
+
+def qk_norm_rope_store(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    cos_cache: torch.Tensor,
+    sin_cache: torch.Tensor,
+    q_weight: torch.Tensor | None,
+    k_weight: torch.Tensor | None,
+    eps: float,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    out_loc: torch.Tensor,
+    num_q_heads: int,
+    num_kv_heads: int,
+) -> torch.Tensor | None:
+    """One kernel for a layer's qkv [T, (Hq + 2 Hkv) * D]: q = rope(norm(q)) returned as a
+    contiguous [T, Hq, D]; rope(norm(k)) and v written to the KV caches ([locations, Hkv, D])
+    at out_loc. None when it cannot run here: the caller takes the unfused path."""
+    k = _kernels_for(qkv)
+    head_dim = k_cache.shape[-1]
+    half = head_dim // 2
+    usable = (
+        k is not None
+        and qkv.dim() == 2
+        and qkv.stride(-1) == 1
+        and qkv.shape[1] == (num_q_heads + 2 * num_kv_heads) * head_dim
+        and half & (half - 1) == 0
+        and k_cache.is_contiguous()
+        and v_cache.is_contiguous()
+        and k_cache.stride(0) == v_cache.stride(0) == num_kv_heads * head_dim
+        and cos_cache.is_contiguous()
+        and sin_cache.is_contiguous()
+        and (q_weight is None or q_weight.dtype == qkv.dtype)
+    )
+    if not usable:
+        return None
+    rows = qkv.shape[0]
+    q = torch.empty((rows, num_q_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
+    if rows:
+        k.qk_norm_rope_store_kernel[(rows, num_q_heads + num_kv_heads)](
+            qkv, q, k_cache, v_cache,
+            qkv if q_weight is None else q_weight, qkv if k_weight is None else k_weight,
+            positions, out_loc, cos_cache, sin_cache,
+            qkv.stride(0), q.stride(0), k_cache.stride(0), cos_cache.stride(0), eps,
+            NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads, HAS_NORM=q_weight is not None, HALF=half,
+        )  # fmt: skip
+    return q

@@ -160,3 +160,66 @@ def sample_rows_kernel(
                 carry += tl.sum(p, axis=0).to(tl.float64)
                 off += BLOCK
         tl.store(out_ptr + row, found.to(tl.int32))
+
+
+@triton.jit
+def qk_norm_rope_store_kernel(
+    qkv_ptr,
+    q_out_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    q_w_ptr,
+    k_w_ptr,
+    pos_ptr,
+    out_loc_ptr,
+    cos_ptr,
+    sin_ptr,
+    stride_qkv_row,
+    stride_q_out_row,
+    stride_cache_loc,
+    stride_table_row,
+    eps,
+    NUM_Q_HEADS: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    HAS_NORM: tl.constexpr,
+    HALF: tl.constexpr,
+):
+    """Program (t, h): q head h (h < NUM_Q_HEADS) -> q_out[t, h]; else kv head j = h - NUM_Q_HEADS:
+    rope(norm(k)) -> k_cache[out_loc[t], j] and v -> v_cache[out_loc[t], j] (the pass's KV store)."""
+    row = tl.program_id(0)
+    head = tl.program_id(1)
+    cols = tl.arange(0, HALF)
+    is_q = head < NUM_Q_HEADS
+    src = qkv_ptr + row * stride_qkv_row + head * (2 * HALF)  # q heads, then k heads, then v heads
+    x1 = tl.load(src + cols)
+    x2 = tl.load(src + HALF + cols)
+    dtype = x1.dtype
+    a = x1.to(tl.float32)
+    b = x2.to(tl.float32)
+    if HAS_NORM:
+        w_base = tl.where(is_q, q_w_ptr, k_w_ptr)
+        var = (tl.sum(a * a, axis=0) + tl.sum(b * b, axis=0)) / (2 * HALF)
+        rstd = 1.0 / tl.sqrt(var + eps)
+        w1 = tl.load(w_base + cols).to(tl.float32)
+        w2 = tl.load(w_base + HALF + cols).to(tl.float32)
+        a = ((a * rstd).to(dtype).to(tl.float32) * w1).to(dtype).to(tl.float32)
+        b = ((b * rstd).to(dtype).to(tl.float32) * w2).to(dtype).to(tl.float32)
+    pos = tl.load(pos_ptr + row)
+    cos = tl.load(cos_ptr + pos * stride_table_row + cols)
+    sin = tl.load(sin_ptr + pos * stride_table_row + cols)
+    r1 = (a * cos - b * sin).to(dtype)
+    r2 = (b * cos + a * sin).to(dtype)
+    if is_q:
+        dst = q_out_ptr + row * stride_q_out_row + head * (2 * HALF)
+        tl.store(dst + cols, r1)
+        tl.store(dst + HALF + cols, r2)
+    else:
+        kv_head = head - NUM_Q_HEADS
+        loc = tl.load(out_loc_ptr + row)
+        k_dst = k_cache_ptr + loc * stride_cache_loc + kv_head * (2 * HALF)
+        tl.store(k_dst + cols, r1.to(k_cache_ptr.dtype.element_ty))
+        tl.store(k_dst + HALF + cols, r2.to(k_cache_ptr.dtype.element_ty))
+        v_src = src + NUM_KV_HEADS * (2 * HALF)
+        v_dst = v_cache_ptr + loc * stride_cache_loc + kv_head * (2 * HALF)
+        tl.store(v_dst + cols, tl.load(v_src + cols).to(v_cache_ptr.dtype.element_ty))
+        tl.store(v_dst + HALF + cols, tl.load(v_src + HALF + cols).to(v_cache_ptr.dtype.element_ty))

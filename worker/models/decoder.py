@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from worker.kernels.ops import add_rms_norm, norm_rope, rms_norm, silu_and_mul
+from worker.kernels.ops import add_rms_norm, norm_rope, qk_norm_rope_store, rms_norm, silu_and_mul
 from worker.models.config import ModelConfig
 from worker.models.rope import RotaryEmbedding
 
@@ -62,18 +62,25 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, dtype) if cfg.qk_norm else None
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        q, k, v = self.qkv_proj(x).split(self.qkv_shard_sizes, dim=-1)
-        q = q.view(-1, self.num_q_heads, self.head_dim)
-        k = k.view(-1, self.num_kv_heads, self.head_dim)
-        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        qkv = self.qkv_proj(x)
         cos, sin = self.rope.cos_cache, self.rope.sin_cache
         q_w = k_w = None
         eps = 0.0
         if self.q_norm is not None and self.k_norm is not None:
             q_w, k_w, eps = self.q_norm.weight, self.k_norm.weight, self.q_norm.eps
-        # qk-norm (Qwen3) and rope in one kernel per tensor on CUDA.
-        q, k = norm_rope(q, positions, cos, sin, q_w, eps), norm_rope(k, positions, cos, sin, k_w, eps)
-        out = batch.attention(q, k, v, self.layer_id)
+        kv, layer = batch.kv, self.layer_id
+        # CUDA: one kernel does qk-norm (Qwen3), rope and this pass's K/V store at out_loc.
+        fused_q = qk_norm_rope_store(
+            qkv, positions, cos, sin, q_w, k_w, eps, kv.k_cache(layer), kv.v_cache(layer), batch.out_loc,
+            self.num_q_heads, self.num_kv_heads,
+        )  # fmt: skip
+        if fused_q is not None:
+            out = batch.backend.forward(fused_q, layer, batch.attn_meta)
+        else:
+            q, k, v = qkv.split(self.qkv_shard_sizes, dim=-1)
+            q = norm_rope(q.view(-1, self.num_q_heads, self.head_dim), positions, cos, sin, q_w, eps)
+            k = norm_rope(k.view(-1, self.num_kv_heads, self.head_dim), positions, cos, sin, k_w, eps)
+            out = batch.attention(q, k, v.view(-1, self.num_kv_heads, self.head_dim), layer)
         return self.o_proj(out.reshape(-1, self.q_size))
 
 

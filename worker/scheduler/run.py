@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import logging
+import os
 from functools import partial
 
 import torch
@@ -11,6 +14,8 @@ from worker.engine.engine import Engine
 from worker.scheduler.messages import SchedulerIO, SchedulerReady
 from worker.scheduler.scheduler import Scheduler
 from worker.scheduler.stop import Detokenize
+
+logger = logging.getLogger(__name__)
 
 
 def build_scheduler(config: EngineConfig, io: SchedulerIO, detokenize: Detokenize | None = None) -> Scheduler:
@@ -48,6 +53,15 @@ def run_scheduler(config: EngineConfig, io: SchedulerIO, detokenize: Detokenize 
     scheduler = build_scheduler(config, io, detokenize)
     if scheduler.detokenize is None:
         scheduler.detokenize = tokenizer_detokenize(str(scheduler.engine.loaded.path))
+    profiler = None
+    if os.environ.get("RADIXQ_STEP_PROFILE") == "1":  # profiling runs only: records every step
+        from worker.engine.profile import StepProfiler
+
+        profiler = StepProfiler.install(scheduler)
     io.send([ready_message(scheduler)])
-    with torch.inference_mode():
-        scheduler.run()
+    try:
+        with torch.inference_mode():
+            scheduler.run()
+    finally:
+        if profiler is not None:
+            logger.warning("step profile: %s", json.dumps(profiler.summary()))

@@ -1,0 +1,152 @@
+"""End to end through the queue: the standard offline workload as jobs, through a real
+redis-server, one ``radixq worker`` process and the collector; compared with the engine alone.
+
+    python benchmarks/queue_e2e_gpu.py --baseline-json out/bench_default.json
+
+Steps: start a private redis-server (AOF on, fsync everysec); start ``radixq worker`` with a
+TOML naming the model and ``load_format = "dummy"``; run 8 warm-up jobs through it (this
+also waits out model load and CUDA-graph capture); then enqueue the 256 jobs (input_ids,
+ignore_eos, max_tokens, temperature 0.6) and time from the first XADD to the last result
+written by the collector, ``--repeat`` times (fastest kept). Every result is checked (no
+error, max_tokens tokens). The overhead is e2e seconds / engine-only seconds - 1, the
+engine-only figure being the fastest radixq[default] run in an offline.py JSON of the same
+workload (``--baseline-json``) when given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from offline import Workload, standard_workload, warmup_workload  # noqa: E402
+
+
+def _jobs(prefix: str, workload: Workload, temperature: float) -> list:
+    from producer.schema import Job, SamplingParams
+
+    return [
+        Job(
+            id=f"{prefix}{i}",
+            input_ids=list(prompt),
+            sampling=SamplingParams(max_tokens=n, temperature=temperature, ignore_eos=True),
+        )
+        for i, (prompt, n) in enumerate(zip(workload.prompts, workload.max_tokens, strict=True))
+    ]
+
+
+def _run_jobs(client, collector, jobs: list, out: Path, timeout_s: float) -> float:
+    start = time.perf_counter()
+    client.enqueue(jobs)
+    report = collector.collect(out, ids=[j.id for j in jobs], wait=True, timeout_s=timeout_s, poll_s=0.05)
+    elapsed = time.perf_counter() - start
+    if report.missing:
+        raise RuntimeError(f"{len(report.missing)} jobs have no result after {timeout_s} s")
+    return elapsed
+
+
+def _check(out: Path, jobs: list) -> int:
+    """Every job answered once, without error, with exactly max_tokens tokens; returns the total."""
+    want = {j.id: j.sampling.max_tokens for j in jobs}
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    got = {r["id"]: r for r in rows}
+    assert set(got) == set(want), (
+        f"{len(set(want) - set(got))} missing, {len(set(got) - set(want))} unexpected"
+    )
+    total = 0
+    for job_id, n in want.items():
+        row = got[job_id]
+        assert row.get("error") is None, f"job {job_id}: {row.get('error')}"
+        tokens = row["choices"][0]["token_ids"]
+        assert len(tokens) == n, f"job {job_id}: {len(tokens)} tokens, expected {n}"
+        total += len(tokens)
+    return total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", default="configs/qwen3-0.6b.json")
+    parser.add_argument("--num-requests", type=int, default=256)
+    parser.add_argument("--temperature", type=float, default=0.6)
+    parser.add_argument("--device", default=None, help="worker --device (default: auto)")
+    parser.add_argument("--baseline-json", default=None, help="offline.py --out JSON of the same workload")
+    parser.add_argument("--timeout-s", type=float, default=600)
+    parser.add_argument("--repeat", type=int, default=2, help="timed runs (the figure is the fastest)")
+    parser.add_argument("--out", default=None, help="write the figures as JSON here")
+    args = parser.parse_args()
+
+    from producer.client import Client
+    from producer.collector import Collector
+    from producer.local_redis import LocalRedis
+    from producer.runner import worker_command
+
+    workload = standard_workload(args.num_requests)
+    work = Path(tempfile.mkdtemp(prefix="radixq-e2e-"))
+    config = work / "worker.toml"
+    config.write_text(f'[engine]\nmodel = "{Path(args.model).resolve()}"\nload_format = "dummy"\n')
+    with LocalRedis(use_server=True, fsync="everysec") as redis_server:
+        extra = ["--config", str(config)] + (["--device", args.device] if args.device else [])
+        env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
+        worker = subprocess.Popen(worker_command("e2e", redis_server.url, "e2e-0", extra), env=env)
+        try:
+            client = Client.from_url(redis_server.url, "e2e")
+            collector = Collector(client.redis, "e2e")
+            warm_s = _run_jobs(
+                client,
+                collector,
+                _jobs("w", warmup_workload(), args.temperature),
+                work / "warm.jsonl",
+                args.timeout_s,
+            )
+            runs_s = []
+            for r in range(args.repeat):
+                jobs = _jobs(f"j{r}-", workload, args.temperature)
+                runs_s.append(_run_jobs(client, collector, jobs, work / f"out{r}.jsonl", args.timeout_s))
+                tokens = _check(work / f"out{r}.jsonl", jobs)
+            e2e_s = min(runs_s)
+            client.close()
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            try:
+                worker.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+    result = {
+        "model": args.model,
+        "requests": len(jobs),
+        "output_tokens": tokens,
+        "startup_and_warmup_s": warm_s,
+        "e2e_s": e2e_s,
+        "e2e_runs_s": runs_s,
+        "e2e_tok_per_s": tokens / e2e_s,
+    }
+    if args.baseline_json:
+        runs = json.loads(Path(args.baseline_json).read_text())
+        engine_runs = [
+            r for r in (runs if isinstance(runs, list) else [runs]) if r["engine"] == "radixq[default]"
+        ]
+        result["engine_s"] = min(r["seconds"] for r in engine_runs)
+        result["overhead"] = e2e_s / result["engine_s"] - 1
+    print(json.dumps(result))
+    print(
+        f"queue e2e: {tokens} tokens in {e2e_s:.2f} s = {tokens / e2e_s:.0f} tok/s (warm-up incl. load {warm_s:.1f} s)"
+    )
+    if "overhead" in result:
+        print(f"engine alone {result['engine_s']:.2f} s -> queue overhead {100 * result['overhead']:+.1f}%")
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
