@@ -110,7 +110,9 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True)
     v: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
-        _check(self.v == SCHEMA_VERSION, "v", self.v, f"unsupported schema version (this is {SCHEMA_VERSION})")
+        _check(
+            self.v == SCHEMA_VERSION, "v", self.v, f"unsupported schema version (this is {SCHEMA_VERSION})"
+        )
         _check(
             isinstance(self.id, str) and 0 < len(self.id) <= MAX_ID_CHARS,
             "id",

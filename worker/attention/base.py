@@ -26,7 +26,6 @@ if TYPE_CHECKING:
     import torch
 
 
-
 @dataclass(frozen=True)
 class BatchLayout:
     """Host-side shape of one forward pass: what a backend needs to plan it.
