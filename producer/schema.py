@@ -156,7 +156,7 @@ class Usage(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class ErrorInfo(msgspec.Struct, frozen=True, kw_only=True):
-    code: str  # invalid_job | prompt_too_long | dead_letter | internal
+    code: str  # invalid_job | prompt_too_long | dead_letter | aborted | internal
     message: str
 
 

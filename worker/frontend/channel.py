@@ -9,7 +9,9 @@ Both directions carry msgpack frames of worker.scheduler.messages, one message a
 from __future__ import annotations
 
 import os
+from typing import Any
 
+import msgspec
 import zmq
 
 from worker.scheduler.messages import (
@@ -21,6 +23,17 @@ from worker.scheduler.messages import (
 )
 
 _PARENT_CHECK_MS = 1000
+
+
+def _drain(socket: zmq.Socket, decoder: msgspec.msgpack.Decoder) -> list[Any]:
+    """Every message waiting on ``socket`` now, decoded, without blocking."""
+    messages = []
+    while True:
+        try:
+            frame = socket.recv(zmq.NOBLOCK)
+        except zmq.Again:
+            return messages
+        messages.append(decoder.decode(frame))
 
 
 class FrontendChannel:
@@ -42,13 +55,7 @@ class FrontendChannel:
         """Every message available, waiting up to ``timeout_s`` for the first."""
         if not self._pull.poll(int(timeout_s * 1000)):
             return []
-        messages: list[Outbound] = []
-        while True:
-            try:
-                frame = self._pull.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return messages
-            messages.append(outbound_decoder.decode(frame))
+        return _drain(self._pull, outbound_decoder)
 
     def close(self) -> None:
         self._push.close(linger=0)
@@ -72,16 +79,10 @@ class ZmqSchedulerIO:
         self._push.connect(outbound_addr)
 
     def receive(self, block: bool) -> list[Inbound]:
-        messages: list[Inbound] = []
         while block and not self._pull.poll(_PARENT_CHECK_MS):
             if os.getppid() != self._parent_pid:
                 raise SystemExit("front end went away")
-        while True:
-            try:
-                frame = self._pull.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return messages
-            messages.append(inbound_decoder.decode(frame))
+        return _drain(self._pull, inbound_decoder)
 
     def send(self, messages: list[Outbound]) -> None:
         for message in messages:
