@@ -18,6 +18,7 @@ import torch
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
+from tests.model_fixtures import tiny_hf_model  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 MARGIN = 0.15  # logit gap below which bf16 rounding may flip the argmax of these tiny models
@@ -34,28 +35,15 @@ MAX_TOKENS = [12, 5, 16, 9, 16, 3, 14, 16, 7, 11]  # decode batches shrink: padd
 
 @pytest.fixture(scope="module", params=["qwen3", "llama"])
 def tiny_dir(request, tmp_path_factory):
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
-
-    torch.manual_seed(0)
-    shape = dict(
+    model = tiny_hf_model(
+        request.param,
+        spread=0.05,
         vocab_size=512,
         hidden_size=256,
         intermediate_size=512,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
         head_dim=128,
         max_position_embeddings=1024,
-        eos_token_id=None,
     )
-    config_cls, model_cls = {
-        "qwen3": (Qwen3Config, Qwen3ForCausalLM),
-        "llama": (LlamaConfig, LlamaForCausalLM),
-    }[request.param]
-    model = model_cls(config_cls(**shape)).eval()
-    with torch.no_grad():
-        for param in model.parameters():
-            param.add_(0.05 * torch.randn_like(param))
     path = tmp_path_factory.mktemp(request.param)
     model.save_pretrained(path)
     return model.to(torch.bfloat16).float().cuda(), path  # the oracle sees the bf16-rounded weights

@@ -12,7 +12,7 @@ import torch
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
-from tests.model_fixtures import PagedRunner  # noqa: E402
+from tests.model_fixtures import PagedRunner, tiny_hf_model  # noqa: E402
 from worker.engine.sampler import Sampler, SamplingTensors  # noqa: E402
 from worker.models import load_model  # noqa: E402
 
@@ -28,36 +28,9 @@ def _params(**kw):
 
 @pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3"])
 def tiny_dir(request, tmp_path_factory):
-    from transformers import (
-        LlamaConfig,
-        LlamaForCausalLM,
-        Qwen2Config,
-        Qwen2ForCausalLM,
-        Qwen3Config,
-        Qwen3ForCausalLM,
-    )
-
-    torch.manual_seed(0)
-    shape = dict(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        eos_token_id=None,
-    )
-    classes = {
-        "llama": (LlamaConfig, LlamaForCausalLM),
-        "qwen2": (Qwen2Config, Qwen2ForCausalLM),
-        "qwen3": (Qwen3Config, Qwen3ForCausalLM),
-    }
-    config_cls, model_cls = classes[request.param]
-    model = model_cls(config_cls(**shape)).eval()
-    with torch.no_grad():
-        for param in model.parameters():
-            param.add_(0.05 * torch.randn_like(param))
+    # HF's own defaults for tying and head_dim, as the CUDA paths are checked with them.
+    defaults = {"llama": {}, "qwen2": {"tie_word_embeddings": False}, "qwen3": {"head_dim": 128}}
+    model = tiny_hf_model(request.param, spread=0.05, vocab_size=128, **defaults[request.param])
     path = tmp_path_factory.mktemp(request.param)
     model.save_pretrained(path)
     return model, path

@@ -10,28 +10,24 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from tests.model_fixtures import PagedRunner  # noqa: E402
+from tests.model_fixtures import PagedRunner, tiny_hf_model  # noqa: E402
 from worker.models import gguf, load_model  # noqa: E402
 from worker.models.registry import ALIASES, cache_root  # noqa: E402
 
 
 def test_sharded_safetensors_match_hf(tmp_path):
     """A checkpoint split over several shards loads completely and gives HF's logits."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    torch.manual_seed(0)
-    config = Qwen3Config(
+    hf = tiny_hf_model(
+        "qwen3",
         vocab_size=96,
         hidden_size=32,
         intermediate_size=64,
         num_hidden_layers=3,
-        num_attention_heads=4,
         num_key_value_heads=1,
         head_dim=16,
         max_position_embeddings=64,
         tie_word_embeddings=True,
     )
-    hf = Qwen3ForCausalLM(config).eval()
     hf.save_pretrained(tmp_path, max_shard_size="20KB")
     assert len(list(tmp_path.glob("*.safetensors"))) > 2
     loaded = load_model(str(tmp_path))

@@ -12,7 +12,7 @@ import torch
 # NOTE: makes `tests.model_fixtures` importable under bare `pytest` (no pythonpath setting yet).
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
-from tests.model_fixtures import PagedRunner  # noqa: E402
+from tests.model_fixtures import PagedRunner, tiny_hf_model  # noqa: E402
 from worker.models import load_model  # noqa: E402
 from worker.models.config import ModelConfig  # noqa: E402
 
@@ -20,28 +20,8 @@ PROMPTS = [[5, 17, 33, 2, 90, 41, 7], [3, 11], list(range(20, 61))]
 
 
 def _hf_model(kind: str):
-    from transformers import (
-        LlamaConfig,
-        LlamaForCausalLM,
-        Qwen2Config,
-        Qwen2ForCausalLM,
-        Qwen3Config,
-        Qwen3ForCausalLM,
-    )
-
-    shape = dict(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        eos_token_id=None,
-    )
-    if kind == "llama":
-        model = LlamaForCausalLM(LlamaConfig(**shape, tie_word_embeddings=False, rope_theta=10000.0))
-    elif kind == "llama3-rope":
+    """Every parameter perturbed, so biases and norm weights are not their trivial init values."""
+    if kind == "llama3-rope":
         scaling = dict(
             rope_type="llama3",
             factor=4.0,
@@ -49,19 +29,16 @@ def _hf_model(kind: str):
             high_freq_factor=2.0,
             original_max_position_embeddings=16,
         )
-        model = LlamaForCausalLM(
-            LlamaConfig(**shape, tie_word_embeddings=True, rope_theta=500.0, rope_scaling=scaling)
+        return tiny_hf_model(
+            "llama",
+            spread=0.05,
+            vocab_size=128,
+            tie_word_embeddings=True,
+            rope_theta=500.0,
+            rope_scaling=scaling,
         )
-    elif kind == "qwen2":
-        model = Qwen2ForCausalLM(Qwen2Config(**shape, tie_word_embeddings=True))
-    else:
-        model = Qwen3ForCausalLM(Qwen3Config(**shape, head_dim=32, tie_word_embeddings=False))
-    # Perturb every parameter so biases and norm weights are not their trivial init values.
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for param in model.parameters():
-            param.add_(0.05 * torch.randn(param.shape, generator=gen))
-    return model.eval()
+    extra = {"rope_theta": 10000.0} if kind == "llama" else {}
+    return tiny_hf_model(kind, spread=0.05, vocab_size=128, **extra)
 
 
 @pytest.fixture(scope="module", params=["llama", "llama3-rope", "qwen2", "qwen3"])
