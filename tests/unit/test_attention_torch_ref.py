@@ -109,3 +109,15 @@ def test_registry_resolves_names():
         "auto", kv=kv, page_table=page_table, model_config=config, page_size=2, device="cpu"
     )
     assert isinstance(backend, TorchRefBackend) and backend.num_q_heads == 4
+
+
+def test_missing_backend_package_is_named(monkeypatch):
+    """Asking for FlashInfer where it is not installed says what to install or choose."""
+    import sys
+
+    from worker.attention.registry import create_backend
+
+    monkeypatch.setitem(sys.modules, "flashinfer", None)  # import flashinfer -> ImportError
+    monkeypatch.delitem(sys.modules, "worker.attention.flashinfer", raising=False)
+    with pytest.raises(ImportError, match='radixq\\[gpu\\].*attention = "torch"'):
+        create_backend("flashinfer", kv=None, page_table=None, model_config=None, page_size=1, device="cpu")

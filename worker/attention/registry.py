@@ -47,8 +47,16 @@ def create_backend(
 
     Each backend module exposes ``create(*, kv, page_table, model_config, page_size, device, **kw)``.
     """
-    module_name, factory_name = _BACKENDS[resolve_backend_name(name, device)].split(":")
-    factory: Callable[..., AttentionBackend] = getattr(importlib.import_module(module_name), factory_name)
+    resolved = resolve_backend_name(name, device)
+    module_name, factory_name = _BACKENDS[resolved].split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ImportError(
+            f"attention backend {resolved!r} needs a package that is missing ({exc}); "
+            f"install it (pip install 'radixq[gpu]' for flashinfer) or set attention = \"torch\""
+        ) from exc
+    factory: Callable[..., AttentionBackend] = getattr(module, factory_name)
     return factory(
         kv=kv, page_table=page_table, model_config=model_config, page_size=page_size, device=device, **kw
     )
