@@ -35,8 +35,8 @@ def build(specs: list[tuple[int, int]], q_heads: int, kv_heads: int, page_size: 
     num_pages = sum(-(-n // page_size) for n in seq_lens) + 1
     kv = KVPool(POOL_LAYERS, num_pages, page_size, kv_heads, HEAD_DIM, torch.bfloat16, "cuda")
     for layer in range(POOL_LAYERS):
-        kv.k_cache(layer).normal_()
-        kv.v_cache(layer).normal_()
+        kv.k_buffer(layer).normal_()
+        kv.v_buffer(layer).normal_()
     page_table = torch.zeros(len(specs) + 1, max_len, dtype=torch.int32)
     perm = torch.randperm(num_pages, generator=gen)
     used = 0

@@ -56,7 +56,7 @@ class Case:
         pages_needed = sum(-(-n // page_size) for n in seq_lens) + 3
         self.kv = KVPool(NUM_LAYERS, pages_needed, page_size, kv_heads, HEAD_DIM, torch.bfloat16, device)
         for layer in range(NUM_LAYERS):
-            for cache in (self.kv.k_cache(layer), self.kv.v_cache(layer)):
+            for cache in (self.kv.k_buffer(layer), self.kv.v_buffer(layer)):
                 cache.copy_(torch.randn(cache.shape, generator=self.gen).to(torch.bfloat16))
         num_slots = 2 * len(specs) + 3
         page_table = torch.full((num_slots, MAX_SEQ_LEN), -1, dtype=torch.int32)
@@ -97,14 +97,14 @@ class Case:
 
     def oracle(self, batch: Batch, layer_id: int) -> torch.Tensor:
         """Dense causal attention in fp32, each request read from its page-table locations."""
-        k_all, v_all = self.kv.k_cache(layer_id).float(), self.kv.v_cache(layer_id).float()
         group = self.q_heads // self.kv.num_kv_heads
         outs, start = [], 0
         for slot, (cached, extend) in zip(batch.layout.slots_cpu.tolist(), batch.specs, strict=True):
             locs = self.page_table[slot, : cached + extend].long()
             assert bool((locs >= 0).all()), "test bug: request reads an unset page-table entry"
-            k = k_all[locs].repeat_interleave(group, dim=1)  # [S, Hq, D]
-            v = v_all[locs].repeat_interleave(group, dim=1)
+            k, v = (
+                x.float().repeat_interleave(group, dim=1) for x in self.kv.gather(layer_id, locs)
+            )  # [S, Hq, D]
             q = batch.q[start : start + extend].float()  # [E, Hq, D]
             scores = torch.einsum("ehd,shd->hes", q, k) / math.sqrt(HEAD_DIM)
             q_pos = cached + torch.arange(extend, device=q.device)
@@ -130,13 +130,15 @@ def make_backend(case: Case, device: str, **kw):
 
 
 def check_eager(case: Case, device: str, **kw) -> None:
+    """All requests, then (re-planning the same backend) every other one."""
     backend = make_backend(case, device, **kw)
-    batch = case.batch()
-    meta = backend.plan(batch.layout)
-    for layer in range(NUM_LAYERS):
-        out = backend.forward(batch.q, layer, meta)
-        assert out.shape == batch.q.shape and out.dtype == torch.bfloat16
-        torch.testing.assert_close(out.float(), case.oracle(batch, layer), atol=ATOL, rtol=RTOL)
+    for requests in (None, list(range(0, len(case.specs), 2))):
+        batch = case.batch(requests)
+        meta = backend.plan(batch.layout)
+        for layer in range(NUM_LAYERS):
+            out = backend.forward(batch.q, layer, meta)
+            assert out.shape == batch.q.shape and out.dtype == torch.bfloat16
+            torch.testing.assert_close(out.float(), case.oracle(batch, layer), atol=ATOL, rtol=RTOL)
 
 
 def mixed_specs(page_size: int) -> list[tuple[int, int]]:
@@ -184,9 +186,20 @@ def test_decode_matches_dense_oracle(
     check_eager(case, device, use_tensor_cores=use_tensor_cores)
 
 
-@pytest.mark.parametrize("use_tensor_cores", [True, False])
+@pytest.mark.parametrize("batch_size", [13, 150])
+def test_decode_kernel_choice_by_batch_size(device: str, batch_size: int) -> None:
+    """Default: CUDA-core decode for small batches, tensor cores for large ones (both exact)."""
+    case = Case(decode_specs(batch_size, seed=batch_size), 16, 8, 16, device)
+    backend = make_backend(case, device)
+    assert backend.decode_uses_tensor_cores(batch_size) == (batch_size >= 64)
+    check_eager(case, device)
+
+
+@pytest.mark.parametrize("use_tensor_cores", [True, False, None])
 @pytest.mark.parametrize("page_size", [1, 16])
-def test_cuda_graph_replay_matches_dense_oracle(device: str, page_size: int, use_tensor_cores: bool) -> None:
+def test_cuda_graph_replay_matches_dense_oracle(
+    device: str, page_size: int, use_tensor_cores: bool | None
+) -> None:
     """Decode graphs captured on dummy data replay correctly for new, padded batches."""
     case = Case(decode_specs(16, seed=7), 16, 8, page_size, device, seed=7)
     backend = make_backend(case, device, use_tensor_cores=use_tensor_cores)

@@ -74,7 +74,8 @@ def test_bfloat16_pool_and_queries_keep_dtype():
     )
     q = torch.randn(3, 4, 8, dtype=torch.bfloat16)
     out = backend.forward(q, 0, backend.plan(layout))
-    expected = _dense_attention(q.float(), kv.k_cache(0)[:5].float(), kv.v_cache(0)[:5].float(), 2)
+    k, v = kv.gather(0, torch.arange(5))
+    expected = _dense_attention(q.float(), k.float(), v.float(), 2)
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.double(), expected, atol=2e-2, rtol=2e-2)
 
@@ -121,3 +122,20 @@ def test_missing_backend_package_is_named(monkeypatch):
     monkeypatch.delitem(sys.modules, "worker.attention.flashinfer", raising=False)
     with pytest.raises(ImportError, match='radixq\\[gpu\\].*attention = "torch"'):
         create_backend("flashinfer", kv=None, page_table=None, model_config=None, page_size=1, device="cpu")
+
+
+def test_pool_keeps_each_heads_page_contiguous():
+    """HND pages: location loc, head h lives at [loc // page_size, h, loc % page_size]."""
+    kv = KVPool(1, 3, 4, 2, 8, torch.float32, "cpu")
+    locs = torch.tensor([9, 0, 6])
+    k = torch.randn(3, 2, 8)
+    kv.store(0, locs, k, -k)
+    buffer = kv.k_buffer(0)
+    assert buffer.shape == (3, 2, 4, 8) and buffer.is_contiguous()
+    for i, loc in enumerate(locs.tolist()):
+        for head in range(2):
+            torch.testing.assert_close(buffer[loc // 4, head, loc % 4], k[i, head])
+            torch.testing.assert_close(kv.v_buffer(0)[loc // 4, head, loc % 4], -k[i, head])
+    got_k, got_v = kv.gather(0, locs)
+    torch.testing.assert_close(got_k, k)
+    torch.testing.assert_close(got_v, -k)

@@ -32,7 +32,10 @@ Invariants:
 - KV page indices are gathered from ``page_table`` on the GPU; only slots and per-request
   page offsets cross from the host, in one copy from pinned memory.
 - model_config needs ``num_q_heads`` (worker.models.config.ModelConfig); KV heads, head
-  dim and dtype come from the KV pool.
+  dim and dtype come from the KV pool, whose pages are FlashInfer's "HND" layout.
+- Decode runs FlashInfer's CUDA-core kernel for small batches and its tensor-core kernel
+  from TENSOR_CORE_MIN_BATCH requests up (or always, from 4 query heads per KV head);
+  each captured graph is planned for the kernel of its batch size.
 """
 
 from __future__ import annotations
@@ -48,6 +51,10 @@ from worker.attention.base import AttentionBackend, BatchLayout
 from worker.engine.kv_pool import KVPool
 
 _INT_WORKSPACE_BYTES = 8 * 1024 * 1024  # FlashInfer's own default for plan data
+# Measured on an H200 (benchmarks/decode_breakdown.py attention, 16/8 heads, bf16, page 16):
+# tensor cores read the KV at 3.6-4.0 TB/s from 61 requests up where CUDA cores reach
+# 3.3-3.5; at 38 requests and below CUDA cores win (66 against 76 us a layer at 38).
+TENSOR_CORE_MIN_BATCH = 64
 
 
 @dataclass(frozen=True)
@@ -98,18 +105,17 @@ class FlashInferBackend(AttentionBackend):
         if self.num_qo_heads % self.num_kv_heads:
             raise ValueError(f"{self.num_qo_heads} q heads is not a multiple of {self.num_kv_heads} kv heads")
         group_size = self.num_qo_heads // self.num_kv_heads
-        # Measured on an H200 (256 x ~1000-token decode, bf16): at 16/8 heads both kernels take
-        # ~270 us a layer and the tensor-core plan costs ~0.6 ms more on the host; at 32/8 the
-        # tensor-core kernel takes 263-274 us against 380 us.
-        self.use_tensor_cores = group_size >= 4 if use_tensor_cores is None else use_tensor_cores
+        # At 32/8 heads (group 4) the tensor-core kernel takes 263-274 us a layer against the
+        # CUDA-core kernel's 380 us (H200, 256 x ~1000 tokens), whatever the batch.
+        self.use_tensor_cores = use_tensor_cores
+        self._always_tensor_cores = group_size >= 4
         self.sm_scale = sm_scale
         self._pin = self.device.type == "cuda"
 
-        # NHD paged views [num_pages, page_size, kv_heads, head_dim], one pair a layer.
-        shape = (kv.num_pages, page_size, kv.num_kv_heads, kv.head_dim)
-        self._paged_kv = [
-            (kv.k_cache(layer).view(shape), kv.v_cache(layer).view(shape)) for layer in range(kv.num_layers)
-        ]
+        if kv.layout != "HND":
+            raise ValueError(f"KV pool layout {kv.layout!r}: FlashInferBackend reads HND pages")
+        # [num_pages, kv_heads, page_size, head_dim] per layer
+        self._paged_kv = [(kv.k_buffer(layer), kv.v_buffer(layer)) for layer in range(kv.num_layers)]
         self._float_workspace = torch.zeros(
             workspace_mib * 1024 * 1024, dtype=torch.uint8, device=self.device
         )
@@ -119,13 +125,17 @@ class FlashInferBackend(AttentionBackend):
         ]
         self._num_plans = 0
         self._prefill = self._adopt(
-            BatchPrefillWithPagedKVCacheWrapper(self._float_workspace, "NHD", backend=prefill_backend)
+            BatchPrefillWithPagedKVCacheWrapper(self._float_workspace, "HND", backend=prefill_backend)
         )
-        self._decode = self._adopt(
-            BatchDecodeWithPagedKVCacheWrapper(
-                self._float_workspace, "NHD", use_tensor_cores=self.use_tensor_cores, backend="fa2"
+        self._decode = {
+            tc: self._adopt(
+                BatchDecodeWithPagedKVCacheWrapper(
+                    self._float_workspace, "HND", use_tensor_cores=tc, backend="fa2"
+                )
             )
-        )
+            for tc in (False, True)
+        }
+        self._range_host: dict[int, torch.Tensor] = {}
         self.graph_batch_sizes: list[int] = []
         self._graph_wrappers: dict[int, Any] = {}
         self._graph_metas: dict[int, FlashInferMeta] = {}
@@ -137,8 +147,9 @@ class FlashInferBackend(AttentionBackend):
         lens = self._lengths(layout.slots_cpu, layout.seq_lens_cpu)
         indices_gpu = self._page_indices_gpu(lens)
         if layout.is_decode:
-            self._plan_decode(self._decode, lens, indices_gpu)
-            return FlashInferMeta(self._decode, layout.batch_size, True)
+            wrapper = self._decode[self.decode_uses_tensor_cores(layout.batch_size)]
+            self._plan_decode(wrapper, lens, indices_gpu)
+            return FlashInferMeta(wrapper, layout.batch_size, True)
         qo_indptr_cpu = self._empty_host(layout.batch_size + 1)
         qo_indptr_cpu[0] = 0
         torch.cumsum(layout.extend_lens_cpu, 0, out=qo_indptr_cpu[1:])
@@ -159,6 +170,12 @@ class FlashInferBackend(AttentionBackend):
             non_blocking=True,
         )
         return FlashInferMeta(self._prefill, layout.num_tokens, False)
+
+    def decode_uses_tensor_cores(self, batch_size: int) -> bool:
+        """Which decode kernel a batch of this many requests runs (module docstring)."""
+        if self.use_tensor_cores is not None:
+            return self.use_tensor_cores
+        return self._always_tensor_cores or batch_size >= TENSOR_CORE_MIN_BATCH
 
     def forward(self, q: torch.Tensor, layer_id: int, meta: FlashInferMeta) -> torch.Tensor:
         """q [T, q_heads, head_dim] (T == meta.num_rows) -> attention output of the same shape."""
@@ -186,9 +203,9 @@ class FlashInferBackend(AttentionBackend):
         for bs in sizes:
             wrapper = BatchDecodeWithPagedKVCacheWrapper(
                 self._float_workspace,
-                "NHD",
+                "HND",
                 use_cuda_graph=True,
-                use_tensor_cores=self.use_tensor_cores,
+                use_tensor_cores=self.decode_uses_tensor_cores(bs),
                 paged_kv_indptr_buffer=self._graph_indptr[: bs + 1],
                 paged_kv_indices_buffer=self._graph_indices,
                 paged_kv_last_page_len_buffer=self._graph_last_page_len[:bs],
@@ -264,7 +281,11 @@ class FlashInferBackend(AttentionBackend):
         return torch.empty(n, dtype=torch.int32, pin_memory=self._pin)
 
     def _plan_decode(self, wrapper: Any, lens: _Lengths, indices_gpu: torch.Tensor) -> None:
-        self._stage(wrapper).plan(
+        self._stage(wrapper)
+        if wrapper.use_tensor_cores and getattr(wrapper, "_cached_module", None) is not None:
+            self._replan_tensor_cores(wrapper, lens, indices_gpu)
+            return
+        wrapper.plan(
             lens.kv_indptr_cpu,
             indices_gpu,
             lens.last_page_len_cpu,
@@ -277,6 +298,55 @@ class FlashInferBackend(AttentionBackend):
             kv_data_type=self.kv.dtype,
             seq_lens=lens.seq_lens_cpu,
             non_blocking=True,
+        )
+
+    def _replan_tensor_cores(self, wrapper: Any, lens: _Lengths, indices_gpu: torch.Tensor) -> None:
+        """Re-plan a tensor-core decode wrapper that has planned once (same dtypes and heads).
+
+        What FlashInfer 0.6's plan does on this path, minus its per-element Python max over
+        the lengths (~0.5 ms at 256 requests): the buffers' uploads, then the module's plan.
+        """
+        # NOTE: private attributes of flashinfer-python 0.6.x (pinned in pyproject's gpu extra);
+        # tests/gpu/test_flashinfer_backend.py re-plans both wrapper kinds against a dense oracle.
+        batch_size = int(lens.seq_lens_cpu.shape[0])
+        qo_indptr_host = self._range_host.get(batch_size)
+        if qo_indptr_host is None:
+            qo_indptr_host = self._range_host[batch_size] = torch.arange(batch_size + 1, dtype=torch.int32)
+        if wrapper.is_cuda_graph_enabled:
+            if batch_size != wrapper._fixed_batch_size:
+                raise ValueError(
+                    f"graph wrapper of batch size {wrapper._fixed_batch_size} planned for {batch_size}"
+                )
+            wrapper._paged_kv_indptr_buf.copy_(lens.kv_indptr_cpu, non_blocking=True)
+            wrapper._paged_kv_last_page_len_buf.copy_(lens.last_page_len_cpu, non_blocking=True)
+            wrapper._paged_kv_indices_buf[: indices_gpu.numel()].copy_(indices_gpu, non_blocking=True)
+        else:
+            wrapper._paged_kv_indptr_buf = lens.kv_indptr_cpu.to(self.device, non_blocking=True)
+            wrapper._paged_kv_indices_buf = indices_gpu
+            wrapper._paged_kv_last_page_len_buf = lens.last_page_len_cpu.to(self.device, non_blocking=True)
+            wrapper._qo_indptr_buf = qo_indptr_host.to(self.device, non_blocking=True)
+        wrapper._batch_size = batch_size
+        wrapper._max_kv_len = int(lens.seq_lens_cpu.max())
+        wrapper._plan_info = wrapper._cached_module.plan(
+            wrapper._float_workspace_buffer,
+            wrapper._int_workspace_buffer,
+            wrapper._pin_memory_int_workspace_buffer,
+            qo_indptr_host,
+            lens.kv_indptr_cpu,
+            lens.seq_lens_cpu,
+            batch_size,  # total query rows
+            batch_size,
+            self.num_qo_heads,
+            self.num_kv_heads,
+            self.page_size,
+            wrapper.is_cuda_graph_enabled,
+            self.head_dim,
+            self.head_dim,
+            False,  # causal
+            -1,  # window_left
+            -1,  # fixed_split_size
+            False,  # disable_split_kv
+            0,  # num_colocated_ctas
         )
 
     def _lengths(self, slots_cpu: torch.Tensor, seq_lens_cpu: torch.Tensor) -> _Lengths:

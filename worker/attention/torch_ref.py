@@ -55,12 +55,12 @@ class TorchRefBackend(AttentionBackend):
 
     def forward(self, q: torch.Tensor, layer_id: int, meta: list[_RequestPlan]) -> torch.Tensor:
         group = self.num_q_heads // self.kv.num_kv_heads
-        k_cache, v_cache = self.kv.k_cache(layer_id), self.kv.v_cache(layer_id)
         out = torch.empty_like(q)
         for plan in meta:
             qi = q[plan.q_start : plan.q_end].float().transpose(0, 1)  # [H, E, D]
-            ki = k_cache[plan.kv_locs].float().repeat_interleave(group, dim=1).transpose(0, 1)  # [H, S, D]
-            vi = v_cache[plan.kv_locs].float().repeat_interleave(group, dim=1).transpose(0, 1)
+            k, v = self.kv.gather(layer_id, plan.kv_locs)  # [S, kv_heads, D] each
+            ki = k.float().repeat_interleave(group, dim=1).transpose(0, 1)  # [H, S, D]
+            vi = v.float().repeat_interleave(group, dim=1).transpose(0, 1)
             scores = torch.matmul(qi, ki.transpose(1, 2)) * self.scale  # [H, E, S]
             scores = scores.masked_fill(~plan.mask, float("-inf"))
             probs = torch.softmax(scores, dim=-1)

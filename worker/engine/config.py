@@ -21,7 +21,7 @@ class EngineConfig:
     load_format: str = "auto"
     device: str = "auto"
     dtype: str = "auto"
-    page_size: int = 1
+    page_size: int = 16
     num_pages: int | None = None
     mem_fraction: float = 0.85
     cpu_kv_gib: float = 1.0

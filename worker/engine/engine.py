@@ -69,7 +69,8 @@ class Engine:
             dtype=self.dtype,
             device=self.device,
         )
-        table_shape = (config.max_running_reqs + 1, self.max_seq_len)
+        # whole pages: a request's last page may reach past max_seq_len
+        table_shape = (config.max_running_reqs + 1, -(-self.max_seq_len // self.page_size) * self.page_size)
         self.page_table = torch.zeros(table_shape, dtype=torch.int32, device=self.device)
         self.token_pool = torch.zeros(table_shape, dtype=torch.int32, device=self.device)
         self.dummy_loc = self.num_pages * self.page_size  # first location of the dummy page

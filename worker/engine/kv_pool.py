@@ -1,4 +1,4 @@
-"""The paged KV cache: per layer one K and one V tensor of KV locations."""
+"""The paged KV cache: per layer one K and one V buffer of pages."""
 
 from __future__ import annotations
 
@@ -6,11 +6,16 @@ import torch
 
 
 class KVPool:
-    """K and V buffers of shape [num_pages * page_size, num_kv_heads, head_dim] per layer.
+    """K and V buffers of shape [num_pages, num_kv_heads, page_size, head_dim] per layer.
 
-    Location ``loc`` is a row of every layer's buffers; page p spans locations
-    [p * page_size, (p + 1) * page_size). See worker.attention.base for the layout.
+    Location ``loc`` is token ``loc % page_size`` of page ``loc // page_size`` (see
+    worker.attention.base). Heads are outermost inside a page (FlashInfer's "HND" layout),
+    so one head's keys of a page are one contiguous run of page_size * head_dim values:
+    decode attention reads a head's KV in long runs. With page_size 1 this is the same
+    memory as [num_locations, num_kv_heads, head_dim].
     """
+
+    layout = "HND"
 
     def __init__(
         self,
@@ -29,7 +34,7 @@ class KVPool:
         self.head_dim = head_dim
         self.dtype = dtype
         self.device = torch.device(device)
-        shape = (num_layers, num_pages * page_size, num_kv_heads, head_dim)
+        shape = (num_layers, num_pages, num_kv_heads, page_size, head_dim)
         self._k = torch.zeros(shape, dtype=dtype, device=self.device)
         self._v = torch.zeros(shape, dtype=dtype, device=self.device)
 
@@ -37,16 +42,34 @@ class KVPool:
     def num_locations(self) -> int:
         return self.num_pages * self.page_size
 
-    def k_cache(self, layer_id: int) -> torch.Tensor:
+    def k_buffer(self, layer_id: int) -> torch.Tensor:
+        """The layer's K pages, [num_pages, num_kv_heads, page_size, head_dim]."""
         return self._k[layer_id]
 
-    def v_cache(self, layer_id: int) -> torch.Tensor:
+    def v_buffer(self, layer_id: int) -> torch.Tensor:
         return self._v[layer_id]
+
+    def location_strides(self) -> tuple[int, int, int]:
+        """Element strides of (page, head, token in page) in a layer buffer."""
+        stride = self._k.stride()
+        return stride[1], stride[2], stride[3]
+
+    def gather(self, layer_id: int, locs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V at locations locs ([N]) as [N, kv_heads, head_dim] each."""
+        page, off = self._split(locs)
+        return self._k[layer_id][page, :, off], self._v[layer_id][page, :, off]
 
     def store(self, layer_id: int, out_loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write k/v ([T, kv_heads, head_dim]) at locations out_loc ([T])."""
-        self._k[layer_id].index_copy_(0, out_loc, k.to(self.dtype))
-        self._v[layer_id].index_copy_(0, out_loc, v.to(self.dtype))
+        page, off = self._split(out_loc)
+        self._k[layer_id][page, :, off] = k.to(self.dtype)
+        self._v[layer_id][page, :, off] = v.to(self.dtype)
+
+    def _split(self, locs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        locs = locs.long()
+        if self.page_size == 1:
+            return locs, torch.zeros_like(locs)
+        return torch.div(locs, self.page_size, rounding_mode="floor"), locs % self.page_size
 
     @staticmethod
     def bytes_per_location(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
