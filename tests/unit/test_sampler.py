@@ -133,3 +133,20 @@ def test_filters_never_emit_excluded_tokens(params):
 def test_build_rejects_misaligned_inputs():
     with pytest.raises(ValueError, match="must align"):
         SamplingTensors.build([SamplingParams()], [0, 1], "cpu")
+
+
+def test_bf16_logits_sample_as_their_float32_upcast():
+    """Model-dtype logits: greedy, filtered and plain draws equal those of the exact fp32 upcast."""
+    logits = (torch.randn(6, VOCAB, generator=torch.Generator().manual_seed(5)) * 3).bfloat16()
+    params = [
+        SamplingParams(temperature=0.0),
+        SamplingParams(seed=1, temperature=0.8),
+        SamplingParams(seed=2, top_k=5),
+        SamplingParams(seed=3, top_p=0.8),
+        SamplingParams(seed=4, min_p=0.05),
+        SamplingParams(temperature=0.0),
+    ]
+    for rows in (range(6), [1], [0, 5]):  # all rows, temperature only, all greedy
+        subset, steps = [params[r] for r in rows], list(rows)
+        got = _sample(logits[list(rows)], subset, steps)
+        assert torch.equal(got, _sample(logits[list(rows)].float(), subset, steps))

@@ -120,14 +120,14 @@ class SamplingTensors:
 
 
 class Sampler:
-    """Turns float logits [B, vocab] into int32 tokens [B] on the same device."""
+    """Turns logits [B, vocab] (any float dtype) into int32 tokens [B] on the same device."""
 
     def sample(self, logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
         if not (t.all_greedy or t.use_top_k or t.use_top_p or t.use_min_p) and logits.is_cuda:
             from worker.kernels.sampling import sample_unfiltered
 
             # one fused kernel on CUDA: the same draw rule as below (worker.kernels.sampling)
-            fused = sample_unfiltered(logits, t.temperature, row_uniforms(t.seeds, t.steps), t.greedy)
+            fused = sample_unfiltered(logits, t.temperature, t.seeds, t.steps, t.greedy)
             if fused is not None:
                 return fused
         greedy_tokens = logits.argmax(dim=-1)

@@ -71,7 +71,7 @@ class Attention(nn.Module):
         kv, layer = batch.kv, self.layer_id
         # CUDA: one kernel does qk-norm (Qwen3), rope and this pass's K/V store at out_loc.
         fused_q = qk_norm_rope_store(
-            qkv, positions, cos, sin, q_w, k_w, eps, kv.k_cache(layer), kv.v_cache(layer), batch.out_loc,
+            qkv, positions, cos, sin, q_w, k_w, eps, kv.k_buffer(layer), kv.v_buffer(layer), batch.out_loc,
             self.num_q_heads, self.num_kv_heads,
         )  # fmt: skip
         if fused_q is not None:
@@ -104,11 +104,20 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         self.mlp = MLP(cfg, dtype)
 
-    def forward(self, positions: torch.Tensor, h: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        attn = self.self_attn(positions, self.input_layernorm(h), batch)
+    def forward(
+        self, positions: torch.Tensor, h: torch.Tensor, residual: torch.Tensor | None, batch: ForwardBatch
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer input is ``h + residual`` (just ``h`` when residual is None); returns
+        (mlp output, residual) unsummed, so the next norm fuses the add."""
+        norm = self.input_layernorm
+        if residual is None:
+            residual, normed = h, norm(h)
+        else:
+            normed, residual = add_rms_norm(h, residual, norm.weight, norm.eps)
+        attn = self.self_attn(positions, normed, batch)
         norm = self.post_attention_layernorm
-        normed, h = add_rms_norm(attn, h, norm.weight, norm.eps)  # h += attn, fused with the norm
-        return h + self.mlp(normed)
+        normed, residual = add_rms_norm(attn, residual, norm.weight, norm.eps)
+        return self.mlp(normed), residual
 
 
 class DecoderBody(nn.Module):
@@ -141,14 +150,18 @@ class CausalLM(nn.Module):
         )
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        """float32 logits [B, vocab] for the tokens at ``batch.sample_idx``."""
+        """Logits [B, vocab] in the model dtype for the tokens at ``batch.sample_idx``."""
         positions = batch.positions
-        h = self.model.embed_tokens(batch.input_ids)
+        h, residual = self.model.embed_tokens(batch.input_ids), None
         for layer in self.model.layers:
-            h = layer(positions, h, batch)
-        h = self.model.norm(h[batch.sample_idx])
+            h, residual = layer(positions, h, residual, batch)
+        idx, norm = batch.sample_idx, self.model.norm
+        if residual is None:
+            h = norm(h[idx])
+        else:  # the last layer's residual add, fused into the final norm of the sampled rows
+            h, _ = add_rms_norm(h[idx], residual[idx], norm.weight, norm.eps)
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(h, weight).float()
+        return F.linear(h, weight)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Copy HF-named tensors into the parameters (concatenating fused shards).
