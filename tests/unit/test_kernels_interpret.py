@@ -70,29 +70,35 @@ def test_silu_and_mul(ops):
     torch.testing.assert_close(ops.silu_and_mul(x), torch.nn.functional.silu(gate) * up)
 
 
-def test_fused_sampling_draws_what_the_torch_sampler_draws(ops):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_sampling_draws_what_the_torch_sampler_draws(ops, dtype):
     from types import SimpleNamespace
 
-    from worker.engine.sampler import Sampler, SamplingTensors, row_uniforms
+    from worker.engine.sampler import Sampler, SamplingTensors
     from worker.kernels.sampling import sample_unfiltered
 
     gen = torch.Generator().manual_seed(4)
-    logits = torch.randn(24, 9000, generator=gen) * 4
+    logits = (torch.randn(24, 9000, generator=gen) * 4).to(dtype)  # the model's dtype
     params = [
         SimpleNamespace(
-            temperature=0.0 if i % 5 == 0 else 0.3 + 0.1 * i, top_p=1.0, top_k=-1, min_p=0.0, seed=i
+            temperature=0.0 if i % 5 == 0 else 0.3 + 0.1 * i,
+            top_p=1.0,
+            top_k=-1,
+            min_p=0.0,
+            seed=(i * 0x9E3779B97F4A7C15) % 2**63,  # both 32-bit halves of the seed matter
         )
         for i in range(24)
     ]
-    t = SamplingTensors.build(params, list(range(24)), "cpu")
+    t = SamplingTensors.build(params, [1000 + 37 * i for i in range(24)], "cpu")
     expected = Sampler().sample(logits, t)
-    got = sample_unfiltered(logits, t.temperature, row_uniforms(t.seeds, t.steps), t.greedy)
+    got = sample_unfiltered(logits, t.temperature, t.seeds, t.steps, t.greedy)
     assert got is not None and got.dtype == torch.int32
     assert got.tolist() == expected.tolist()
 
 
+@pytest.mark.parametrize("page_size", [1, 4])
 @pytest.mark.parametrize("with_norm", [False, True])
-def test_qk_norm_rope_store_matches_the_unfused_path(ops, with_norm):
+def test_qk_norm_rope_store_matches_the_unfused_path(ops, with_norm, page_size):
     from worker.engine.kv_pool import KVPool
     from worker.models.rope import RotaryEmbedding
 
@@ -104,7 +110,7 @@ def test_qk_norm_rope_store_matches_the_unfused_path(ops, with_norm):
     out_loc = torch.tensor([7, 2, 11, 0, 5])
     q_w = 1 + 0.1 * torch.randn(d, generator=gen) if with_norm else None
     k_w = 1 + 0.1 * torch.randn(d, generator=gen) if with_norm else None
-    fused, ref = (KVPool(1, 12, 1, hkv, d, torch.float32, "cpu") for _ in range(2))
+    fused, ref = (KVPool(1, 12 // page_size, page_size, hkv, d, torch.float32, "cpu") for _ in range(2))
     q = ops.qk_norm_rope_store(
         qkv,
         pos,
@@ -113,8 +119,8 @@ def test_qk_norm_rope_store_matches_the_unfused_path(ops, with_norm):
         q_w,
         k_w,
         1e-6,
-        fused.k_cache(0),
-        fused.v_cache(0),
+        fused.k_buffer(0),
+        fused.v_buffer(0),
         out_loc,
         hq,
         hkv,
@@ -124,5 +130,9 @@ def test_qk_norm_rope_store_matches_the_unfused_path(ops, with_norm):
     k_ref = ops.norm_rope(k_ref.view(t, hkv, d), pos, rope.cos_cache, rope.sin_cache, k_w, 1e-6)
     ref.store(0, out_loc, k_ref, v_ref.view(t, hkv, d))
     torch.testing.assert_close(q, q_ref)
-    torch.testing.assert_close(fused.k_cache(0), ref.k_cache(0))
-    torch.testing.assert_close(fused.v_cache(0), ref.v_cache(0))
+    torch.testing.assert_close(fused.k_buffer(0), ref.k_buffer(0))
+    torch.testing.assert_close(fused.v_buffer(0), ref.v_buffer(0))
+    # the pool's own by-location view agrees with the unfused values
+    k_at, v_at = fused.gather(0, out_loc)
+    torch.testing.assert_close(k_at, k_ref)
+    torch.testing.assert_close(v_at, v_ref.view(t, hkv, d))

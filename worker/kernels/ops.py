@@ -159,17 +159,18 @@ def qk_norm_rope_store(
     q_weight: torch.Tensor | None,
     k_weight: torch.Tensor | None,
     eps: float,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
     out_loc: torch.Tensor,
     num_q_heads: int,
     num_kv_heads: int,
 ) -> torch.Tensor | None:
     """One kernel for a layer's qkv [T, (Hq + 2 Hkv) * D]: q = rope(norm(q)) returned as a
-    contiguous [T, Hq, D]; rope(norm(k)) and v written to the KV caches ([locations, Hkv, D])
-    at out_loc. None when it cannot run here: the caller takes the unfused path."""
+    contiguous [T, Hq, D]; rope(norm(k)) and v written to the layer's KV pages
+    ([num_pages, Hkv, page_size, D], worker.engine.kv_pool) at out_loc. None when it cannot
+    run here: the caller takes the unfused path."""
     k = _kernels_for(qkv)
-    head_dim = k_cache.shape[-1]
+    head_dim = k_buffer.shape[-1]
     half = head_dim // 2
     usable = (
         k is not None
@@ -177,9 +178,9 @@ def qk_norm_rope_store(
         and qkv.stride(-1) == 1
         and qkv.shape[1] == (num_q_heads + 2 * num_kv_heads) * head_dim
         and half & (half - 1) == 0
-        and k_cache.is_contiguous()
-        and v_cache.is_contiguous()
-        and k_cache.stride(0) == v_cache.stride(0) == num_kv_heads * head_dim
+        and k_buffer.dim() == 4
+        and k_buffer.stride() == v_buffer.stride()
+        and k_buffer.stride(-1) == 1
         and cos_cache.is_contiguous()
         and sin_cache.is_contiguous()
         and (q_weight is None or q_weight.dtype == qkv.dtype)
@@ -189,11 +190,14 @@ def qk_norm_rope_store(
     rows = qkv.shape[0]
     q = torch.empty((rows, num_q_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
     if rows:
-        k.qk_norm_rope_store_kernel[(rows, num_q_heads + num_kv_heads)](
-            qkv, q, k_cache, v_cache,
+        stride_page, stride_head, stride_tok = k_buffer.stride()[:3]
+        k.qk_norm_rope_store_kernel[(rows,)](
+            qkv, q, k_buffer, v_buffer,
             qkv if q_weight is None else q_weight, qkv if k_weight is None else k_weight,
             positions, out_loc, cos_cache, sin_cache,
-            qkv.stride(0), q.stride(0), k_cache.stride(0), cos_cache.stride(0), eps,
+            qkv.stride(0), q.stride(0), stride_page, stride_head, stride_tok, k_buffer.shape[2],
+            cos_cache.stride(0), eps,
             NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads, HAS_NORM=q_weight is not None, HALF=half,
+            HEADS_PAD=triton_block(num_q_heads + num_kv_heads), KV_HEADS_PAD=triton_block(num_kv_heads),
         )  # fmt: skip
     return q

@@ -18,9 +18,16 @@ _BLOCK = 4096
 
 
 def sample_unfiltered(
-    logits: torch.Tensor, temperature: torch.Tensor, u: torch.Tensor, greedy: torch.Tensor
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    seeds: torch.Tensor,
+    steps: torch.Tensor,
+    greedy: torch.Tensor,
 ) -> torch.Tensor | None:
-    """int32 [B] tokens, or None when the kernel cannot run here (the caller falls back)."""
+    """int32 [B] tokens, or None when the kernel cannot run here (the caller falls back).
+
+    Row i draws with the uniform ``row_uniforms(seeds, steps)[i]`` of worker.engine.sampler,
+    which the kernel computes itself (the torch version is ~30 tiny kernels)."""
     k = _kernels_for(logits)
     if k is None or logits.dim() != 2 or logits.stride(-1) != 1:
         return None
@@ -28,7 +35,7 @@ def sample_unfiltered(
     out = torch.empty(rows, dtype=torch.int32, device=logits.device)
     if rows:
         k.sample_rows_kernel[(rows,)](
-            logits, logits.stride(0), temperature.float().contiguous(), u.double().contiguous(),
-            greedy.to(torch.int8), out, vocab, BLOCK=_BLOCK,
+            logits, logits.stride(0), temperature.float().contiguous(), seeds.long().contiguous(),
+            steps.long().contiguous(), greedy.contiguous(), out, vocab, BLOCK=_BLOCK, num_warps=8,
         )  # fmt: skip
     return out

@@ -11,6 +11,19 @@ import triton
 import triton.language as tl
 
 
+def _jit_any_alignment(*pointers: str):
+    """triton.jit, compiled once whatever the 16-byte alignment of these pointer arguments.
+
+    Per-row parameters and token metadata arrive as views into the scheduler's packed
+    buffers, whose alignment changes with the batch size; left to Triton, each new
+    alignment would compile another specialisation (~0.2 s) in the middle of a run.
+    """
+    try:
+        return triton.jit(do_not_specialize_on_alignment=list(pointers))
+    except TypeError:  # a Triton without the option: no value specialisation at all
+        return triton.jit(do_not_specialize=list(pointers))
+
+
 @triton.jit
 def rms_norm_kernel(
     x_ptr,
@@ -48,7 +61,7 @@ def rms_norm_kernel(
     tl.store(out_ptr + row * stride_out_row + head * stride_out_head + cols, y.to(dtype), mask=mask)
 
 
-@triton.jit
+@_jit_any_alignment("pos_ptr")
 def norm_rope_kernel(
     x_ptr,
     out_ptr,
@@ -105,18 +118,30 @@ def silu_and_mul_kernel(x_ptr, out_ptr, stride_x_row, stride_out_row, n_cols, BL
 
 
 @triton.jit
+def _mix32(x):
+    """worker.engine.sampler._mix32 on int64 values in [0, 2**32)."""
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & 0xFFFFFFFF
+    x = x ^ (x >> 15)
+    x = (x * 0x68E31DA5) & 0xFFFFFFFF
+    return x ^ (x >> 16)
+
+
+@_jit_any_alignment("temperature_ptr", "seed_ptr", "step_ptr", "greedy_ptr")
 def sample_rows_kernel(
     logits_ptr,
     stride_row,
     temperature_ptr,
-    u_ptr,
+    seed_ptr,
+    step_ptr,
     greedy_ptr,
     out_ptr,
     vocab: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     """One row per program: argmax for greedy rows, else the inverse-CDF draw of
-    softmax(logits / T) at uniform u: the first token whose running mass exceeds u * total.
+    softmax(logits / T) at the row's uniform u (worker.engine.sampler.row_uniforms of its
+    seed and step, computed here): the first token whose running mass exceeds u * total.
 
     Pass 1 finds the max (and argmax, first on ties), pass 2 the total mass, pass 3 scans
     blocks with a float64 carry and stops at the block that crosses the target.
@@ -143,7 +168,13 @@ def sample_rows_kernel(
         for off in range(0, vocab, BLOCK):
             x = tl.load(base + off + cols, mask=off + cols < vocab, other=float("-inf")).to(tl.float32)
             total += tl.sum(tl.exp(x / t - peak), axis=0).to(tl.float64)
-        target = tl.load(u_ptr + row) * total
+        seed = tl.load(seed_ptr + row)
+        step = tl.load(step_ptr + row)
+        key = _mix32((seed & 0xFFFFFFFF) ^ _mix32(((seed >> 32) & 0xFFFFFFFF) ^ _mix32(step & 0xFFFFFFFF)))
+        high = _mix32(key ^ 0x27D4EB2F)
+        low = _mix32(high ^ key) >> 11
+        u = (((high << 21) | low).to(tl.float64) + 0.5) * (2.0**-53)
+        target = u * total
         carry = tl.zeros((), dtype=tl.float64)
         found = vocab - 1
         off = 0
@@ -162,7 +193,7 @@ def sample_rows_kernel(
         tl.store(out_ptr + row, found.to(tl.int32))
 
 
-@triton.jit
+@_jit_any_alignment("pos_ptr", "out_loc_ptr")
 def qk_norm_rope_store_kernel(
     qkv_ptr,
     q_out_ptr,
@@ -176,32 +207,39 @@ def qk_norm_rope_store_kernel(
     sin_ptr,
     stride_qkv_row,
     stride_q_out_row,
-    stride_cache_loc,
+    stride_cache_page,
+    stride_cache_head,
+    stride_cache_tok,
+    page_size,
     stride_table_row,
     eps,
     NUM_Q_HEADS: tl.constexpr,
     NUM_KV_HEADS: tl.constexpr,
     HAS_NORM: tl.constexpr,
     HALF: tl.constexpr,
+    HEADS_PAD: tl.constexpr,
+    KV_HEADS_PAD: tl.constexpr,
 ):
-    """Program (t, h): q head h (h < NUM_Q_HEADS) -> q_out[t, h]; else kv head j = h - NUM_Q_HEADS:
-    rope(norm(k)) -> k_cache[out_loc[t], j] and v -> v_cache[out_loc[t], j] (the pass's KV store)."""
+    """Program t, all heads of token t at once: q heads -> q_out[t]; k heads: rope(norm(k)) -> K
+    and v -> V at location out_loc[t] (the pass's KV store). A location is token
+    loc % page_size of page loc // page_size (strides in elements)."""
     row = tl.program_id(0)
-    head = tl.program_id(1)
-    cols = tl.arange(0, HALF)
-    is_q = head < NUM_Q_HEADS
-    src = qkv_ptr + row * stride_qkv_row + head * (2 * HALF)  # q heads, then k heads, then v heads
-    x1 = tl.load(src + cols)
-    x2 = tl.load(src + HALF + cols)
+    heads = tl.arange(0, HEADS_PAD)[:, None]  # q heads, then k heads (qkv's order), then padding
+    cols = tl.arange(0, HALF)[None, :]
+    is_q = heads < NUM_Q_HEADS
+    is_k = (heads >= NUM_Q_HEADS) & (heads < NUM_Q_HEADS + NUM_KV_HEADS)
+    valid = (is_q | is_k) & (cols < HALF)
+    src = qkv_ptr + row * stride_qkv_row + heads * (2 * HALF)
+    x1 = tl.load(src + cols, mask=valid, other=0.0)
+    x2 = tl.load(src + HALF + cols, mask=valid, other=0.0)
     dtype = x1.dtype
     a = x1.to(tl.float32)
     b = x2.to(tl.float32)
     if HAS_NORM:
-        w_base = tl.where(is_q, q_w_ptr, k_w_ptr)
-        var = (tl.sum(a * a, axis=0) + tl.sum(b * b, axis=0)) / (2 * HALF)
-        rstd = 1.0 / tl.sqrt(var + eps)
-        w1 = tl.load(w_base + cols).to(tl.float32)
-        w2 = tl.load(w_base + HALF + cols).to(tl.float32)
+        var = (tl.sum(a * a, axis=1) + tl.sum(b * b, axis=1)) / (2 * HALF)
+        rstd = (1.0 / tl.sqrt(var + eps))[:, None]
+        w1 = tl.where(is_q, tl.load(q_w_ptr + cols), tl.load(k_w_ptr + cols)).to(tl.float32)
+        w2 = tl.where(is_q, tl.load(q_w_ptr + HALF + cols), tl.load(k_w_ptr + HALF + cols)).to(tl.float32)
         a = ((a * rstd).to(dtype).to(tl.float32) * w1).to(dtype).to(tl.float32)
         b = ((b * rstd).to(dtype).to(tl.float32) * w2).to(dtype).to(tl.float32)
     pos = tl.load(pos_ptr + row)
@@ -209,17 +247,20 @@ def qk_norm_rope_store_kernel(
     sin = tl.load(sin_ptr + pos * stride_table_row + cols)
     r1 = (a * cos - b * sin).to(dtype)
     r2 = (b * cos + a * sin).to(dtype)
-    if is_q:
-        dst = q_out_ptr + row * stride_q_out_row + head * (2 * HALF)
-        tl.store(dst + cols, r1)
-        tl.store(dst + HALF + cols, r2)
-    else:
-        kv_head = head - NUM_Q_HEADS
-        loc = tl.load(out_loc_ptr + row)
-        k_dst = k_cache_ptr + loc * stride_cache_loc + kv_head * (2 * HALF)
-        tl.store(k_dst + cols, r1.to(k_cache_ptr.dtype.element_ty))
-        tl.store(k_dst + HALF + cols, r2.to(k_cache_ptr.dtype.element_ty))
-        v_src = src + NUM_KV_HEADS * (2 * HALF)
-        v_dst = v_cache_ptr + loc * stride_cache_loc + kv_head * (2 * HALF)
-        tl.store(v_dst + cols, tl.load(v_src + cols).to(v_cache_ptr.dtype.element_ty))
-        tl.store(v_dst + HALF + cols, tl.load(v_src + HALF + cols).to(v_cache_ptr.dtype.element_ty))
+    q_mask = is_q & (cols < HALF)
+    q_dst = q_out_ptr + row * stride_q_out_row + heads * (2 * HALF)
+    tl.store(q_dst + cols, r1, mask=q_mask)
+    tl.store(q_dst + HALF + cols, r2, mask=q_mask)
+    loc = tl.load(out_loc_ptr + row)
+    slot = (loc // page_size) * stride_cache_page + (loc % page_size) * stride_cache_tok
+    k_mask = is_k & (cols < HALF)
+    k_dst = k_cache_ptr + slot + (heads - NUM_Q_HEADS) * stride_cache_head
+    tl.store(k_dst + cols, r1.to(k_cache_ptr.dtype.element_ty), mask=k_mask)
+    tl.store(k_dst + HALF + cols, r2.to(k_cache_ptr.dtype.element_ty), mask=k_mask)
+    kv_heads = tl.arange(0, KV_HEADS_PAD)[:, None]
+    dims = tl.arange(0, 2 * HALF)[None, :]
+    v_mask = (kv_heads < NUM_KV_HEADS) & (dims < 2 * HALF)
+    v_src = qkv_ptr + row * stride_qkv_row + (NUM_Q_HEADS + NUM_KV_HEADS + kv_heads) * (2 * HALF) + dims
+    v = tl.load(v_src, mask=v_mask, other=0.0)
+    v_dst = v_cache_ptr + slot + kv_heads * stride_cache_head + dims
+    tl.store(v_dst, v.to(v_cache_ptr.dtype.element_ty), mask=v_mask)
