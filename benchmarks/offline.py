@@ -3,7 +3,8 @@
 256 requests; ``random.seed(0)``; each prompt is ``randint(100, 1024)`` random token ids in
 [0, 10000], all prompts drawn first, then ``max_tokens = randint(100, 1024)`` for every
 request; EOS ignored. That is 142,827 prompt and 133,966 output tokens. The figure is output
-tokens / wall seconds of the timed run, after a warm-up run.
+tokens / wall seconds of the timed run, after a warm-up run (``--repeat N``: the median of N
+timed runs, each with the prompt ids shifted so that no run hits another's cached prefixes).
 
     python benchmarks/offline.py --model configs/qwen3-0.6b.json              # radixq, dummy weights
     python benchmarks/offline.py --model configs/qwen3-0.6b.json --peer hf    # transformers CB
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -60,6 +62,12 @@ def standard_workload(num_requests: int = 256, seed: int = 0) -> Workload:
     return workload
 
 
+def fresh_copy(workload: Workload, run: int) -> Workload:
+    """The workload with every prompt token id shifted by run * 10000: the same shapes and
+    work, but no prefix in common with an earlier run (a repeat must not hit the radix cache)."""
+    return Workload([[t + run * 10000 for t in p] for p in workload.prompts], workload.max_tokens)
+
+
 def warmup_workload() -> Workload:
     """A few short requests that touch prefill, decode and sampling before timing."""
     return Workload([[i + 1] * (64 + 32 * i) for i in range(8)], [32] * 8)
@@ -70,7 +78,7 @@ VARIANTS = {
     "no-overlap": {"overlap": False},
     "no-cuda-graph": {"cuda_graph": False},
     "naive": {"cache": "naive"},
-    "page16": {"page_size": 16},
+    "page1": {"page_size": 1},
 }
 
 
@@ -113,11 +121,15 @@ def run_radixq(args: argparse.Namespace, workload: Workload, variant: str = "def
         from worker.engine.profile import StepProfiler
 
         profiler = StepProfiler.install(llm.scheduler)
-    elapsed, generated = generate(workload)
+    runs_s = []
+    for run in range(args.repeat):
+        elapsed, generated = generate(fresh_copy(workload, run))
+        runs_s.append(elapsed)
     result = {
         "engine": f"radixq[{variant}]",
         "options": options,
-        "seconds": elapsed,
+        "seconds": statistics.median(runs_s),
+        "runs_s": runs_s,
         "output_tokens": generated,
         "startup_s": startup_s,
         "steps": llm.scheduler.stats.steps,
@@ -259,7 +271,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--num-requests", type=int, default=256)
     parser.add_argument("--temperature", type=float, default=0.6)
     parser.add_argument("--load-format", default="dummy")
-    parser.add_argument("--page-size", type=int, default=1)
+    parser.add_argument("--page-size", type=int, default=16)
     parser.add_argument(
         "--cache", choices=["radix", "naive"], default="radix", help="naive: no prefix sharing"
     )
@@ -273,6 +285,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--profile-steps", action="store_true", help="per-step host/GPU breakdown")
     parser.add_argument(
         "--kernel-profile", type=int, default=0, help="also profile GPU kernels over outputs cut to N tokens"
+    )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="timed runs per variant (fresh prompt ids each; the median counts)",
     )
     parser.add_argument("--out", default=None, help="write the result as JSON here")
     return parser.parse_args()

@@ -7,10 +7,11 @@ Steps: start a private redis-server (AOF on, fsync everysec); start ``radixq wor
 TOML naming the model and ``load_format = "dummy"``; run 8 warm-up jobs through it (this
 also waits out model load and CUDA-graph capture); then enqueue the 256 jobs (input_ids,
 ignore_eos, max_tokens, temperature 0.6) and time from the first XADD to the last result
-written by the collector, ``--repeat`` times (fastest kept). Every result is checked (no
-error, max_tokens tokens). The overhead is e2e seconds / engine-only seconds - 1, the
-engine-only figure being the fastest radixq[default] run in an offline.py JSON of the same
-workload (``--baseline-json``) when given.
+written by the collector, ``--repeat`` times with fresh prompt ids each (offline.fresh_copy:
+no run hits another's cached prefixes; checked). Every result is checked (no error,
+max_tokens tokens). The overhead is median e2e seconds / median engine-only seconds - 1, the
+engine-only runs being the radixq[default] runs of an offline.py JSON of the same workload
+(``--baseline-json``, best made with the same ``--repeat``) when given.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import argparse
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -28,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from offline import Workload, standard_workload, warmup_workload  # noqa: E402
+from offline import Workload, fresh_copy, standard_workload, warmup_workload  # noqa: E402
 
 
 def _jobs(prefix: str, workload: Workload, temperature: float) -> list:
@@ -66,6 +68,8 @@ def _check(out: Path, jobs: list) -> int:
     for job_id, n in want.items():
         row = got[job_id]
         assert row.get("error") is None, f"job {job_id}: {row.get('error')}"
+        cached = row.get("usage", {}).get("cached_tokens", 0)
+        assert cached == 0, f"job {job_id}: {cached} prompt tokens came from an earlier run's cache"
         tokens = row["choices"][0]["token_ids"]
         assert len(tokens) == n, f"job {job_id}: {len(tokens)} tokens, expected {n}"
         total += len(tokens)
@@ -82,7 +86,9 @@ def main() -> None:
     parser.add_argument("--device", default=None, help="worker --device (default: auto)")
     parser.add_argument("--baseline-json", default=None, help="offline.py --out JSON of the same workload")
     parser.add_argument("--timeout-s", type=float, default=600)
-    parser.add_argument("--repeat", type=int, default=2, help="timed runs (the figure is the fastest)")
+    parser.add_argument(
+        "--repeat", type=int, default=3, help="timed runs, fresh prompt ids each (the median counts)"
+    )
     parser.add_argument("--out", default=None, help="write the figures as JSON here")
     args = parser.parse_args()
 
@@ -111,10 +117,10 @@ def main() -> None:
             )
             runs_s = []
             for r in range(args.repeat):
-                jobs = _jobs(f"j{r}-", workload, args.temperature)
+                jobs = _jobs(f"j{r}-", fresh_copy(workload, r), args.temperature)
                 runs_s.append(_run_jobs(client, collector, jobs, work / f"out{r}.jsonl", args.timeout_s))
                 tokens = _check(work / f"out{r}.jsonl", jobs)
-            e2e_s = min(runs_s)
+            e2e_s = statistics.median(runs_s)
             client.close()
         finally:
             worker.send_signal(signal.SIGTERM)
@@ -136,7 +142,9 @@ def main() -> None:
         engine_runs = [
             r for r in (runs if isinstance(runs, list) else [runs]) if r["engine"] == "radixq[default]"
         ]
-        result["engine_s"] = min(r["seconds"] for r in engine_runs)
+        result["engine_s"] = statistics.median(
+            t for r in engine_runs for t in r.get("runs_s", [r["seconds"]])
+        )
         result["overhead"] = e2e_s / result["engine_s"] - 1
     print(json.dumps(result))
     print(
