@@ -6,7 +6,7 @@ B="python3 benchmarks/offline.py"
 quiet() { grep -v '^{' | grep -v -i warn; }
 timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_engine_gpu.py \
     tests/gpu/test_flashinfer_backend.py 2>&1 | tee $OUT/gpu_tests.log | tail -4
-timeout 150 $B --variants default,no-overlap,no-cuda-graph,naive,page16 --out $OUT/ablations.json \
+timeout 150 $B --variants default,no-overlap,no-cuda-graph,naive,page1 --out $OUT/ablations.json \
     2>&1 | tee $OUT/ablations.log | quiet | tail -8
 RADIXQ_TRITON=0 timeout 60 $B --out $OUT/no_triton.json 2>&1 | tee $OUT/no_triton.log | quiet | tail -2
 timeout 90 $B --variants default,no-overlap --profile-steps --out $OUT/profile.json 2>&1 \
