@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -58,6 +59,10 @@ def run_scheduler(config: EngineConfig, io: SchedulerIO, detokenize: Detokenize 
         from worker.engine.profile import StepProfiler
 
         profiler = StepProfiler.install(scheduler)
+    # The loop allocates a little every step; a full collection walking the loaded model's and
+    # the caches' objects would stall it for tens of ms. Frozen objects are never walked.
+    gc.collect()
+    gc.freeze()
     io.send([ready_message(scheduler)])
     try:
         with torch.inference_mode():
