@@ -91,6 +91,22 @@ def gpu_median_ms(fn: Callable[[], object], reps: int = 10, inner: int = 1) -> f
     return statistics.median(times)
 
 
+def profiled_kernels(fn: Callable[[], object], calls: int) -> list[tuple[float, float, str]]:
+    """(GPU us, launches, kernel name) per call of fn, over ``calls`` profiled calls, largest first."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    rows = [
+        ((getattr(e, "device_time_total", 0) or 0) / calls, e.count / calls, e.key[:100])
+        for e in prof.key_averages()
+    ]
+    return sorted((r for r in rows if r[0] > 0), reverse=True)
+
+
 def kernel_family(name: str) -> str:
     lowered = name.lower()
     if any(
@@ -108,7 +124,6 @@ def kernel_family(name: str) -> str:
 
 def run_engine(args: argparse.Namespace) -> dict:
     import torch
-    from torch.profiler import ProfilerActivity, profile
 
     from producer.schema import SamplingParams
     from worker.attention.base import BatchLayout
@@ -157,22 +172,14 @@ def run_engine(args: argparse.Namespace) -> dict:
             engine.sampler.sample(logits, sampling)
 
         ms = gpu_median_ms(step, reps=args.reps)
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(5):
-                step()
-            torch.cuda.synchronize()
+        kernels = profiled_kernels(step, calls=5)
         families: dict[str, list[float]] = {}
-        kernels = []
-        for event in prof.key_averages():
-            device_us = getattr(event, "device_time_total", 0) or 0
-            if device_us <= 0:
-                continue
-            entry = families.setdefault(kernel_family(event.key), [0.0, 0.0])
-            entry[0] += device_us / 5e3
-            entry[1] += event.count / 5
-            kernels.append((device_us / 5, event.count / 5, event.key[:100]))
+        for us, count, name in kernels:
+            entry = families.setdefault(kernel_family(name), [0.0, 0.0])
+            entry[0] += us / 1e3
+            entry[1] += count
         if t in args.show_kernels:
-            for us, count, name in sorted(kernels, reverse=True)[:20]:
+            for us, count, name in kernels[:20]:
                 print(f"    {us:8.1f} us {count:5.0f}x  {name}")
         kv_gb = (
             sum(seq_lens)
@@ -183,7 +190,7 @@ def run_engine(args: argparse.Namespace) -> dict:
         )
         row = {"step": t, "batch": batch, "graph_bs": bs, "ms": ms, "kv_gb": kv_gb, "families": families}
         results.append(row)
-        fam = "  ".join(f"{k} {v[0]:.3f} ms/{v[1]:.0f}k" for k, v in sorted(families.items()))
+        fam = "  ".join(f"{k} {v[0]:.3f} ms/{v[1]:.0f} kernels" for k, v in sorted(families.items()))
         print(f"step {t:5d} B {batch:3d} (graph {bs:3d}) {ms:7.3f} ms  KV {kv_gb:6.2f} GB  {fam}", flush=True)
     prefill = _prefill_step(engine, prompt_lens, rows, args.prefill_tokens) if args.prefill_tokens else None
     last = max(workload.max_tokens) - 1
@@ -202,7 +209,6 @@ def run_engine(args: argparse.Namespace) -> dict:
 def _prefill_step(engine, prompt_lens: list[int], rows, num_tokens: int) -> dict:
     """One eager prefill pass of the first prompts (fresh, nothing cached) up to num_tokens."""
     import torch
-    from torch.profiler import ProfilerActivity, profile
 
     from worker.attention.base import BatchLayout
     from worker.engine.forward import ForwardBatch
@@ -239,16 +245,10 @@ def _prefill_step(engine, prompt_lens: list[int], rows, num_tokens: int) -> dict
 
     with torch.inference_mode():
         ms = gpu_median_ms(step, reps=5)
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            step()
-            torch.cuda.synchronize()
-    kernels = sorted(
-        ((getattr(e, "device_time_total", 0) or 0, e.count, e.key[:100]) for e in prof.key_averages()),
-        reverse=True,
-    )
+        kernels = profiled_kernels(step, calls=1)
     print(f"prefill of {total} tokens ({len(lens)} prompts): {ms:.2f} ms (GPU, eager, plan included)")
     for us, count, name in kernels[:16]:
-        print(f"    {us:8.1f} us {count:5d}x  {name}")
+        print(f"    {us:8.1f} us {count:5.0f}x  {name}")
     return {"tokens": total, "ms": ms, "kernels": kernels[:40]}
 
 

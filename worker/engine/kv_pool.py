@@ -49,11 +49,6 @@ class KVPool:
     def v_buffer(self, layer_id: int) -> torch.Tensor:
         return self._v[layer_id]
 
-    def location_strides(self) -> tuple[int, int, int]:
-        """Element strides of (page, head, token in page) in a layer buffer."""
-        stride = self._k.stride()
-        return stride[1], stride[2], stride[3]
-
     def gather(self, layer_id: int, locs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V at locations locs ([N]) as [N, kv_heads, head_dim] each."""
         page, off = self._split(locs)
@@ -67,8 +62,6 @@ class KVPool:
 
     def _split(self, locs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         locs = locs.long()
-        if self.page_size == 1:
-            return locs, torch.zeros_like(locs)
         return torch.div(locs, self.page_size, rounding_mode="floor"), locs % self.page_size
 
     @staticmethod
