@@ -68,5 +68,6 @@ def run_scheduler(config: EngineConfig, io: SchedulerIO, detokenize: Detokenize 
         with torch.inference_mode():
             scheduler.run()
     finally:
+        gc.unfreeze()  # let shutdown collect them (frozen objects read as leaks to nanobind at exit)
         if profiler is not None:
             logger.warning("step profile: %s", json.dumps(profiler.summary()))
