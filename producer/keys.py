@@ -64,6 +64,19 @@ class QueueKeys:
         return self._key("workers")
 
     @property
+    def meta(self) -> str:
+        """Hash with the queue's ``epoch`` (a random token written once, by the first enqueue)
+        and ``created_ms``. Workers and collectors remember the epoch they saw: when Redis
+        comes back without it, or with another one, they know it lost the queue's data."""
+        return self._key("meta")
+
+    @property
+    def requeued(self) -> str:
+        """Hash job id -> times ``dlq requeue`` put it back: a resumed collect replaces the
+        dead-letter row of such a job with its new result."""
+        return self._key("requeued")
+
+    @property
     def group(self) -> str:
         return GROUP
 
@@ -76,3 +89,7 @@ FIELD_RESULT = "result"
 FIELD_ENTRY = "entry"
 FIELD_REASON = "reason"
 FIELD_ATTEMPTS = "attempts"
+# Fields of the meta hash.
+META_EPOCH = "epoch"
+META_CREATED_MS = "created_ms"
+META_RESULTS_TRIMMED = "results_trimmed"  # results-stream entries below this id were trimmed

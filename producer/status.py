@@ -22,6 +22,10 @@ class Heartbeat(msgspec.Struct, frozen=True, kw_only=True):
     completed: int = 0
     state: str = "running"  # running | draining
     last_seen_ms: int = 0
+    interval_s: float = 2.0  # how often it writes this; status calls it dead after several misses
+    engine_restarts: int = 0  # scheduler processes restarted after a crash
+    unattributed_crashes: int = 0  # engine crashes no single job reproduced (a workload shape)
+    data_losses: int = 0  # times it saw Redis lose the queue's data (epoch gone or changed)
 
 
 class ConsumerStatus(msgspec.Struct, frozen=True, kw_only=True):

@@ -1,0 +1,7 @@
+"""Exit codes of every radixq command (documented in the README)."""
+
+from __future__ import annotations
+
+OK = 0  # everything asked for is done
+JOBS_FAILED = 1  # some jobs failed, were rejected, dead-lettered, lost or have no result yet
+USAGE = 2  # usage, configuration or connection error: nothing (more) could be done

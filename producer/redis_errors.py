@@ -1,0 +1,90 @@
+"""What a Redis error means for radixq: wait and retry, or stop with one clear line.
+
+    transient  connection refused/reset, timeouts, LOADING, OOM at maxmemory, READONLY
+               replica, MISCONF, TRYAGAIN, CLUSTERDOWN: Redis will (or may) come back;
+               back off and retry, keeping what must be written.
+    fatal      wrong password, ACL denial, TLS certificate verification: retrying cannot
+               help; say what, where and what to do, and exit non-zero.
+    other      anything else (a bug, a wrong key type): not ours to hide.
+
+redis-py's AuthenticationError is a ConnectionError, so the order of the checks matters.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+import redis
+
+Kind = Literal["transient", "fatal", "other"]
+
+_FATAL_TYPES = (
+    redis.AuthenticationError,
+    redis.exceptions.AuthorizationError,
+    redis.exceptions.AuthenticationWrongNumberOfArgsError,
+    redis.exceptions.NoPermissionError,
+)
+_FATAL_WORDS = ("NOAUTH", "WRONGPASS", "NOPERM", "certificate verify failed", "CERTIFICATE_VERIFY_FAILED")
+_TRANSIENT_TYPES = (
+    redis.ConnectionError,  # includes BusyLoadingError (LOADING)
+    redis.TimeoutError,
+    redis.exceptions.OutOfMemoryError,
+    redis.exceptions.ReadOnlyError,
+    redis.exceptions.TryAgainError,
+    redis.exceptions.ClusterDownError,
+)
+_TRANSIENT_PREFIXES = (
+    "LOADING",
+    "OOM",
+    "READONLY",
+    "MISCONF",
+    "TRYAGAIN",
+    "CLUSTERDOWN",
+    "MASTERDOWN",
+    "NOREPLICAS",
+)
+
+
+class FatalRedisError(Exception):
+    """A Redis error retrying cannot fix; ``str()`` is the one line to show the user."""
+
+
+def classify(exc: BaseException) -> Kind:
+    """transient, fatal or other (see the module docstring)."""
+    if not isinstance(exc, redis.RedisError):
+        return "other"
+    text = str(exc)
+    if isinstance(exc, _FATAL_TYPES) or any(word in text for word in _FATAL_WORDS):
+        return "fatal"
+    if isinstance(exc, _TRANSIENT_TYPES) or text.startswith(_TRANSIENT_PREFIXES):
+        return "transient"
+    if isinstance(exc, redis.ExecAbortError) and "OOM" in text:
+        return "transient"
+    return "other"
+
+
+def redact(url: str) -> str:
+    """The URL without its password (``redis://user:***@host:port/db``)."""
+    return re.sub(r"(//[^:/@]*:)[^@/]*@", r"\1***@", url)
+
+
+def describe(exc: BaseException, url: str) -> str:
+    """One line: what went wrong, where, and what to do about it."""
+    where = redact(url)
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    if isinstance(
+        exc, (redis.AuthenticationError, redis.exceptions.AuthenticationWrongNumberOfArgsError)
+    ) or any(word in text for word in ("NOAUTH", "WRONGPASS")):
+        hint = "check the password in --redis-url (redis://user:password@host:port/db)"
+    elif isinstance(exc, redis.exceptions.NoPermissionError) or "NOPERM" in text:
+        hint = "the Redis user lacks a permission radixq needs (streams, hashes, lists on radixq:* keys)"
+    elif "certificate verify failed" in text or "CERTIFICATE_VERIFY_FAILED" in text:
+        hint = "the server's TLS certificate was not trusted (ssl_ca_certs=... in the rediss:// URL)"
+    elif isinstance(exc, redis.exceptions.OutOfMemoryError) or text.startswith("OOM"):
+        hint = "Redis is at maxmemory: collect results (which trims them) or raise maxmemory"
+    elif isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
+        hint = "is redis-server running there? (set --redis-url or RADIXQ_REDIS_URL)"
+    else:
+        hint = ""
+    return f"redis at {where}: {text}" + (f"; {hint}" if hint else "")
