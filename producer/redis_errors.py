@@ -59,7 +59,7 @@ def classify(exc: BaseException) -> Kind:
         return "fatal"
     if isinstance(exc, _TRANSIENT_TYPES) or text.startswith(_TRANSIENT_PREFIXES):
         return "transient"
-    if isinstance(exc, redis.ExecAbortError) and "OOM" in text:
+    if isinstance(exc, redis.exceptions.ExecAbortError) and "OOM" in text:
         return "transient"
     return "other"
 

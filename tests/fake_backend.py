@@ -36,6 +36,8 @@ def prompt_tokens(job: Job) -> int:
 
 class FakeBackend:
     model_name = "fake-model"
+    restarts = 0
+    unattributed_crashes = 0
 
     def __init__(self, capacity: int = 64, latency_s: float = 0.0, max_completion_tokens: int = 8) -> None:
         self.capacity = capacity
@@ -91,7 +93,7 @@ class FakeBackend:
         usage = Usage(prompt_tokens=prompt_tokens(job), completion_tokens=count * job.sampling.n)
         return Result(id=job.id, choices=choices, usage=usage)
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 30.0) -> None:
         self.closed = True
 
 

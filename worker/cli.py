@@ -39,6 +39,24 @@ DrainOption = Annotated[
 ]
 
 
+ReadWindowOption = Annotated[
+    int,
+    typer.Option(
+        "--read-window",
+        envvar="RADIXQ_READ_WINDOW",
+        help="Most jobs held at once (0: as many as the engine can run now).",
+    ),
+]
+TrimJobsOption = Annotated[
+    bool,
+    typer.Option(
+        "--trim-jobs/--keep-jobs",
+        envvar="RADIXQ_TRIM_JOBS",
+        help="Trim acknowledged entries from the jobs stream (results and dead letters keep what counts).",
+    ),
+]
+
+
 def worker(
     queue: QueueOption = "default",
     redis_url: RedisUrlOption = None,
@@ -50,35 +68,67 @@ def worker(
     min_idle_s: MinIdleOption = 60.0,
     max_attempts: MaxAttemptsOption = 3,
     drain_timeout_s: DrainOption = 30.0,
+    read_window: ReadWindowOption = 0,
+    trim_jobs: TrimJobsOption = True,
     log_level: Annotated[str, typer.Option("--log-level", envvar="RADIXQ_LOG_LEVEL")] = "INFO",
 ) -> None:
-    """Consume jobs until SIGINT/SIGTERM, then drain gracefully and exit 0."""
+    """Consume jobs until SIGINT/SIGTERM, then drain (within --drain-timeout-s) and exit 0.
+
+    Exit codes: 0 after a drain; 1 when the engine could not be kept running; 2 for usage,
+    configuration or Redis connection errors (wrong password, ACL, TLS)."""
+    from producer import exits
     from producer.client import connect
+    from producer.redis_errors import FatalRedisError, classify, describe
+    from worker.frontend.process import EngineStartError
+    from worker.queue.backend import BackendUnavailable
     from worker.queue.config import ConsumerConfig, default_worker_name
     from worker.queue.consumer import Consumer
     from worker.queue.factory import BackendOptions, create_backend
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if config is not None and not config.is_file():
-        fail(f"--config {config}: no such file")
-    consumer_config = ConsumerConfig(
-        queue=queue,
-        name=name or default_worker_name(),
-        min_idle_s=min_idle_s,
-        max_attempts=max_attempts,
-        drain_timeout_s=drain_timeout_s,
-    )
+        fail(f"--config {config}: no such file", exits.USAGE)
+    url = resolve_redis_url(redis_url)
+    try:
+        consumer_config = ConsumerConfig(
+            queue=queue,
+            name=name or default_worker_name(),
+            redis_url=url,
+            min_idle_s=min_idle_s,
+            max_attempts=max_attempts,
+            drain_timeout_s=drain_timeout_s,
+            read_window=read_window,
+            trim_jobs=trim_jobs,
+        )
+    except ValueError as exc:
+        fail(str(exc), exits.USAGE)
+    client = connect(url)
+    try:  # before loading a model for minutes: a Redis that will never let us in
+        client.ping()
+    except Exception as exc:
+        if classify(exc) == "fatal":
+            fail(describe(exc, url), exits.USAGE)
+        logging.getLogger("radixq.worker").warning(
+            "%s; the worker retries once it has started", describe(exc, url)
+        )
     options = BackendOptions(
-        model=model,
-        device=device,
-        config=str(config) if config else None,
-        worker_name=consumer_config.name,
+        model=model, device=device, config=str(config) if config else None, worker_name=consumer_config.name
     )
-    generation = create_backend(backend, options)
-    consumer = Consumer(connect(resolve_redis_url(redis_url)), generation, consumer_config)
+    try:
+        generation = create_backend(backend, options)
+    except (EngineStartError, ValueError, TypeError, ImportError) as exc:
+        fail(str(exc), exits.USAGE)
+    except KeyboardInterrupt:
+        fail("interrupted while the engine was starting", exits.JOBS_FAILED)
+    consumer = Consumer(client, generation, consumer_config)
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: consumer.request_stop())
-    consumer.run()
+    try:
+        consumer.run()
+    except FatalRedisError as exc:
+        fail(str(exc), exits.USAGE)
+    except BackendUnavailable as exc:
+        fail(f"the engine could not be kept running: {exc}", exits.JOBS_FAILED)
 
 
 def run(

@@ -47,3 +47,35 @@ def start_worker(
             stdout=log,
             stderr=subprocess.STDOUT,
         )
+
+
+def process_state(pid: int) -> str | None:
+    """The state letter of ``pid`` (R, S, Z, ...), None when there is no such process."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    line = next(line for line in status.splitlines() if line.startswith("State:"))
+    return line.split()[1]
+
+
+def is_alive(pid: int) -> bool:
+    """Running or sleeping; a zombie counts as gone (PID 1 here does not reap orphans)."""
+    return process_state(pid) not in (None, "Z", "X")
+
+
+def children(pid: int, command_part: str = "") -> list[int]:
+    """Live child processes of ``pid`` whose command line contains ``command_part``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            status = (entry / "status").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+        ppid = next((line.split()[1] for line in status.splitlines() if line.startswith("PPid:")), "")
+        if ppid == str(pid) and command_part in cmdline and is_alive(int(entry.name)):
+            found.append(int(entry.name))
+    return found

@@ -1,97 +1,104 @@
-"""EngineBackend: the queue consumer's GenerationBackend over a scheduler process.
+"""EngineBackend: the queue consumer's GenerationBackend over a supervised scheduler process.
 
     consumer --submit(Job)--> tokenize --ZMQ--> scheduler process (engine, GPU)
     consumer <--poll()------- detokenize, Result <--ZMQ-- RequestFinished
 
 The scheduler runs in its own process so Redis I/O and tokenization never take its GIL.
+
+Supervision: when the scheduler process dies, the jobs it held are sent again to a fresh one.
+The jobs of the step that failed (all it held when it could not say) become suspects and run
+one at a time, everything else waiting behind them; a suspect that crashes the engine while it
+is the only job there is the culprit and gets an ``engine_crash`` result (the consumer counts
+the attempt, and sends it back or dead-letters it). When every suspect finishes alone, the
+crash was a workload shape, not a job: nobody is blamed and the event is counted.
 """
 
 from __future__ import annotations
 
 import itertools
-import multiprocessing
-import shutil
-import tempfile
+import logging
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
 from producer.schema import Job, Result, Timings, error_result
 from worker.engine.config import EngineConfig
-from worker.frontend.channel import FrontendChannel, ZmqSchedulerIO
+from worker.frontend.channel import PeerGone
+from worker.frontend.process import SchedulerProcess
 from worker.frontend.results import build_result
 from worker.models.tokenizer import NoTokenizer, load_tokenizer_or_none, prompt_ids
-from worker.scheduler.messages import (
-    GenerateRequest,
-    RequestFinished,
-    SchedulerReady,
-    ShutdownRequest,
-)
+from worker.queue.backend import ENGINE_CRASH, BackendUnavailable
+from worker.scheduler.messages import GenerateRequest, RequestFinished
 
-INFLIGHT_PER_SLOT = 2  # jobs held per running slot: enough to keep the scheduler fed
+log = logging.getLogger("radixq.engine")
+
+# Waits before starting a scheduler again: after a crash, then after each failed start in a row;
+# when they run out, the engine is given up (BackendUnavailable).
+RESTART_DELAYS_S = (0.0, 1.0, 5.0, 15.0, 30.0)
 
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def _scheduler_main(config: EngineConfig, inbound_addr: str, outbound_addr: str) -> None:
-    """Entry of the scheduler process."""
-    from worker.scheduler import run_scheduler
-
-    io = ZmqSchedulerIO(inbound_addr, outbound_addr)
-    try:
-        run_scheduler(config, io)
-    finally:
-        io.close()
-
-
 @dataclass(frozen=True)
-class _InFlight:
+class _Entry:
+    uid: str
     job: Job
+    input_ids: list[int]
     started_at_ms: int
 
 
 class EngineBackend:
-    """Runs jobs on a scheduler process; see worker.queue.backend.GenerationBackend."""
+    """Runs jobs on a supervised scheduler process; see worker.queue.backend.GenerationBackend."""
 
-    def __init__(self, config: EngineConfig, *, worker_name: str = "", ready_timeout_s: float = 900) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        *,
+        worker_name: str = "",
+        ready_timeout_s: float = 900,
+        restart_delays_s: tuple[float, ...] = RESTART_DELAYS_S,
+    ) -> None:
         self.config = config
         self.worker_name = worker_name
-        self._socket_dir = tempfile.mkdtemp(prefix="radixq-")
-        self._channel = FrontendChannel(self._socket_dir)
-        self._process = multiprocessing.get_context("spawn").Process(
-            target=_scheduler_main,
-            args=(config, self._channel.inbound_addr, self._channel.outbound_addr),
-            name="radixq-scheduler",
-            daemon=True,
-        )
-        self._process.start()
-        self._inflight: dict[str, _InFlight] = {}
-        self._done: list[Result] = []
-        self._uids = itertools.count()
-        ready = self._wait_ready(ready_timeout_s)
+        self.ready_timeout_s = ready_timeout_s
+        self.restart_delays_s = restart_delays_s
+        self.restarts = 0
+        self.unattributed_crashes = 0
+        self._proc: SchedulerProcess | None = SchedulerProcess(config)
+        try:
+            ready = self._proc.wait_ready(ready_timeout_s)
+        except BaseException:
+            self._proc.stop(0)
+            raise
         self.model_name = ready.model_name or config.model
-        self.max_inflight = ready.max_running_reqs * INFLIGHT_PER_SLOT
+        self.max_running = ready.max_running_reqs
         self._tokenizer = load_tokenizer_or_none(ready.model_path)
+        self._uids = itertools.count()
+        self._inflight: dict[str, _Entry] = {}  # sent to the current scheduler process
+        self._waiting: deque[_Entry] = deque()  # not sent yet: a restart or a suspect runs first
+        self._suspects: set[str] = set()  # job ids that run alone until they finish
+        self._done: list[Result] = []
+        self._start_at = 0.0  # when to start the next process (while self._proc is None)
+        self._failed_starts = 0
+        self._crash_reason: str | None = None  # the unexplained crash suspects are re-run for
 
-    def _wait_ready(self, timeout_s: float) -> SchedulerReady:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            self._check_alive()
-            for message in self._channel.receive(timeout_s=1.0):
-                if isinstance(message, SchedulerReady):
-                    return message
-        self.close()
-        raise TimeoutError(f"scheduler did not load {self.config.model!r} within {timeout_s:.0f} s")
+    # ---- GenerationBackend -----------------------------------------------------------------
 
-    def _check_alive(self) -> None:
-        if not self._process.is_alive():
-            code = self._process.exitcode
-            raise RuntimeError(f"the scheduler process exited (code {code}); see its log above")
+    @property
+    def isolating(self) -> bool:
+        """A suspect waits or runs: nothing new is taken until it is settled."""
+        if not self._suspects:
+            return False
+        entries = itertools.chain(self._waiting, self._inflight.values())
+        return any(entry.job.id in self._suspects for entry in entries)
 
     def free_capacity(self) -> int:
-        return max(0, self.max_inflight - len(self._inflight))
+        if self._proc is None or self._proc.ready is None or self.isolating:
+            return 0
+        return max(0, self.max_running - len(self._inflight) - len(self._waiting))
 
     def submit(self, job: Job) -> None:
         started_at_ms = _now_ms()
@@ -102,38 +109,133 @@ class EngineBackend:
                     raise ValueError(f"model {self.model_name!r} ships no tokenizer; send input_ids")
                 input_ids = prompt_ids(self._tokenizer, prompt=job.prompt, messages=job.messages)
         except Exception as exc:  # a template or tokenizer failure belongs to this job alone
-            self._done.append(
-                error_result(
-                    job.id,
-                    "invalid_job",
-                    f"job {job.id!r}: could not tokenize the {job.prompt_kind}: {exc}",
-                    metadata=job.metadata,
-                    model=self.model_name,
-                    worker=self.worker_name,
-                )
-            )
+            message = f"job {job.id!r}: could not tokenize the {job.prompt_kind}: {exc}"
+            self._done.append(self._error(job, "invalid_job", message))
             return
-        uid = str(next(self._uids))
-        self._inflight[uid] = _InFlight(job, started_at_ms)
-        self._channel.send(GenerateRequest(uid=uid, input_ids=list(input_ids), sampling=job.sampling))
+        self._waiting.append(_Entry(str(next(self._uids)), job, list(input_ids), started_at_ms))
+        self._feed()
 
     def poll(self, timeout_s: float) -> list[Result]:
-        if not self._done:
-            self._check_alive()
-        wait_s = 0.0 if self._done else timeout_s
-        for message in self._channel.receive(wait_s):
-            if isinstance(message, RequestFinished):
-                self._done.append(self._result(message))
+        self._supervise()
+        if self._proc is not None and self._proc.ready is not None:
+            self._receive(0.0 if self._done else timeout_s)
+            self._supervise()
+        elif not self._done and timeout_s > 0:
+            time.sleep(min(timeout_s, 0.05))  # starting a process: nothing can arrive yet
+        self._feed()
         results, self._done = self._done, []
         return results
 
-    def _result(self, finished: RequestFinished) -> Result:
-        entry = self._inflight.pop(finished.uid)
+    def close(self, timeout_s: float = 30.0) -> None:
+        if self._proc is not None:
+            self._proc.stop(timeout_s)
+            self._proc = None
+
+    # ---- supervision -----------------------------------------------------------------------
+
+    def _receive(self, timeout_s: float) -> None:
+        assert self._proc is not None
+        for message in self._proc.receive(timeout_s):
+            if isinstance(message, RequestFinished):
+                entry = self._inflight.pop(message.uid, None)
+                if entry is not None:
+                    self._finished(entry, message)
+
+    def _supervise(self) -> None:
+        """Notice a dead process, start a new one when due, notice when it is ready."""
+        proc = self._proc
+        if proc is None:
+            if time.monotonic() >= self._start_at:
+                self._proc = SchedulerProcess(self.config)
+                self.restarts += 1
+            return
+        if proc.ready is None:  # a restarted process, still loading
+            proc.receive(0.0)
+            if proc.ready is not None:
+                log.warning("scheduler process restarted (%d restarts so far)", self.restarts)
+                self._failed_starts = 0
+            elif proc.failure is not None or not proc.alive:
+                self._start_failed(f"the engine could not start again: {proc.describe_exit()}")
+            elif time.monotonic() - proc.started_at > self.ready_timeout_s:
+                self._start_failed(f"the engine did not load within {self.ready_timeout_s:.0f} s")
+            return
+        if not proc.alive:
+            self._receive(0.0)  # what it finished before dying counts
+            self._crashed(proc.describe_exit(), proc.failure.suspect_uids if proc.failure else None)
+
+    def _start_failed(self, why: str) -> None:
+        assert self._proc is not None
+        self._proc.stop(0)
+        self._proc = None
+        self._failed_starts += 1
+        if self._failed_starts >= len(self.restart_delays_s):
+            raise BackendUnavailable(f"{why} ({self._failed_starts} tries)")
+        delay = self.restart_delays_s[self._failed_starts]
+        log.error("%s; trying again in %.0f s", why, delay)
+        self._start_at = time.monotonic() + delay
+
+    def _crashed(self, reason: str, failing_uids: list[str] | None) -> None:
+        assert self._proc is not None
+        held = list(self._inflight.values())
+        self._inflight.clear()
+        self._proc.stop(0)
+        self._proc = None
+        self._start_at = time.monotonic() + self.restart_delays_s[0]
+        if len(held) == 1:  # it ran alone: the crash is its own
+            (culprit,) = held
+            log.error("job %s crashed the engine while it ran alone: %s", culprit.job.id, reason)
+            self._suspects.add(culprit.job.id)
+            self._crash_reason = None
+            self._done.append(self._error(culprit.job, ENGINE_CRASH, reason))
+            return
+        named = set(failing_uids or ())
+        suspects = [e for e in held if e.uid in named] or held
+        others = [e for e in held if e not in suspects]
+        self._suspects.update(e.job.id for e in suspects)
+        self._crash_reason = reason
+        log.error(
+            "the engine crashed holding %d jobs (%s); re-running %d suspects one at a time",
+            len(held),
+            reason,
+            len(suspects),
+        )
+        self._waiting.extendleft(reversed(suspects + others))
+
+    def _feed(self) -> None:
+        """Send waiting jobs: in order, a suspect only to an empty scheduler, nothing beside it."""
+        proc = self._proc
+        if proc is None or proc.ready is None:
+            return
+        while self._waiting:
+            if any(e.job.id in self._suspects for e in self._inflight.values()):
+                return
+            entry = self._waiting[0]
+            if entry.job.id in self._suspects and self._inflight:
+                return
+            try:
+                proc.send(
+                    GenerateRequest(uid=entry.uid, input_ids=entry.input_ids, sampling=entry.job.sampling)
+                )
+            except PeerGone:
+                return  # it died; _supervise restarts it and this entry waits for the next one
+            self._waiting.popleft()
+            self._inflight[entry.uid] = entry
+
+    def _finished(self, entry: _Entry, finished: RequestFinished) -> None:
         job = entry.job
+        if job.id in self._suspects:
+            self._suspects.discard(job.id)
+            if self._crash_reason is not None and not self.isolating:
+                self.unattributed_crashes += 1
+                log.warning(
+                    "no single job reproduces the engine crash (%s): a workload shape; nobody blamed "
+                    "(%d such crashes so far)",
+                    self._crash_reason,
+                    self.unattributed_crashes,
+                )
+                self._crash_reason = None
         timings = Timings(
-            enqueued_at_ms=job.enqueued_at_ms,
-            started_at_ms=entry.started_at_ms,
-            finished_at_ms=_now_ms(),
+            enqueued_at_ms=job.enqueued_at_ms, started_at_ms=entry.started_at_ms, finished_at_ms=_now_ms()
         )
         if finished.error_code is not None:
             message = f"job {job.id!r}: {finished.error_message or finished.error_code}"
@@ -145,25 +247,22 @@ class EngineBackend:
                 error_code=finished.error_code,
                 error_message=message,
             )
-        return build_result(
-            job.id,
-            finished,
-            self._tokenizer or NoTokenizer(),
-            metadata=job.metadata,
-            model=self.model_name,
-            worker=self.worker_name,
-            timings=timings,
+        self._done.append(
+            build_result(
+                job.id,
+                finished,
+                self._tokenizer or NoTokenizer(),
+                metadata=job.metadata,
+                model=self.model_name,
+                worker=self.worker_name,
+                timings=timings,
+            )
         )
 
-    def close(self) -> None:
-        if self._process.is_alive():
-            self._channel.send(ShutdownRequest())
-            self._process.join(timeout=30)
-        if self._process.is_alive():
-            self._process.terminate()
-            self._process.join(timeout=10)
-        self._channel.close()
-        shutil.rmtree(self._socket_dir, ignore_errors=True)
+    def _error(self, job: Job, code: str, message: str) -> Result:
+        return error_result(
+            job.id, code, message, metadata=job.metadata, model=self.model_name, worker=self.worker_name
+        )
 
 
 def create_backend(options: dict[str, Any]) -> EngineBackend:

@@ -4,6 +4,8 @@
     front end  <--PULL ipc://.../out  PUSH--   scheduler   (SchedulerReady, RequestFinished)
 
 Both directions carry msgpack frames of worker.scheduler.messages, one message a frame.
+Neither side ever blocks on a peer that died: a PUSH with no peer would wait forever, so
+sends time out and the sender checks whether its peer still lives.
 """
 
 from __future__ import annotations
@@ -23,6 +25,11 @@ from worker.scheduler.messages import (
 )
 
 _PARENT_CHECK_MS = 1000
+_SEND_TIMEOUT_MS = 1000
+
+
+class PeerGone(ConnectionError):
+    """The other end of the channel is not taking messages (its process died)."""
 
 
 def _drain(socket: zmq.Socket, decoder: msgspec.msgpack.Decoder) -> list[Any]:
@@ -44,12 +51,17 @@ class FrontendChannel:
         self.outbound_addr = f"ipc://{socket_dir}/out"
         self._ctx = zmq.Context()
         self._push = self._ctx.socket(zmq.PUSH)
+        self._push.setsockopt(zmq.SNDHWM, 0)  # NOTE: no limit, so a full queue never reads as a dead peer
         self._push.bind(self.inbound_addr)
         self._pull = self._ctx.socket(zmq.PULL)
         self._pull.bind(self.outbound_addr)
 
     def send(self, message: Inbound) -> None:
-        self._push.send(encoder.encode(message))
+        """Queue one message for the scheduler; PeerGone when none is connected to take it."""
+        try:
+            self._push.send(encoder.encode(message), zmq.NOBLOCK)
+        except zmq.Again:
+            raise PeerGone("the scheduler process is not connected") from None
 
     def receive(self, timeout_s: float) -> list[Outbound]:
         """Every message available, waiting up to ``timeout_s`` for the first."""
@@ -76,17 +88,27 @@ class ZmqSchedulerIO:
         self._pull = self._ctx.socket(zmq.PULL)
         self._pull.connect(inbound_addr)
         self._push = self._ctx.socket(zmq.PUSH)
+        self._push.setsockopt(zmq.SNDTIMEO, _SEND_TIMEOUT_MS)
         self._push.connect(outbound_addr)
+
+    def _check_parent(self) -> None:
+        if os.getppid() != self._parent_pid:
+            raise SystemExit("front end went away")
 
     def receive(self, block: bool) -> list[Inbound]:
         while block and not self._pull.poll(_PARENT_CHECK_MS):
-            if os.getppid() != self._parent_pid:
-                raise SystemExit("front end went away")
+            self._check_parent()
         return _drain(self._pull, inbound_decoder)
 
     def send(self, messages: list[Outbound]) -> None:
         for message in messages:
-            self._push.send(encoder.encode(message))
+            frame = encoder.encode(message)
+            while True:
+                try:
+                    self._push.send(frame)
+                    break
+                except zmq.Again:
+                    self._check_parent()
 
     def close(self) -> None:
         self._pull.close(linger=0)

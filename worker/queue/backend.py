@@ -6,6 +6,13 @@ from typing import Protocol
 
 from producer.schema import Job, Result
 
+ENGINE_CRASH = "engine_crash"  # error code: the job crashed the engine while it ran alone
+
+
+class BackendUnavailable(RuntimeError):
+    """The backend cannot run anything any more (its engine could not be restarted); the
+    consumer gives its jobs back to the queue and the worker exits."""
+
 
 class GenerationBackend(Protocol):
     """A front end to an engine, as the queue consumer drives it.
@@ -16,12 +23,20 @@ class GenerationBackend(Protocol):
     - ``submit(job)`` never raises for a bad job: it reports an error Result through
       ``poll`` instead (e.g. a prompt longer than the context), so one job cannot stop others.
     - ``poll(timeout_s)`` returns the Results finished since the last call, waiting up to
-      ``timeout_s`` for the first one; each submitted job yields exactly one Result.
-    - ``close()`` releases processes and memory; jobs not yet returned are abandoned (the
-      queue reclaims them).
+      ``timeout_s`` for the first one; each submitted job yields exactly one Result. A Result
+      with error code ENGINE_CRASH means the job crashed the engine when it ran alone (its
+      message says how the engine failed): the consumer counts an attempt and either submits
+      it again or dead-letters it. ``poll``
+      raises BackendUnavailable when the engine is gone for good.
+    - ``close(timeout_s)`` stops within ``timeout_s`` (then kills) and releases processes and
+      memory; jobs not yet returned are abandoned (the consumer gives them back to the queue).
+    - ``restarts`` and ``unattributed_crashes`` count engine restarts and crashes that no
+      single job reproduced (shown in the worker's heartbeat).
     """
 
     model_name: str
+    restarts: int
+    unattributed_crashes: int
 
     def free_capacity(self) -> int: ...
 
@@ -29,4 +44,4 @@ class GenerationBackend(Protocol):
 
     def poll(self, timeout_s: float) -> list[Result]: ...
 
-    def close(self) -> None: ...
+    def close(self, timeout_s: float = ...) -> None: ...

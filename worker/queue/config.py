@@ -17,17 +17,27 @@ def default_worker_name() -> str:
 class ConsumerConfig:
     queue: str = DEFAULT_QUEUE
     name: str = field(default_factory=default_worker_name)
+    redis_url: str = ""  # only for messages (shown without its password)
     block_s: float = 1.0  # longest XREADGROUP wait while nothing is held
     poll_s: float = 0.02  # longest wait for backend results while jobs are held
     read_batch: int = 256  # most entries one XREADGROUP returns
+    read_window: int = 0  # most jobs held at once; 0: as many as the backend can run now
     min_idle_s: float = 60.0  # an entry pending this long without renewal is reclaimed
-    max_attempts: int = 3  # deliveries allowed before the dead-letter stream
+    max_attempts: int = 3  # deliveries (or crashes when run alone) before the dead-letter stream
     heartbeat_s: float = 2.0
-    drain_timeout_s: float = 30.0
+    drain_timeout_s: float = 30.0  # SIGTERM to exit, all of it: finishing, giving back, stopping
     max_backoff_s: float = 5.0
+    trim_jobs: bool = True  # trim acknowledged entries from the jobs stream
+    housekeeping_s: float = 5.0  # how often to trim and to forget dead consumers
 
     def __post_init__(self) -> None:
-        if self.min_idle_s <= 0 or self.max_attempts < 1 or self.read_batch < 1:
+        if (
+            self.min_idle_s <= 0
+            or self.max_attempts < 1
+            or self.read_batch < 1
+            or self.read_window < 0
+            or self.drain_timeout_s < 0
+        ):
             raise ValueError(f"invalid consumer config: {self}")
 
     @property
@@ -42,3 +52,8 @@ class ConsumerConfig:
     @property
     def reclaim_every_s(self) -> float:
         return min(self.min_idle_s / 2, 5.0)
+
+    @property
+    def dead_after_ms(self) -> int:
+        """A consumer silent this long (no command, no heartbeat) and holding nothing is forgotten."""
+        return int(max(self.min_idle_s, 10 * self.heartbeat_s) * 1000)

@@ -1,11 +1,18 @@
 """The queue consumer: Redis Streams in, a GenerationBackend in the middle, results out.
 
-One thread runs the loop. Each step: move finished results into the outbox and write them
-(result + done mark + ack in one transaction), heartbeat, renew leases on held entries,
-reclaim entries of dead consumers, then read new entries - never more than the backend has
-room for (``free_capacity``), so a worker does not hoard jobs another worker could run.
-A lost Redis connection pauses the loop with exponential backoff; held jobs keep running
-and their results wait in the outbox, so nothing is dropped.
+One thread runs the loop. Each step: take finished results, renew leases on held entries,
+write results (result + done mark + ack in one transaction), heartbeat, settle jobs that
+crashed the engine, then, only once every result is written, reclaim entries of dead consumers
+and read new entries - never more than the backend has room for, so a worker does not hoard
+jobs another worker could run. Every few seconds it trims acknowledged entries and forgets
+consumers that died holding nothing.
+
+Failure belongs to the job: anything that goes wrong with one stream entry becomes that
+entry's error result. Redis errors are classified (producer.redis_errors): a transient one
+(connection lost, LOADING, OOM at maxmemory, READONLY) pauses the loop with backoff while held
+jobs keep running and their results wait in the outbox; a fatal one (password, ACL, TLS)
+raises FatalRedisError with one line to show. A Redis that comes back without the queue's
+epoch, or with fewer jobs-stream entries than were read, is reported as data loss.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -20,17 +28,21 @@ import msgspec
 import redis
 
 from producer.client import ensure_group
-from producer.keys import FIELD_ID, FIELD_JOB, QueueKeys
-from producer.schema import Job, JobError, Result, Timings, decode_job, error_result
+from producer.epoch import EpochWatch
+from producer.keys import FIELD_ID, FIELD_JOB, META_EPOCH, QueueKeys
+from producer.redis_errors import FatalRedisError, classify, describe
+from producer.schema import Job, JobError, Result, Timings, error_result
 from producer.status import Heartbeat, now_ms
-from worker.queue.backend import GenerationBackend
+from worker.queue.backend import ENGINE_CRASH, BackendUnavailable, GenerationBackend
 from worker.queue.config import ConsumerConfig
+from worker.queue.entries import Entry, decode_entry, read_entry
 from worker.queue.outbox import Completion, DeadLetter, Outbox
 from worker.queue.reclaimer import Reclaimer
+from worker.queue.retention import ConsumerJanitor, trim_acked_jobs
 
 log = logging.getLogger("radixq.worker")
 
-_RETRYABLE = (redis.ConnectionError, redis.TimeoutError)
+_MAX_UNEXPECTED = 5  # unexplained errors in a row before the worker gives up
 
 
 @dataclass
@@ -42,6 +54,13 @@ class _Held:
     data: bytes
     started_at_ms: int
     duplicates: list[str] = field(default_factory=list)
+    crashes: int = 0  # times it crashed the engine while it ran alone
+    crash: Result | None = None  # the last such crash, until settled
+
+
+def _entry_key(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
 
 
 class Consumer:
@@ -60,19 +79,32 @@ class Consumer:
         self.clock = clock
         self.outbox = Outbox(self.keys)
         self.reclaimer = Reclaimer(self.keys, self.name, config.min_idle_ms)
+        self.janitor = ConsumerJanitor(self.keys, self.name, config.dead_after_ms)
+        self.epoch = EpochWatch(self.keys)
         self.completed = 0
+        self.stream_losses = 0
         self._held: dict[str, _Held] = {}
+        self._crashed: deque[_Held] = deque()
         self._stop_requested = False
         self._force_stop = False
         self._backoff_s = 0.0
+        self._unexpected = 0
+        self._outage_since: float | None = None
+        self._verify_stream = False
+        self._last_read = (0, 0)  # highest jobs-stream entry id received
         self._next_heartbeat = 0.0
         self._next_renew = clock() + config.renew_every_s
         self._next_reclaim = 0.0
+        self._next_housekeeping = clock() + config.housekeeping_s
         self._group_ready = False
 
     @property
     def held(self) -> int:
         return len(self._held)
+
+    @property
+    def data_losses(self) -> int:
+        return self.epoch.losses + self.stream_losses
 
     def request_stop(self) -> None:
         """Stop reading and drain (safe from a signal handler); a second call stops draining."""
@@ -81,29 +113,79 @@ class Consumer:
         self._stop_requested = True
 
     def run(self) -> None:
-        """Consume until request_stop(), then drain and release what is still held."""
+        """Consume until request_stop(), then drain. Raises FatalRedisError (a Redis that will
+        not let us work) and BackendUnavailable (after giving the held jobs back)."""
         log.info("worker %s consuming %s (backend %s)", self.name, self.keys.jobs, self.backend.model_name)
-        while not self._stop_requested:
-            self.guarded(self.step)
+        try:
+            while not self._stop_requested:
+                self.guarded(self.step)
+        except BackendUnavailable as exc:
+            log.error("the engine is gone for good: %s; giving %d jobs back", exc, len(self._held))
+            self._force_stop = True
+            self.drain()
+            raise
+        except BaseException:
+            self.backend.close(0)
+            raise
         self.drain()
 
-    def guarded(self, action: Callable[[], object]) -> bool:
-        """Run ``action``; on a lost connection back off (collecting results meanwhile)."""
+    # ---- errors ----------------------------------------------------------------------------
+
+    def guarded(self, action: Callable[[], object], limit_s: float | None = None) -> bool:
+        """Run ``action``; a transient Redis error or an unexplained one backs off (at most
+        ``limit_s``) and returns False. Fatal Redis errors and BackendUnavailable propagate."""
         try:
             action()
-        except _RETRYABLE as exc:
-            self._backoff_s = min(self.config.max_backoff_s, max(0.05, self._backoff_s * 2))
-            log.warning("redis unavailable (%s); retrying in %.2fs", exc, self._backoff_s)
-            self._wait(self._backoff_s)
+        except redis.RedisError as exc:
+            kind = classify(exc)
+            if kind == "fatal":
+                raise FatalRedisError(describe(exc, self.config.redis_url)) from None
+            if "NOGROUP" in str(exc):
+                log.error(
+                    "the consumer group of %s is gone (Redis lost the queue's data, or it was deleted); "
+                    "creating it again",
+                    self.keys.jobs,
+                )
+                self._group_ready = False
+                self._verify_stream = True
+                return False
+            if kind == "transient":
+                if self._outage_since is None:
+                    self._outage_since = self.clock()
+                    log.warning(
+                        "redis unavailable (%s); %d results wait in the outbox, retrying",
+                        describe(exc, self.config.redis_url),
+                        len(self.outbox),
+                    )
+            else:
+                self._unexpected_error()
+            self._back_off(limit_s)
             return False
-        except redis.ResponseError as exc:
-            if "NOGROUP" not in str(exc):
-                raise
-            log.warning("consumer group missing (redis lost its data?); creating it again")
-            self._group_ready = False
+        except (BackendUnavailable, FatalRedisError):
+            raise
+        except Exception:
+            self._unexpected_error()
+            self._back_off(limit_s)
             return False
+        if self._outage_since is not None:
+            log.warning("redis is back after %.1f s", self.clock() - self._outage_since)
+            self._outage_since = None
+            self._verify_stream = True
         self._backoff_s = 0.0
+        self._unexpected = 0
         return True
+
+    def _unexpected_error(self) -> None:
+        self._unexpected += 1
+        log.exception("unexpected error in the worker loop (%d in a row)", self._unexpected)
+        if self._unexpected >= _MAX_UNEXPECTED:
+            raise RuntimeError(
+                f"{self._unexpected} unexpected errors in a row in the worker loop; see the log"
+            )
+
+    def _back_off(self, limit_s: float | None) -> None:
+        self._backoff_s = min(self.config.max_backoff_s, max(0.05, self._backoff_s * 2))
+        self._wait(self._backoff_s if limit_s is None else max(0.0, min(self._backoff_s, limit_s)))
 
     def _wait(self, seconds: float) -> None:
         """Sleep, but keep taking finished results from the backend meanwhile."""
@@ -114,19 +196,27 @@ class Consumer:
             else:
                 time.sleep(remaining)
 
+    # ---- the loop --------------------------------------------------------------------------
+
     def step(self) -> None:
-        """One round of the loop (raises redis.ConnectionError when Redis is away)."""
+        """One round of the loop (raises redis errors; ``guarded`` handles them)."""
         if not self._group_ready:
             ensure_group(self.redis, self.keys)
             self._group_ready = True
         self._take_results(self.backend.poll(0))
-        self.outbox.flush(self.redis)
         now = self.clock()
+        if now >= self._next_renew:  # NOTE: before the writes, which fail first when Redis is full
+            self._renew()
+        self.outbox.flush(self.redis)
         if now >= self._next_heartbeat:
             self._heartbeat("running")
-        if now >= self._next_renew:
-            self._renew()
-        room = self.backend.free_capacity()
+        if self._verify_stream:
+            self._check_stream()
+        if self._crashed:
+            self._settle_crashes()
+        if now >= self._next_housekeeping:
+            self._housekeeping()
+        room = self._room()
         if room > 0 and now >= self._next_reclaim:
             room -= self._reclaim(room)
         got = 0
@@ -139,65 +229,96 @@ class Consumer:
                 count=min(room, self.config.read_batch),
                 block=block_ms,
             )
-            entries = [(entry_id.decode(), fields) for entry_id, fields in reply[0][1]] if reply else []
-            got = self._intake(entries)
+            entries = [read_entry(entry_id, fields) for entry_id, fields in reply[0][1]] if reply else []
+            if entries:
+                self._last_read = max(self._last_read, _entry_key(entries[-1].entry_id))
+            got = self._intake(entries, [1] * len(entries))
         if self._held and not got:
             self._take_results(self.backend.poll(self.config.poll_s))
         elif not self._held and room <= 0:
             self._wait(self.config.poll_s)
 
-    def _intake(
-        self, entries: list[tuple[str, dict[bytes, bytes]]], deliveries: list[int] | None = None
-    ) -> int:
+    def _room(self) -> int:
+        room = self.backend.free_capacity()
+        if self.config.read_window:
+            room = min(room, self.config.read_window - len(self._held))
+        return room
+
+    def _intake(self, entries: list[Entry], deliveries: list[int]) -> int:
         """Hand new entries to the backend; returns how many were submitted."""
         if not entries:
             return 0
-        ids = [_text(fields.get(FIELD_ID.encode())) for _, fields in entries]
-        marks = self.redis.hmget(self.keys.done, [job_id or "" for job_id in ids])
+        marks = self.redis.hmget(self.keys.done, [entry.job_id for entry in entries])
         submitted = 0
-        for i, ((entry_id, fields), job_id, mark) in enumerate(zip(entries, ids, marks, strict=True)):
-            if job_id is not None and mark is not None:
-                self.outbox.ack(entry_id)  # completed before: idempotent by job id
-                continue
-            data = fields.get(FIELD_JOB.encode(), b"")
-            attempts = deliveries[i] if deliveries else 1
-            if attempts > self.config.max_attempts:
-                reason = f"delivered {attempts} times (max_attempts={self.config.max_attempts}); the workers holding it stopped responding"
-                result = error_result(job_id or entry_id, "dead_letter", reason, worker=self.name)
-                self.outbox.add(Completion(result, entry_id, dead=DeadLetter(data, reason, attempts)))
-                log.warning("job %s dead-lettered: %s", job_id, reason)
-                continue
+        for entry, mark, attempts in zip(entries, marks, deliveries, strict=True):
             try:
-                job = decode_job(data)
-            except JobError as exc:
-                result = error_result(
-                    job_id or exc.job_id or entry_id, "invalid_job", str(exc), worker=self.name
+                submitted += self._take_in(entry, mark is not None, attempts)
+            except Exception as exc:  # a surprise in one entry is that entry's error
+                log.exception("entry %s (job %s) could not be taken in", entry.entry_id, entry.job_id)
+                self._held.pop(entry.job_id, None)
+                message = f"the worker could not take entry {entry.entry_id} in: {type(exc).__name__}: {exc}"
+                self.outbox.add(
+                    Completion(
+                        error_result(entry.job_id, "internal", message, worker=self.name), entry.entry_id
+                    )
                 )
-                self.outbox.add(Completion(result, entry_id))
-                continue
-            if job.id in self._held:  # enqueued twice, or reclaimed while we run it
-                self._held[job.id].duplicates.append(entry_id)
-                continue
-            self._held[job.id] = _Held(job, entry_id, data, now_ms())
-            try:
-                self.backend.submit(job)
-            except Exception as exc:  # the contract says submit never raises; one job must not stop others
-                log.exception("backend.submit failed for job %s", job.id)
-                del self._held[job.id]
-                result = error_result(
-                    job.id, "internal", f"backend rejected the job: {exc}", worker=self.name
-                )
-                self.outbox.add(Completion(result, entry_id))
-                continue
-            submitted += 1
         return submitted
+
+    def _take_in(self, entry: Entry, done: bool, attempts: int) -> int:
+        if done:
+            self.outbox.ack(entry.entry_id)  # completed before: idempotent by job id
+            return 0
+        if attempts > self.config.max_attempts:
+            reason = (
+                f"delivered {attempts} times (max_attempts={self.config.max_attempts}); "
+                "the workers holding it stopped responding"
+            )
+            self._dead_letter(entry.job_id, entry.entry_id, entry.data, reason, attempts)
+            return 0
+        try:
+            job = decode_entry(entry)
+        except JobError as exc:
+            result = error_result(entry.job_id, "invalid_job", str(exc), worker=self.name)
+            self.outbox.add(Completion(result, entry.entry_id))
+            return 0
+        if job.id in self._held:  # enqueued twice, or reclaimed while we run it
+            self._held[job.id].duplicates.append(entry.entry_id)
+            return 0
+        self._held[job.id] = _Held(job, entry.entry_id, entry.data, now_ms())
+        try:
+            self.backend.submit(job)
+        except Exception as exc:  # the contract says submit never raises; one job must not stop others
+            log.exception("backend.submit failed for job %s", job.id)
+            del self._held[job.id]
+            result = error_result(job.id, "internal", f"backend rejected the job: {exc}", worker=self.name)
+            self.outbox.add(Completion(result, entry.entry_id))
+            return 0
+        return 1
+
+    def _dead_letter(
+        self,
+        job_id: str,
+        entry_id: str,
+        data: bytes,
+        reason: str,
+        attempts: int,
+        also_ack: tuple[str, ...] = (),
+    ) -> None:
+        result = error_result(job_id, "dead_letter", reason, worker=self.name)
+        self.outbox.add(Completion(result, entry_id, also_ack, dead=DeadLetter(data, reason, attempts)))
+        log.warning("job %s dead-lettered: %s", job_id, reason)
 
     def _take_results(self, results: list[Result]) -> None:
         for result in results:
-            held = self._held.pop(result.id, None)
+            held = self._held.get(result.id)
             if held is None:
                 log.error("backend returned a result for %r, which this worker does not hold", result.id)
                 continue
+            if result.error is not None and result.error.code == ENGINE_CRASH:
+                held.crash = result  # stays held (its lease renewed) until the attempt is counted
+                self._crashed.append(held)
+                continue
+            del self._held[result.id]
             job = held.job
             timings = Timings(
                 enqueued_at_ms=job.enqueued_at_ms, started_at_ms=held.started_at_ms, finished_at_ms=now_ms()
@@ -212,12 +333,40 @@ class Consumer:
             self.outbox.add(Completion(filled, held.entry_id, tuple(held.duplicates)))
             self.completed += 1
 
+    def _settle_crashes(self) -> None:
+        """Count an attempt for each job that crashed the engine alone; run it again alone or
+        dead-letter it."""
+        while self._crashed:
+            held = self._crashed[0]
+            deliveries = self.reclaimer.count_attempt(self.redis, held.entry_id)
+            held.crashes += 1
+            attempts = deliveries if deliveries is not None else held.crashes + 1
+            self._crashed.popleft()
+            why = held.crash.error.message if held.crash is not None and held.crash.error else "engine crash"
+            if attempts > self.config.max_attempts:
+                del self._held[held.job.id]
+                reason = (
+                    f"crashed the engine {held.crashes} times when it ran alone "
+                    f"(max_attempts={self.config.max_attempts}); last: {why}"
+                )
+                self._dead_letter(
+                    held.job.id, held.entry_id, held.data, reason, attempts, tuple(held.duplicates)
+                )
+            else:
+                log.warning(
+                    "job %s crashed the engine alone (delivery %d of %d); running it again alone",
+                    held.job.id,
+                    attempts,
+                    self.config.max_attempts,
+                )
+                self.backend.submit(held.job)
+
     def _reclaim(self, room: int) -> int:
         self._next_reclaim = self.clock() + self.config.reclaim_every_s
         claimed = self.reclaimer.claim(self.redis, room)
         if claimed:
             log.info("reclaimed %d pending entries from stopped consumers", len(claimed))
-        entries = [(c.entry_id, c.fields) for c in claimed]
+        entries = [read_entry(c.entry_id, c.fields) for c in claimed]
         return self._intake(entries, [c.deliveries for c in claimed])
 
     def _renew(self) -> None:
@@ -239,22 +388,80 @@ class Consumer:
             completed=self.completed,
             state=state,
             last_seen_ms=now_ms(),
+            interval_s=self.config.heartbeat_s,
+            engine_restarts=self.backend.restarts,
+            unattributed_crashes=self.backend.unattributed_crashes,
+            data_losses=self.data_losses,
         )
-        self.redis.hset(self.keys.workers, self.name, msgspec.msgpack.encode(beat))
+        with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hset(self.keys.workers, self.name, msgspec.msgpack.encode(beat))
+            pipe.hget(self.keys.meta, META_EPOCH)
+            _, epoch = pipe.execute()
+        lost = self.epoch.observe(epoch.decode() if epoch is not None else None)
+        if lost is not None:
+            log.error("DATA LOSS: %s", lost)
+
+    def _check_stream(self) -> None:
+        """After an outage: entries we read must still be there (a Redis restarted from an
+        older AOF, or without its data, has forgotten them)."""
+        self._verify_stream = False
+        if self._last_read == (0, 0):
+            return
+        try:
+            last = _entry_key(self.redis.xinfo_stream(self.keys.jobs)["last-generated-id"].decode())
+        except redis.ResponseError:  # no such key
+            last = (0, 0)
+        if last < self._last_read:
+            self.stream_losses += 1
+            log.error(
+                "DATA LOSS: queue %r: Redis answers with jobs up to entry %d-%d, but this worker had read "
+                "entry %d-%d: it lost recent writes (restarted without its data, or from an older AOF). "
+                "Re-enqueue the input file and collect again into the same output.",
+                self.keys.queue,
+                *last,
+                *self._last_read,
+            )
+        self._heartbeat("running")
+
+    def _housekeeping(self) -> None:
+        self._next_housekeeping = self.clock() + self.config.housekeeping_s
+        if self.config.trim_jobs:
+            trim_acked_jobs(self.redis, self.keys)
+        forgotten = self.janitor.sweep(self.redis)
+        if forgotten:
+            log.info("forgot %d dead consumers holding nothing: %s", len(forgotten), ", ".join(forgotten))
+
+    # ---- leaving ---------------------------------------------------------------------------
 
     def drain(self) -> None:
-        """Finish held jobs within drain_timeout_s, release the rest to other workers, leave."""
+        """Within drain_timeout_s all told: finish held jobs, give the rest back, stop the backend."""
         deadline = self.clock() + self.config.drain_timeout_s
+        give_back_at = deadline - min(2.0, 0.25 * self.config.drain_timeout_s)
         log.info("draining %d held jobs (up to %.0fs)", len(self._held), self.config.drain_timeout_s)
-        self.guarded(lambda: self._heartbeat("draining"))
-        while self._held and self.clock() < deadline and not self._force_stop:
-            self._take_results(self.backend.poll(0.1))
-            if self.guarded(lambda: self.outbox.flush(self.redis)) and self.clock() >= self._next_renew:
-                self.guarded(self._renew)
-        while self.clock() < deadline + 5.0:
-            if self.guarded(self._release_and_leave):
-                break
-        self.backend.close()
+        try:
+            self.guarded(lambda: self._heartbeat("draining"), limit_s=0.5)
+            while self._held and self.clock() < give_back_at and not self._force_stop:
+                try:
+                    self._take_results(self.backend.poll(min(0.1, max(0.0, give_back_at - self.clock()))))
+                except BackendUnavailable:
+                    break
+                limit = max(0.0, give_back_at - self.clock())
+                if (
+                    self.guarded(lambda: self.outbox.flush(self.redis), limit)
+                    and self.clock() >= self._next_renew
+                ):
+                    self.guarded(self._renew, limit)
+            while self.clock() < deadline:
+                if self.guarded(self._release_and_leave, max(0.0, deadline - self.clock())):
+                    break
+            if self._held or len(self.outbox):
+                log.error(
+                    "left with %d jobs still held (their entries go back after min_idle) and %d results unwritten",
+                    len(self._held),
+                    len(self.outbox),
+                )
+        finally:
+            self.backend.close(max(0.0, deadline - self.clock()))
 
     def _release_and_leave(self) -> None:
         # Released jobs go back as new entries (the old ones are acked in the same
@@ -268,13 +475,10 @@ class Consumer:
                 pipe.execute()
             log.info("released %d unfinished jobs back to the queue", len(self._held))
             self._held.clear()
+            self._crashed.clear()
         pending = self.redis.xpending_range(
             self.keys.jobs, self.keys.group, min="-", max="+", count=1, consumername=self.name
         )
         if not pending:
             self.redis.xgroup_delconsumer(self.keys.jobs, self.keys.group, self.name)
         self.redis.hdel(self.keys.workers, self.name)
-
-
-def _text(value: bytes | None) -> str | None:
-    return value.decode() if value is not None else None

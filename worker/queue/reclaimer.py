@@ -3,12 +3,14 @@
 A consumer that holds an entry renews its lease (XCLAIM ... JUSTID to itself, which resets
 the idle time without counting a delivery) every ``min_idle / 3``. An entry idle for longer
 than ``min_idle`` therefore belongs to a consumer that stopped; XAUTOCLAIM moves it to us and
-counts one more delivery, which the dead-letter rule reads.
+counts one more delivery, which the dead-letter rule reads. A job that crashed the engine when
+it ran alone counts one more delivery the same way (``count_attempt``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 
@@ -22,12 +24,29 @@ class Claimed:
     deliveries: int  # including the one that just gave it to us
 
 
+# Count one more delivery of an entry this consumer holds: -1 when it is not (or no longer) ours.
+_COUNT_ATTEMPT = """
+local info = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1)
+if #info == 0 or info[1][2] ~= ARGV[2] then return -1 end
+redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[3])
+return info[1][4] + 1
+"""
+
+
 class Reclaimer:
     def __init__(self, keys: QueueKeys, name: str, min_idle_ms: int) -> None:
         self.keys = keys
         self.name = name
         self.min_idle_ms = min_idle_ms
         self._cursor = "0-0"
+        self._count_script: Any = None
+
+    def count_attempt(self, client: redis.Redis, entry_id: str) -> int | None:
+        """One more delivery of ``entry_id`` (held by us); returns its count, None if not ours."""
+        if self._count_script is None:
+            self._count_script = client.register_script(_COUNT_ATTEMPT)
+        count = int(self._count_script(keys=[self.keys.jobs], args=[self.keys.group, self.name, entry_id]))
+        return count if count >= 0 else None
 
     def claim(self, client: redis.Redis, count: int) -> list[Claimed]:
         """Take over up to ``count`` entries idle for at least min_idle (one XAUTOCLAIM scan step)."""

@@ -58,7 +58,19 @@ class SchedulerReady(msgspec.Struct, tag="ready", frozen=True):
     model_path: str = ""  # local HF-style directory: the front end loads the tokenizer from it
 
 
-Outbound = RequestFinished | SchedulerReady
+class SchedulerFailed(msgspec.Struct, tag="failed", frozen=True):
+    """Sent once, just before the scheduler process exits on an error it cannot contain.
+
+    ``suspect_uids``: the requests of the step that failed (the front end re-runs them one at
+    a time to find the culprit); empty when the failure is not tied to a step, e.g. while
+    loading the model (``loading`` is then true and the worker cannot start)."""
+
+    error: str
+    suspect_uids: list[str] = []
+    loading: bool = False
+
+
+Outbound = RequestFinished | SchedulerReady | SchedulerFailed
 
 inbound_decoder = msgspec.msgpack.Decoder(Inbound)
 outbound_decoder = msgspec.msgpack.Decoder(Outbound)

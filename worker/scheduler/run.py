@@ -12,7 +12,8 @@ import torch
 
 from worker.engine.config import EngineConfig
 from worker.engine.engine import Engine
-from worker.scheduler.messages import SchedulerIO, SchedulerReady
+from worker.scheduler.faults import Fault
+from worker.scheduler.messages import SchedulerFailed, SchedulerIO, SchedulerReady
 from worker.scheduler.scheduler import Scheduler
 from worker.scheduler.stop import Detokenize
 
@@ -47,13 +48,28 @@ def tokenizer_detokenize(model_path: str) -> Detokenize | None:
     return partial(tokenizer.decode, skip_special_tokens=True)
 
 
+class LoadError(Exception):
+    """The engine could not be built (model, options, device): the worker cannot start."""
+
+
+def one_line(exc: BaseException) -> str:
+    return " ".join(f"{type(exc).__name__}: {exc}".split())
+
+
 def run_scheduler(config: EngineConfig, io: SchedulerIO, detokenize: Detokenize | None = None) -> None:
     """Load the engine, send SchedulerReady, then serve until a ShutdownRequest.
 
-    Without ``detokenize`` the model directory's tokenizer is loaded for stop strings."""
-    scheduler = build_scheduler(config, io, detokenize)
-    if scheduler.detokenize is None:
-        scheduler.detokenize = tokenizer_detokenize(str(scheduler.engine.loaded.path))
+    Without ``detokenize`` the model directory's tokenizer is loaded for stop strings. An
+    error it cannot contain is reported (SchedulerFailed, naming the failing step's requests)
+    before it propagates; a failure to load raises LoadError after reporting it."""
+    try:
+        scheduler = build_scheduler(config, io, detokenize)
+        if scheduler.detokenize is None:
+            scheduler.detokenize = tokenizer_detokenize(str(scheduler.engine.loaded.path))
+        scheduler.fault = Fault.from_env()
+    except Exception as exc:
+        io.send([SchedulerFailed(error=one_line(exc), loading=True)])
+        raise LoadError(one_line(exc)) from exc
     profiler = None
     if os.environ.get("RADIXQ_STEP_PROFILE") == "1":  # profiling runs only: records every step
         from worker.engine.profile import StepProfiler
@@ -67,6 +83,9 @@ def run_scheduler(config: EngineConfig, io: SchedulerIO, detokenize: Detokenize 
     try:
         with torch.inference_mode():
             scheduler.run()
+    except Exception as exc:
+        io.send([SchedulerFailed(error=one_line(exc), suspect_uids=scheduler.failing_uids())])
+        raise
     finally:
         gc.unfreeze()  # let shutdown collect them (frozen objects read as leaks to nanobind at exit)
         if profiler is not None:

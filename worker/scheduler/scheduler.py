@@ -23,6 +23,7 @@ from worker.engine.forward import ForwardOutput
 from worker.engine.input import ForwardInput
 from worker.scheduler.cache import CacheManager
 from worker.scheduler.decode import DecodeManager
+from worker.scheduler.faults import Fault
 from worker.scheduler.intake import make_group, refusal
 from worker.scheduler.messages import (
     AbortRequest,
@@ -76,6 +77,9 @@ class Scheduler:
         self.outbox: list[Outbound] = []
         self.stats = Stats()
         self.shutdown = False
+        self.fault: Fault | None = None  # injected failures (tests only)
+        self._launching: list[Req] = []  # NOTE: the requests of the step under way, named if it fails
+        self._processing: list[Req] = []
 
     # ---- the loop -------------------------------------------------------------------------
 
@@ -100,6 +104,8 @@ class Scheduler:
         busy = last is not None or self.prefill.runnable or self.decode.runnable
         for message in self.io.receive(block=block and not busy and not self.shutdown):
             self._handle(message)
+        self._launching = []
+        self._processing = last.reqs if last is not None else []
         current = None if self.shutdown else self._launch()
         if current is None and last is None and self.prefill.runnable and not self.decode.runnable:
             self._fail_unschedulable()
@@ -120,12 +126,24 @@ class Scheduler:
     def idle(self) -> bool:
         return not (self.prefill.runnable or self.decode.runnable or self.groups)
 
+    def failing_uids(self) -> list[str]:
+        """The requests of the step under way: the suspects when a step raises."""
+        uids = {r.pending.group.uid: None for r in self._launching + self._processing}
+        return list(uids)
+
     # ---- messages -------------------------------------------------------------------------
 
     def _handle(self, message: Inbound) -> None:
         match message:
             case GenerateRequest():
-                self._admit_request(message)
+                try:
+                    self._admit_request(message)
+                except Exception as exc:  # one request's surprise is that request's error
+                    logger.exception("request %s could not be admitted", message.uid)
+                    self.groups.pop(message.uid, None)
+                    self._reject(
+                        message.uid, len(message.input_ids), "internal", f"could not be admitted: {exc}"
+                    )
             case AbortRequest(uid=uid):
                 self._abort(uid)
             case ShutdownRequest():
@@ -187,6 +205,9 @@ class Scheduler:
             reqs = self._decode_batch()
         if not reqs:
             return None
+        self._launching = reqs
+        if self.fault is not None:
+            self.fault.check([r.pending.input_ids[: r.pending.group.prompt_len] for r in reqs])
         self.cache.allocate_batch(reqs)
         fi = self.preparer.prepare(reqs)
         output = self.engine.forward(fi)

@@ -1,0 +1,220 @@
+"""The real engine worker (a tiny random Llama on CPU) behind a real redis-server, under faults:
+signals, kill -9, a slow engine and a job that crashes the engine. Faults are injected into the
+scheduler process with RADIXQ_FAULT (worker/scheduler/faults.py); expected tokens come from
+transformers."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from producer.client import Client
+from producer.collector import Collector
+from producer.keys import QueueKeys
+from producer.schema import Job, SamplingParams
+from producer.status import Heartbeat, decode_heartbeat
+from tests.integration.procs import REPO_ROOT, children, is_alive, radixq, subprocess_env
+from tests.model_fixtures import tiny_hf_model
+
+pytestmark = pytest.mark.integration
+
+POISON = 77
+KEYS = QueueKeys()
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("faults-llama")
+    tiny_hf_model("llama", spread=0.2, max_position_embeddings=256).save_pretrained(path)
+    return path
+
+
+def hf_greedy(model_dir: Path, prompt: list[int], max_new_tokens: int) -> list[int]:
+    from transformers import LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(model_dir).eval()
+    with torch.inference_mode():
+        out = model.generate(
+            torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0
+        )
+    return out[0, len(prompt) :].tolist()
+
+
+def start_engine_worker(
+    redis_url: str, model_dir: Path, log_path: Path, *args: str, fault: str | None = None
+) -> subprocess.Popen[bytes]:
+    """`radixq worker` with the real engine, in a session of its own (as a shell runs it)."""
+    env = subprocess_env(**({"RADIXQ_FAULT": fault} if fault else {}))
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "producer.cli", "worker", "--redis-url", redis_url, "--name", "eng"]
+            + ["--model", str(model_dir), "--device", "cpu", "--min-idle-s", "5", *args],
+            cwd=REPO_ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def wait_for(predicate, timeout_s: float, what: str, log_path: Path | None = None) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            tail = log_path.read_text()[-3000:] if log_path else ""
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}\n{tail}")
+        time.sleep(0.05)
+
+
+def registered(client: Client) -> bool:
+    return client.redis.hget(KEYS.workers, "eng") is not None
+
+
+def scheduler_of(worker: subprocess.Popen[bytes]) -> int:
+    (pid,) = children(worker.pid, "worker.scheduler.main")
+    return pid
+
+
+def jobs(count: int, max_tokens: int) -> list[Job]:
+    sampling = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+    return [Job(id=f"j{i}", input_ids=[5 + i, 6, 7], sampling=sampling) for i in range(count)]
+
+
+def test_ctrl_c_on_an_idle_worker_exits_at_once_and_leaves_nothing(
+    redis_url: str, model_dir: Path, tmp_path: Path
+) -> None:
+    client = Client.from_url(redis_url)
+    log_path = tmp_path / "w.log"
+    worker = start_engine_worker(redis_url, model_dir, log_path)
+    wait_for(lambda: registered(client), 120, "the worker's heartbeat", log_path)
+    scheduler = scheduler_of(worker)
+    started = time.monotonic()
+    os.killpg(worker.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+    assert worker.wait(timeout=15) == 0, log_path.read_text()[-3000:]
+    assert time.monotonic() - started < 5
+    wait_for(lambda: not is_alive(scheduler), 5, "the scheduler to exit")
+    text = log_path.read_text()
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text
+    assert not registered(client)
+
+
+def test_kill_9_of_the_worker_takes_its_scheduler_along(
+    redis_url: str, model_dir: Path, tmp_path: Path
+) -> None:
+    client = Client.from_url(redis_url)
+    log_path = tmp_path / "w.log"
+    worker = start_engine_worker(redis_url, model_dir, log_path)
+    wait_for(lambda: registered(client), 120, "the worker's heartbeat", log_path)
+    scheduler = scheduler_of(worker)
+    worker.kill()
+    worker.wait(timeout=10)
+    wait_for(lambda: not is_alive(scheduler), 5, "the orphaned scheduler to die")
+
+
+def test_ctrl_c_mid_run_drains_writes_results_and_gives_the_rest_back(
+    redis_url: str, model_dir: Path, tmp_path: Path
+) -> None:
+    client = Client.from_url(redis_url)
+    work = jobs(12, max_tokens=40)
+    client.enqueue(work)
+    log_path = tmp_path / "w.log"
+    # 4 at a time, each step 30 ms longer: ~1.2 s a job, so a signal lands mid-run
+    worker = start_engine_worker(
+        redis_url,
+        model_dir,
+        log_path,
+        "--read-window",
+        "4",
+        "--drain-timeout-s",
+        "20",
+        fault="sleep-per-step:30",
+    )
+    wait_for(
+        lambda: (
+            client.redis.hlen(KEYS.done) >= 2 and client.redis.xpending(KEYS.jobs, KEYS.group)["pending"] > 0
+        ),
+        120,
+        "jobs done while others are held",
+        log_path,
+    )
+    scheduler = scheduler_of(worker)
+    os.killpg(worker.pid, signal.SIGINT)
+    assert worker.wait(timeout=30) == 0, log_path.read_text()[-3000:]
+    wait_for(lambda: not is_alive(scheduler), 5, "the scheduler to exit")
+    assert "Traceback" not in log_path.read_text()
+    done = client.redis.hlen(KEYS.done)
+    status = client.status()
+    # everything held was either finished and written or given back; nothing left pending
+    assert status.in_flight == 0 and done + status.queued == len(work)
+    assert all(c["name"] != b"eng" for c in client.redis.xinfo_consumers(KEYS.jobs, KEYS.group))
+    out = tmp_path / "out.jsonl"
+    Collector(client.redis).collect(out, wait=False)
+    expected = hf_greedy(model_dir, work[0].input_ids or [], 40)
+    rows = {row["id"]: row for row in map(json.loads, out.read_text().splitlines())}
+    assert rows["j0"]["choices"][0]["token_ids"] == expected
+
+
+def test_sigterm_drain_stays_within_its_timeout(redis_url: str, model_dir: Path, tmp_path: Path) -> None:
+    client = Client.from_url(redis_url)
+    client.enqueue(jobs(4, max_tokens=200))  # ~200 steps of 100 ms: far longer than the drain
+    log_path = tmp_path / "w.log"
+    worker = start_engine_worker(
+        redis_url, model_dir, log_path, "--drain-timeout-s", "3", fault="sleep-per-step:100"
+    )
+    wait_for(lambda: client.redis.xpending(KEYS.jobs, KEYS.group)["pending"] == 4, 120, "jobs held", log_path)
+    time.sleep(1.0)
+    started = time.monotonic()
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(timeout=30) == 0, log_path.read_text()[-3000:]
+    took_s = time.monotonic() - started
+    assert took_s < 3 + 1.5, f"drain took {took_s:.1f} s for --drain-timeout-s 3"
+    status = client.status()
+    assert status.in_flight == 0 and status.queued == 4  # all given back, none lost
+
+
+def test_a_job_that_crashes_the_engine_is_dead_lettered_alone(
+    redis_url: str, model_dir: Path, tmp_path: Path
+) -> None:
+    client = Client.from_url(redis_url)
+    innocents = jobs(8, max_tokens=6)
+    poison = Job(id="poison", input_ids=[3, POISON, 4], sampling=SamplingParams(max_tokens=6, temperature=0))
+    client.enqueue([*innocents[:4], poison, *innocents[4:]])
+    log_path = tmp_path / "w.log"
+    worker = start_engine_worker(
+        redis_url, model_dir, log_path, "--max-attempts", "2", fault=f"raise-on-token:{POISON}"
+    )
+    try:
+        out = tmp_path / "out.jsonl"
+        report = Collector(client.redis).collect(out, wait=True, timeout_s=240)
+        assert report.missing == [], log_path.read_text()[-4000:]
+
+        def heartbeat() -> Heartbeat | None:
+            return decode_heartbeat(client.redis.hget(KEYS.workers, "eng") or b"")
+
+        # a crash with 9 jobs in the engine, then the poison alone twice: three restarts
+        wait_for(lambda: (beat := heartbeat()) is not None and beat.engine_restarts == 3, 60, "restarts")
+        beat = heartbeat()
+        assert worker.poll() is None  # the worker lives on
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=60) == 0, log_path.read_text()[-3000:]
+    rows = {row["id"]: row for row in map(json.loads, out.read_text().splitlines())}
+    for job in innocents:
+        assert rows[job.id]["error"] is None
+        assert rows[job.id]["choices"][0]["token_ids"] == hf_greedy(model_dir, job.input_ids or [], 6)
+    assert rows["poison"]["error"]["code"] == "dead_letter"
+    message = rows["poison"]["error"]["message"]
+    assert "crashed the engine 2 times when it ran alone (max_attempts=2); last: InjectedFault" in message
+    assert [letter.job_id for letter in client.dead_letters()] == ["poison"]
+    assert beat is not None and beat.unattributed_crashes == 0
+    listed = radixq("dlq", "list", "--redis-url", redis_url)
+    assert [line.split("\t")[0] for line in listed.stdout.splitlines()] == ["poison"]

@@ -1,0 +1,168 @@
+"""The engine backend survives its scheduler process: crashes are restarted, the culprit is
+found by running suspects alone, and only the culprit is blamed (tokens checked against
+transformers). Faults are injected with RADIXQ_FAULT (worker/scheduler/faults.py)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from producer.schema import Job, Result, SamplingParams
+from tests.model_fixtures import tiny_hf_model
+from worker.engine.config import EngineConfig
+from worker.frontend import EngineBackend, EngineStartError
+from worker.queue.backend import ENGINE_CRASH, BackendUnavailable
+
+POISON = 77  # the token id the injected faults react to
+PROMPTS = {"a": [5, 6, 7, 8], "b": [9, 10], "c": [11, 12, 13], "d": [20, 21, 22, 23, 24]}
+GREEDY = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("supervised-llama")
+    tiny_hf_model("llama", spread=0.2, max_position_embeddings=128).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def expected(model_dir: Path) -> dict[str, list[int]]:
+    from transformers import LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(model_dir).eval()
+    tokens = {}
+    with torch.inference_mode():
+        for job_id, prompt in PROMPTS.items():
+            out = model.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False, pad_token_id=0)
+            tokens[job_id] = out[0, len(prompt) :].tolist()
+    return tokens
+
+
+def backend_with(model_dir: Path, monkeypatch: pytest.MonkeyPatch, fault: str | None) -> EngineBackend:
+    if fault is None:
+        monkeypatch.delenv("RADIXQ_FAULT", raising=False)
+    else:
+        monkeypatch.setenv("RADIXQ_FAULT", fault)
+    config = EngineConfig(model=str(model_dir), device="cpu", max_running_reqs=4)
+    return EngineBackend(config, restart_delays_s=(0.0, 0.1, 0.1))
+
+
+def collect(backend: EngineBackend, count: int, timeout_s: float = 120) -> dict[str, Result]:
+    results: dict[str, Result] = {}
+    deadline = time.monotonic() + timeout_s
+    while len(results) < count:
+        assert time.monotonic() < deadline, f"only {sorted(results)} of {count} results"
+        for result in backend.poll(0.2):
+            assert result.id not in results, f"two results for {result.id}"
+            results[result.id] = result
+    return results
+
+
+def submit_all(backend: EngineBackend, poison: bool) -> None:
+    """The poison (first, so that it runs beside others) and the innocent jobs."""
+    if poison:
+        backend.submit(Job(id="poison", input_ids=[3, POISON, 4], sampling=GREEDY))
+    for job_id, prompt in PROMPTS.items():
+        backend.submit(Job(id=job_id, input_ids=prompt, sampling=GREEDY))
+
+
+def settle(backend: EngineBackend, timeout_s: float = 60) -> None:
+    """Poll until the backend takes jobs again (a restart after the last crash has finished)."""
+    deadline = time.monotonic() + timeout_s
+    while backend.free_capacity() == 0:
+        assert time.monotonic() < deadline, "the backend did not come back"
+        assert backend.poll(0.1) == []
+
+
+def assert_innocents_right(results: dict[str, Result], expected: dict[str, list[int]]) -> None:
+    for job_id, tokens in expected.items():
+        assert results[job_id].error is None, results[job_id].error
+        assert results[job_id].choices[0].token_ids == tokens
+
+
+@pytest.mark.parametrize("fault", [f"raise-on-token:{POISON}", f"exit-on-token:{POISON}"])
+def test_poison_job_is_found_alone_and_only_it_is_blamed(
+    model_dir: Path, expected: dict[str, list[int]], monkeypatch: pytest.MonkeyPatch, fault: str
+) -> None:
+    backend = backend_with(model_dir, monkeypatch, fault)
+    try:
+        submit_all(backend, poison=True)
+        results = collect(backend, len(PROMPTS) + 1)
+        assert_innocents_right(results, expected)
+        crash = results["poison"].error
+        assert crash is not None and crash.code == ENGINE_CRASH
+        assert "injected fault" in crash.message or "exited with code 70" in crash.message
+        settle(backend)
+        # one crash with everything in it, one with the poison alone; no workload-shape event
+        assert (backend.restarts, backend.unattributed_crashes) == (2, 0)
+        # Sent again (as the consumer does while attempts remain), it runs alone and crashes again.
+        backend.submit(Job(id="poison", input_ids=[3, POISON, 4], sampling=GREEDY))
+        backend.submit(Job(id="a", input_ids=PROMPTS["a"], sampling=GREEDY))
+        again = collect(backend, 2)
+        assert again["poison"].error is not None and again["poison"].error.code == ENGINE_CRASH
+        assert again["a"].choices[0].token_ids == expected["a"]
+        settle(backend)
+        assert backend.restarts == 3
+    finally:
+        backend.close()
+
+
+def test_crash_no_single_job_reproduces_blames_nobody(
+    model_dir: Path, expected: dict[str, list[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend = backend_with(model_dir, monkeypatch, "raise-on-batch:3")
+    try:
+        submit_all(backend, poison=False)
+        results = collect(backend, len(PROMPTS))
+        assert_innocents_right(results, expected)
+        assert (backend.restarts, backend.unattributed_crashes) == (1, 1)
+        assert backend.free_capacity() == 4  # out of isolation once the suspects are settled
+    finally:
+        backend.close()
+
+
+def test_scheduler_killed_from_outside_is_restarted_and_loses_nothing(
+    model_dir: Path, expected: dict[str, list[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend = backend_with(model_dir, monkeypatch, None)
+    try:
+        submit_all(backend, poison=False)
+        pid = backend._proc.pid  # type: ignore[union-attr]
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        results = collect(backend, len(PROMPTS))
+        assert_innocents_right(results, expected)
+        assert backend.restarts == 1 and backend.unattributed_crashes == 1
+    finally:
+        backend.close()
+
+
+def test_a_model_that_cannot_load_is_one_line(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-model"
+    with pytest.raises(EngineStartError) as info:
+        EngineBackend(EngineConfig(model=str(missing), device="cpu"))
+    message = str(info.value)
+    assert "\n" not in message and "no-such-model" in message and "could not start" in message
+
+
+def test_engine_that_cannot_restart_is_given_up(
+    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    moved = tmp_path / "model"
+    moved.symlink_to(model_dir)
+    monkeypatch.delenv("RADIXQ_FAULT", raising=False)
+    backend = EngineBackend(EngineConfig(model=str(moved), device="cpu"), restart_delays_s=(0.0, 0.1))
+    try:
+        moved.unlink()  # the next start cannot find the model
+        os.kill(backend._proc.pid, signal.SIGKILL)  # type: ignore[union-attr]
+        deadline = time.monotonic() + 120
+        with pytest.raises(BackendUnavailable, match="could not start again"):
+            while time.monotonic() < deadline:
+                backend.poll(0.2)
+    finally:
+        backend.close()

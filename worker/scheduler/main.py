@@ -1,0 +1,42 @@
+"""The scheduler process: ``python -m worker.scheduler.main INBOUND OUTBOUND CONFIG_JSON``.
+
+Started by the front end (worker.frontend.process) in a session of its own with a parent-death
+signal: a Ctrl-C meant for the worker never reaches it, and it never outlives the worker.
+Exit codes: 0 after a ShutdownRequest, 2 when the engine cannot be built, 1 on a crash.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import traceback
+
+from worker.engine.config import EngineConfig
+
+
+def main(argv: list[str]) -> int:
+    inbound_addr, outbound_addr, config_json = argv
+    logging.basicConfig(
+        level=os.environ.get("RADIXQ_LOG_LEVEL", "INFO").upper(),
+        format="%(asctime)s %(levelname)s %(name)s[scheduler]: %(message)s",
+    )
+    from worker.frontend.channel import ZmqSchedulerIO
+    from worker.scheduler.run import LoadError, run_scheduler
+
+    io = ZmqSchedulerIO(inbound_addr, outbound_addr)
+    try:
+        run_scheduler(EngineConfig(**json.loads(config_json)), io)
+    except LoadError:
+        return 2  # reported to the front end, which says it in one line
+    except BaseException:
+        traceback.print_exc()
+        return 1
+    finally:
+        io.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
