@@ -15,12 +15,11 @@ below min_p times the largest). Excluded tokens get probability 0 and are never 
 from __future__ import annotations
 
 import random
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
-
-from producer.schema import MAX_TOP_K
 
 if TYPE_CHECKING:
     from producer.schema import SamplingParams
@@ -85,12 +84,11 @@ class SamplingTensors:
         steps: list[int],
         device: torch.device | str,
         seeds: list[int] | None = None,
-        vocab_size: int = MAX_TOP_K + 1,
+        vocab_size: int | None = None,
     ) -> SamplingTensors:
         """Stack ``params``. A request without a seed gets ``seeds[i]`` if given (the caller
         picks one per request to keep its draws independent of batching), else fresh randomness.
-        A top_k that keeps all ``vocab_size`` tokens is off (the default vocab_size turns off
-        only -1 and 0)."""
+        A top_k that keeps all ``vocab_size`` tokens is off (without a vocab_size, only -1/0)."""
         if len(steps) != len(params) or (seeds is not None and len(seeds) != len(params)):
             raise ValueError(f"params ({len(params)}), steps ({len(steps)}) and seeds must align")
         device = torch.device(device)
@@ -99,7 +97,7 @@ class SamplingTensors:
             p.seed if p.seed is not None else (seeds[i] if seeds is not None else random.getrandbits(63))
             for i, p in enumerate(params)
         ]
-        top_k = [p.top_k_for(vocab_size) for p in params]
+        top_k = [p.top_k_for(vocab_size if vocab_size is not None else sys.maxsize) for p in params]
         sampled = [not g for g in greedy]
         pin = device.type == "cuda"
 
