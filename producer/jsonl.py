@@ -13,18 +13,36 @@ file enqueued twice yields the same ids (and enqueue skips them the second time)
 
 from __future__ import annotations
 
+import gzip
 import hashlib
+import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, cast
 
 import msgspec
 
 from producer import openai_batch
-from producer.schema import MAX_JOB_BYTES, Job, JobError, Result, SamplingParams, encode_job, validation_error
+from producer.nesting import json_outline
+from producer.schema import (
+    MAX_JOB_BYTES,
+    Job,
+    JobError,
+    Result,
+    SamplingParams,
+    encode_job,
+    nesting_error,
+    validation_error,
+)
 
 SAMPLING_FIELDS = frozenset(SamplingParams.__struct_fields__)
 _JOB_FIELDS = frozenset({"id", "prompt", "messages", "input_ids", "metadata"})
+_GZIP_MAGIC = b"\x1f\x8b"
+_BOM = b"\xef\xbb\xbf"
+_LINE_READ_LIMIT = MAX_JOB_BYTES + len(_BOM) + 2  # the longest acceptable line with its BOM and CRLF
+_SKIP_PIECE_BYTES = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -52,17 +70,32 @@ def derive_id(text: str, line_no: int) -> str:
 
 
 def parse_line(text: str, line_no: int) -> Job:
-    """Validate one input line; raises JobError naming the field and why."""
-    if len(text.encode()) > MAX_JOB_BYTES:
+    """Validate one input line; raises JobError naming the field and why, never anything else."""
+    try:
+        size = len(text.rstrip("\r\n").encode())
+    except UnicodeEncodeError as exc:
         raise JobError(
-            "payload", f"{len(text.encode())} bytes", f"line exceeds the limit of {MAX_JOB_BYTES} bytes"
-        )
+            "encoding", None, f"not valid UTF-8: {exc.reason} at character {exc.start + 1}"
+        ) from None
+    if size > MAX_JOB_BYTES:
+        raise JobError("payload", f"{size} bytes", f"line exceeds the limit of {MAX_JOB_BYTES} bytes")
     try:
         raw = msgspec.json.decode(text)
+    except RecursionError:
+        raise nesting_error(json_outline(text)) from None
     except msgspec.DecodeError as exc:
         raise JobError("json", None, f"not valid JSON: {exc}") from None
     if not isinstance(raw, dict):
         raise JobError("json", None, f"must be a JSON object, got {type(raw).__name__}")
+    try:
+        return _job(raw, text, line_no)
+    except JobError:
+        raise
+    except Exception as exc:  # NOTE: the input boundary: a surprise here is this line's error
+        raise JobError("json", None, f"unreadable: {type(exc).__name__}: {exc}") from None
+
+
+def _job(raw: dict[str, Any], text: str, line_no: int) -> Job:
     fields = openai_batch.job_fields(raw) if openai_batch.is_batch_request(raw) else _native_fields(raw)
     if "id" not in fields:
         fields["id"] = derive_id(text, line_no)
@@ -72,7 +105,9 @@ def parse_line(text: str, line_no: int) -> Job:
         job = msgspec.convert({**fields, "sampling": sampling}, Job)
     except msgspec.ValidationError as exc:
         error = validation_error(exc, job_id)
-        raise JobError(error.field.removeprefix("sampling."), error.value, error.reason, job_id) from None
+        raise JobError(
+            error.field.removeprefix("sampling."), error.value, error.reason, error.job_id
+        ) from None
     encode_job(job)  # the size limit, on the encoded form
     return job
 
@@ -95,11 +130,18 @@ def _str_or_none(value: Any) -> str | None:
 
 
 def read_jobs(path: str | Path) -> InputFile:
-    """Every line of ``path`` validated; blank lines are ignored, duplicate ids rejected."""
+    """Every line of ``path`` (JSONL, or gzip-compressed JSONL: told by its magic bytes)
+    validated. Blank lines are ignored, a UTF-8 byte order mark on the first line is skipped;
+    invalid UTF-8, over-long lines and duplicate ids are rejected with their line number. A
+    file that cannot be read to its end (a truncated gzip stream) keeps the lines read before
+    the damage and gets one rejection at the line where reading stopped."""
     parsed = InputFile()
     first_line_of: dict[str, int] = {}
-    with open(path, encoding="utf-8", errors="replace") as lines:
-        for line_no, text in enumerate(lines, start=1):
+    with _open_binary(path) as stream:
+        for line_no, text in _lines(stream):
+            if isinstance(text, JobError):
+                parsed.rejected.append(Rejected(line_no, str(text)))
+                continue
             if not text.strip():
                 continue
             try:
@@ -114,6 +156,58 @@ def read_jobs(path: str | Path) -> InputFile:
             first_line_of[job.id] = line_no
             parsed.jobs.append(job)
     return parsed
+
+
+@contextmanager
+def _open_binary(path: str | Path) -> Iterator[BinaryIO]:
+    with open(path, "rb") as raw:
+        if raw.peek(len(_GZIP_MAGIC)).startswith(_GZIP_MAGIC):
+            with gzip.GzipFile(fileobj=raw, mode="rb") as unzipped:
+                yield cast(BinaryIO, unzipped)
+        else:
+            yield raw
+
+
+def _lines(stream: BinaryIO) -> Iterator[tuple[int, str | JobError]]:
+    """(line number, its text or why it cannot be read) per line; holds one line at a time, and
+    reads a line over the limit in bounded pieces that it drops."""
+    line_no = 0
+    while True:
+        try:
+            line = stream.readline(_LINE_READ_LIMIT)
+            too_long = len(line) == _LINE_READ_LIMIT and not line.endswith(b"\n")
+            size = len(line) + (_skip_line(stream) if too_long else 0)
+        except (OSError, EOFError, zlib.error) as exc:
+            yield line_no + 1, JobError("file", None, f"cannot be read from here on: {exc}")
+            return
+        if not line:
+            return
+        line_no += 1
+        if line_no == 1:
+            line = line.removeprefix(_BOM)
+        if too_long:
+            yield (
+                line_no,
+                JobError("payload", f"{size} bytes", f"line exceeds the limit of {MAX_JOB_BYTES} bytes"),
+            )
+            continue
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            bad = line[exc.start : exc.start + 1].hex()
+            yield line_no, JobError("encoding", None, f"not valid UTF-8: byte {exc.start + 1} is 0x{bad}")
+            continue
+        yield line_no, text
+
+
+def _skip_line(stream: BinaryIO) -> int:
+    """Read past the next newline in bounded pieces; the number of bytes read."""
+    skipped = 0
+    while piece := stream.readline(_SKIP_PIECE_BYTES):
+        skipped += len(piece)
+        if piece.endswith(b"\n"):
+            break
+    return skipped
 
 
 def output_record(result: Result) -> dict[str, Any]:

@@ -12,42 +12,44 @@ from typing import Any, Literal
 
 import msgspec
 
+from producer.bounds import (
+    JobError,
+    check,
+    check_int,
+    check_json_value,
+    check_list,
+    check_number,
+    check_token_ids,
+    is_int,
+)
+from producer.nesting import Outline, msgpack_outline
+
 SCHEMA_VERSION = 1
 MAX_JOB_BYTES = 1 << 20  # a job's encoded payload, prompt included
 MAX_ID_CHARS = 256
 MAX_TOKENS_LIMIT = 1 << 20
 MAX_N = 64
+MAX_TOP_K = 1 << 20  # above any vocabulary; the engine treats top_k >= its vocabulary as off
+SEED_LIMIT = 1 << 63  # seeds are in [0, SEED_LIMIT)
+MAX_TEMPERATURE = 1e4
+GREEDY_EPSILON = 1e-5  # temperatures below this sample greedily (as vLLM)
+MIN_TOP_P = 1.2e-38  # about float32's smallest normal number: a smaller top_p reads as 0 there
+MAX_STOP_STRINGS = 64
+MAX_STOP_CHARS = 1024
+MAX_STOP_TOKEN_IDS = 1024
+MAX_METADATA_DEPTH = 32  # dicts and lists, the metadata object itself counting as one
 
 FinishReason = Literal["stop", "length", "error"]
 
-
-class JobError(ValueError):
-    """A job (or a line of an input file) that cannot be run, with the field and the reason."""
-
-    def __init__(self, field: str, value: Any, reason: str, job_id: str | None = None) -> None:
-        self.field = field
-        self.value = value
-        self.reason = reason
-        self.job_id = job_id
-        shown = repr(value)
-        if len(shown) > 80:
-            shown = shown[:77] + "..."
-        where = f"job {job_id!r}: " if job_id is not None else ""
-        what = f"{field}={shown}" if value is not None else field
-        super().__init__(f"{where}{what}: {reason}")
-
-
-def _check(ok: bool, field: str, value: Any, reason: str) -> None:
-    if not ok:
-        raise JobError(field, value, reason)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+_TOP_K_REASON = f"must be an integer in [1, {MAX_TOP_K}], or -1/0 for off"
+_TOP_P_REASON = f"must be in (0, 1], and at least {MIN_TOP_P:g}"
+_STOP_REASON = f"stop strings must be non-empty, of at most {MAX_STOP_CHARS} characters"
+_ID_REASON = f"must be a non-empty string of at most {MAX_ID_CHARS} characters"
+_VERSION_REASON = f"unsupported schema version (this is {SCHEMA_VERSION})"
 
 
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """How to sample one job's completion(s). Defaults follow vLLM/SGLang."""
+    """How to sample one job's completion(s). Defaults follow vLLM/SGLang; bounds: README."""
 
     max_tokens: int = 128
     temperature: float = 1.0
@@ -61,32 +63,33 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     n: int = 1
 
     def __post_init__(self) -> None:
-        _check(_is_int(self.max_tokens), "max_tokens", self.max_tokens, "must be an integer")
-        _check(
-            1 <= self.max_tokens <= MAX_TOKENS_LIMIT,
-            "max_tokens",
-            self.max_tokens,
-            f"must be between 1 and {MAX_TOKENS_LIMIT}",
-        )
-        _check(self.temperature >= 0, "temperature", self.temperature, "must be >= 0")
-        _check(0 < self.top_p <= 1, "top_p", self.top_p, "must be in (0, 1]")
-        _check(self.top_k >= -1, "top_k", self.top_k, "must be >= 1, or -1/0 for off")
-        _check(0 <= self.min_p <= 1, "min_p", self.min_p, "must be in [0, 1]")
-        _check(
-            self.seed is None or 0 <= self.seed < 2**63,
-            "seed",
-            self.seed,
-            "must be in [0, 2**63)",
-        )
-        for stop in self.stop:
-            _check(isinstance(stop, str) and stop != "", "stop", stop, "stop strings must be non-empty")
-        for token_id in self.stop_token_ids:
-            _check(token_id >= 0, "stop_token_ids", token_id, "token ids must be >= 0")
-        _check(1 <= self.n <= MAX_N, "n", self.n, f"must be between 1 and {MAX_N}")
+        check_int(self.max_tokens, "max_tokens", 1, MAX_TOKENS_LIMIT)
+        check_number(self.temperature, "temperature", 0.0, MAX_TEMPERATURE)
+        check_number(self.top_p, "top_p", MIN_TOP_P, 1.0, _TOP_P_REASON)
+        if not (self.top_k in (-1, 0) and is_int(self.top_k)):
+            check_int(self.top_k, "top_k", 1, MAX_TOP_K, _TOP_K_REASON)
+        check_number(self.min_p, "min_p", 0.0, 1.0)
+        if self.seed is not None:
+            check_int(self.seed, "seed", 0, SEED_LIMIT - 1, "must be an integer in [0, 2**63)")
+        check_list(self.stop, "stop", 0, MAX_STOP_STRINGS)
+        for index, stop in enumerate(self.stop):
+            if not (isinstance(stop, str) and 0 < len(stop) <= MAX_STOP_CHARS):
+                raise JobError(f"stop[{index}]", stop, _STOP_REASON)
+        check_list(self.stop_token_ids, "stop_token_ids", 0, MAX_STOP_TOKEN_IDS)
+        if self.stop_token_ids:
+            check_token_ids(self.stop_token_ids, "stop_token_ids")
+        check(isinstance(self.ignore_eos, bool), "ignore_eos", self.ignore_eos, "must be true or false")
+        check_int(self.n, "n", 1, MAX_N)
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0 or self.top_k == 1
+        """The one greedy rule: argmax when temperature is below GREEDY_EPSILON or top_k is 1."""
+        return self.temperature < GREEDY_EPSILON or self.top_k == 1
+
+    def top_k_for(self, vocab_size: int) -> int:
+        """top_k as a sampler over ``vocab_size`` tokens applies it: 0 (off) when off or when it
+        keeps the whole vocabulary."""
+        return self.top_k if 0 < self.top_k < vocab_size else 0
 
 
 class ChatMessage(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -94,11 +97,15 @@ class ChatMessage(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     content: str
 
     def __post_init__(self) -> None:
-        _check(self.role != "", "messages.role", self.role, "must be non-empty")
+        check(isinstance(self.role, str) and self.role != "", "role", self.role, "must be non-empty")
+        check(isinstance(self.content, str), "content", self.content, "must be a string")
 
 
 class Job(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """One unit of work: exactly one of prompt / messages / input_ids, plus sampling."""
+    """One unit of work: exactly one of prompt / messages / input_ids, plus sampling.
+
+    ``metadata`` is any JSON object (keys strings, integers in msgpack's range, at most
+    MAX_METADATA_DEPTH deep) and comes back unchanged with the result."""
 
     id: str
     prompt: str | None = None
@@ -110,30 +117,23 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True)
     v: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
-        _check(
-            self.v == SCHEMA_VERSION, "v", self.v, f"unsupported schema version (this is {SCHEMA_VERSION})"
-        )
-        _check(
-            isinstance(self.id, str) and 0 < len(self.id) <= MAX_ID_CHARS,
-            "id",
-            self.id,
-            f"must be a non-empty string of at most {MAX_ID_CHARS} characters",
-        )
-        given = [name for name in ("prompt", "messages", "input_ids") if getattr(self, name) is not None]
-        _check(
-            len(given) == 1,
-            "prompt",
-            given,
-            "exactly one of prompt, messages, input_ids is required",
-        )
+        check(self.v == SCHEMA_VERSION, "v", self.v, _VERSION_REASON)
+        check(isinstance(self.id, str) and 0 < len(self.id) <= MAX_ID_CHARS, "id", self.id, _ID_REASON)
+        if (self.prompt is None) + (self.messages is None) + (self.input_ids is None) != 2:
+            given = [name for name in ("prompt", "messages", "input_ids") if getattr(self, name) is not None]
+            raise JobError("prompt", given, "exactly one of prompt, messages, input_ids is required")
         if self.prompt is not None:
-            _check(self.prompt != "", "prompt", self.prompt, "must be non-empty")
+            check(
+                isinstance(self.prompt, str) and self.prompt != "", "prompt", self.prompt, "must be non-empty"
+            )
         if self.messages is not None:
-            _check(len(self.messages) > 0, "messages", self.messages, "must hold at least one message")
+            check(len(self.messages) > 0, "messages", self.messages, "must hold at least one message")
         if self.input_ids is not None:
-            _check(len(self.input_ids) > 0, "input_ids", self.input_ids, "must hold at least one token id")
-            for token_id in self.input_ids:
-                _check(token_id >= 0, "input_ids", token_id, "token ids must be >= 0")
+            check(len(self.input_ids) > 0, "input_ids", self.input_ids, "must hold at least one token id")
+            check_token_ids(self.input_ids, "input_ids")
+        check(isinstance(self.metadata, dict), "metadata", None, "must be an object")
+        check_json_value(self.metadata, "metadata", MAX_METADATA_DEPTH)
+        check_int(self.enqueued_at_ms, "enqueued_at_ms", 0, SEED_LIMIT - 1)
 
     @property
     def prompt_kind(self) -> Literal["prompt", "messages", "input_ids"]:
@@ -207,7 +207,8 @@ def encode_job(job: Job) -> bytes:
 
 
 def decode_job(data: bytes) -> Job:
-    """Decode and validate a job from the wire; raises JobError naming the field and why."""
+    """Decode and validate a job from the wire. Raises JobError naming the field and why, and
+    the job when its id can be read; never anything else, whatever ``data`` holds."""
     if len(data) > MAX_JOB_BYTES:
         raise JobError("payload", f"{len(data)} bytes", f"exceeds the limit of {MAX_JOB_BYTES} bytes")
     try:
@@ -216,6 +217,19 @@ def decode_job(data: bytes) -> Job:
         raise validation_error(exc, _peek_id(data)) from None
     except msgspec.DecodeError as exc:
         raise JobError("payload", None, f"not a msgpack job: {exc}", _peek_id(data)) from None
+    except RecursionError:
+        raise nesting_error(msgpack_outline(data)) from None
+    except Exception as exc:  # NOTE: the wire boundary: a surprise here is this job's error
+        raise JobError("payload", None, f"unreadable: {type(exc).__name__}: {exc}", _peek_id(data)) from None
+
+
+def nesting_error(outline: Outline) -> JobError:
+    """The error for a payload nested too deeply to decode: names its most deeply nested
+    top-level field, and the job when its id (``id`` or ``custom_id``) was readable."""
+    field = max(outline, key=lambda key: outline[key][0], default="payload")
+    ids = [_bounded_id(outline[key][1]) for key in ("id", "custom_id") if key in outline]
+    job_id = next((job_id for job_id in ids if job_id is not None), None)
+    return JobError(field, None, f"nested more than {MAX_METADATA_DEPTH} levels deep", job_id)
 
 
 def decode_result(data: bytes) -> Result:
@@ -234,11 +248,23 @@ def validation_error(exc: msgspec.ValidationError, job_id: str | None = None) ->
     return JobError(path or "job", None, reason if marker else text, job_id)
 
 
+class _IdOnly(msgspec.Struct):
+    id: Any = None
+
+
+_id_decoder = msgspec.msgpack.Decoder(_IdOnly)
+
+
 def _peek_id(data: bytes) -> str | None:
+    """The job id in a payload that failed to decode as a Job, if one can be read."""
     try:
-        raw = msgspec.msgpack.decode(data)
-    except msgspec.DecodeError:
+        value = _id_decoder.decode(data).id
+    except RecursionError:
+        value = msgpack_outline(data).get("id", (0, None))[1]
+    except Exception:
         return None
-    if isinstance(raw, dict) and isinstance(raw.get("id"), str):
-        return raw["id"]
-    return None
+    return _bounded_id(value)
+
+
+def _bounded_id(value: Any) -> str | None:
+    return value if isinstance(value, str) and 0 < len(value) <= MAX_ID_CHARS else None

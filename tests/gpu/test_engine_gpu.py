@@ -123,18 +123,14 @@ def test_fused_kernels_match_torch_on_cuda():
 
 def test_fused_sampler_draws_what_the_torch_sampler_draws():
     """Temperature-only rows: the CUDA kernel against the torch inverse-CDF path on CPU."""
-    from types import SimpleNamespace
-
+    from producer.schema import SamplingParams
     from worker.engine.sampler import Sampler, SamplingTensors
 
     gen = torch.Generator().manual_seed(5)
     logits = torch.randn(64, 151936, generator=gen) * 3
     params = [
-        SimpleNamespace(
+        SamplingParams(
             temperature=0.0 if i % 7 == 0 else 0.2 + 0.02 * i,
-            top_p=1.0,
-            top_k=-1,
-            min_p=0.0,
             seed=(i * 0x9E3779B97F4A7C15) % 2**63,  # both 32-bit halves of the seed matter
         )
         for i in range(64)

@@ -5,25 +5,19 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
+from producer.schema import SamplingParams  # noqa: E402
 from tests.model_fixtures import PagedRunner, tiny_hf_model  # noqa: E402
 from worker.engine.sampler import Sampler, SamplingTensors  # noqa: E402
 from worker.models import load_model  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 PROMPTS = [[5, 17, 33, 2, 90, 41, 7], [3, 11], list(range(20, 61))]
-
-
-def _params(**kw):
-    """SamplingParams stand-in (the GPU image has no msgspec); same attribute names."""
-    base = dict(temperature=1.0, top_p=1.0, top_k=-1, min_p=0.0, seed=None)
-    return SimpleNamespace(**{**base, **kw})
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3"])
@@ -74,7 +68,9 @@ def test_forward_and_sampler_capture_in_cuda_graph(tiny_dir):
     eager = runner.step([(slot, lens[slot], [first[slot]]) for slot in range(len(PROMPTS))])
     batch = runner.last_batch
     sampling = SamplingTensors.build(
-        [_params(seed=1, top_p=0.9), _params(temperature=0.0), _params(top_k=5)], [1, 1, 1], "cuda"
+        [SamplingParams(seed=1, top_p=0.9), SamplingParams(temperature=0.0), SamplingParams(top_k=5)],
+        [1, 1, 1],
+        "cuda",
     )
     sampler = Sampler()
     stream = torch.cuda.Stream()
@@ -98,7 +94,8 @@ def test_sampler_cuda_matches_cpu():
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn(16, 1000, generator=gen) * 3
     params = [
-        _params(seed=i, temperature=0.8, top_k=(50 if i % 2 else -1), min_p=0.01 * (i % 3)) for i in range(16)
+        SamplingParams(seed=i, temperature=0.8, top_k=(50 if i % 2 else -1), min_p=0.01 * (i % 3))
+        for i in range(16)
     ]
     steps = list(range(16))
     cpu = Sampler().sample(logits, SamplingTensors.build(params, steps, "cpu"))

@@ -3,6 +3,7 @@ is lost, and a job that is invalid only at intake gets an error result at once."
 
 from __future__ import annotations
 
+import gzip
 import json
 import signal
 import time
@@ -30,12 +31,25 @@ BAD_LINES = [
     ('{"id": "b8", "prompt": "' + "x" * (MAX_JOB_BYTES + 10) + '"}', "exceeds the limit"),
     ('{"id": "b9", "prompt": "x", "temprature": 0.5}', "unknown field"),
     ('{"id": "b10", "messages": []}', "at least one message"),
-    ('{"id": "b11", "input_ids": [5, -1, 7]}', "token ids must be >= 0"),
+    ('{"id": "b11", "input_ids": [5, -1, 7]}', "input_ids[1]=-1: token ids must be integers in [0, 2**31)"),
     ('{"id": "b12", "prompt": "x", "n": 0}', "n=0"),
     ('{"id": 12, "prompt": "x"}', "id"),
     ('{"id": "b14", "prompt": "x", "max_tokens": 0}', "max_tokens"),
     ('{"id": "b15", "messages": [{"role": "user"}]}', "content"),
     ('{"custom_id": "b16", "method": "POST", "url": "/v1/embeddings", "body": {}}', "url"),
+    # issue 8: numbers past msgpack's range, deep nesting and bad bytes are one line's rejection
+    ('{"id":"POISON","prompt":"Hi","max_tokens":4,"top_k":9223372036854775808}', "top_k=9223372036854775808"),
+    ('{"id": "b18", "prompt": "x", "top_k": 18446744073709551616}', "top_k=18446744073709551616"),
+    ('{"id": "b19", "prompt": "x", "stop_token_ids": [18446744073709551616]}', "stop_token_ids[0]="),
+    ('{"id": "b20", "input_ids": [1, 18446744073709551616]}', "input_ids[1]=18446744073709551616"),
+    ('{"id": "b21", "prompt": "x", "metadata": {"n": 18446744073709551616}}', "metadata.n="),
+    (
+        '{"id": "b22", "prompt": "x", "metadata": ' + '{"a": ' * 985 + "1" + "}" * 985 + "}",
+        "metadata: nested",
+    ),
+    ('{"id": "b23", "prompt": "x", "metadata": ' + "[" * 5000 + "]" * 5000 + "}", "metadata: nested"),
+    ('{"id": "b24", "prompt": "caf\udce9"}', "encoding: not valid UTF-8: byte 29 is 0xe9"),
+    ('{"id": "b25", "prompt": "x", "temperature": 1e-45, "top_p": 1e-300}', "top_p=1e-300"),
 ]
 
 
@@ -52,7 +66,7 @@ def write_mixed_file(path: Path) -> tuple[list[str], dict[int, str]]:
         expected_bad[len(lines)] = words
     lines.append(json.dumps({"messages": [{"role": "user", "content": "no id here"}], "temperature": 0}))
     lines.append(json.dumps({"input_ids": [1, 2, 3], "seed": 4, "stop_token_ids": [2]}))
-    path.write_text("\n".join(lines) + "\n")
+    path.write_text("\n".join(lines) + "\n", errors="surrogateescape")  # \udcXX: the byte XX
     return valid_ids, expected_bad
 
 
@@ -87,6 +101,21 @@ def test_bad_lines_reported_and_valid_jobs_complete(redis_url: str, tmp_path: Pa
     assert len(rows) == num_valid
     assert [row["id"] for row in rows[: len(valid_ids)]] == valid_ids
     assert all(row["error"] is None and row["choices"][0]["text"] == fake_text(row["id"]) for row in rows)
+
+
+def test_gzip_file_with_a_byte_order_mark_enqueues(redis_url: str, tmp_path: Path) -> None:
+    """Regression (issue 8, point 3): a BOM rejected line 1 and `.jsonl.gz` was refused."""
+    source = tmp_path / "in.jsonl.gz"
+    lines = ['{"id": "g1", "prompt": "x"}', '{"id": "g2", "input_ids": [1, 2]}']
+    source.write_bytes(gzip.compress(("\ufeff" + "\n".join(lines) + "\n").encode()))
+    enqueue = radixq("enqueue", str(source), "--redis-url", redis_url)
+    assert enqueue.returncode == 0, enqueue.stderr
+    assert "enqueued 2, skipped 0 (already enqueued), rejected 0" in enqueue.stdout
+    keys = QueueKeys()
+    client = redis.Redis.from_url(redis_url)
+    ids = [fields[FIELD_ID.encode()] for _, fields in client.xrange(keys.jobs)]
+    client.close()
+    assert ids == [b"g1", b"g2"]
 
 
 def test_job_invalid_at_intake_gets_error_result_without_retries(redis_url: str, tmp_path: Path) -> None:

@@ -2,14 +2,30 @@
 
 from __future__ import annotations
 
+import gzip
 import json
+import tracemalloc
 from pathlib import Path
 
 import pytest
 
-from producer.jsonl import derive_id, output_record, parse_line, read_jobs, written_ids
+from producer.jsonl import derive_id, output_line, output_record, parse_line, read_jobs, written_ids
 from producer.openai_batch import RESERVED_KEY
-from producer.schema import ChatMessage, Choice, ErrorInfo, JobError, Result, SamplingParams, Timings, Usage
+from producer.schema import (
+    MAX_JOB_BYTES,
+    ChatMessage,
+    Choice,
+    ErrorInfo,
+    JobError,
+    Result,
+    SamplingParams,
+    Timings,
+    Usage,
+    decode_job,
+    decode_result,
+    encode,
+    encode_job,
+)
 
 
 def test_native_lines_of_each_kind() -> None:
@@ -55,10 +71,10 @@ def test_duplicate_ids_in_one_file_are_rejected(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("line", "field", "reason"),
     [
-        ('{"id": "x", "prompt": "p", "top_k": -2}', "top_k", "must be >= 1"),
-        ('{"id": "x", "prompt": "p", "min_p": 2}', "min_p", "must be in [0, 1]"),
-        ('{"id": "x", "prompt": "p", "stop": [""]}', "stop", "non-empty"),
-        ('{"id": "x", "prompt": "p", "seed": -1}', "seed", "must be in [0, 2**63)"),
+        ('{"id": "x", "prompt": "p", "top_k": -2}', "top_k", "or -1/0 for off"),
+        ('{"id": "x", "prompt": "p", "min_p": 2}', "min_p", "must be a finite number in [0, 1]"),
+        ('{"id": "x", "prompt": "p", "stop": [""]}', "stop[0]", "non-empty"),
+        ('{"id": "x", "prompt": "p", "seed": -1}', "seed", "must be an integer in [0, 2**63)"),
         ('{"id": "x", "prompt": ""}', "prompt", "must be non-empty"),
         ('{"id": "", "prompt": "p"}', "id", "non-empty string"),
         ('{"id": "x", "prompt": "p", "metadata": {"_radixq": 1}}', "metadata._radixq", "reserved"),
@@ -161,3 +177,110 @@ def test_written_ids_cuts_a_torn_last_line(tmp_path: Path) -> None:
     assert written_ids(out) == {"a", "b"}
     assert out.read_text() == '{"id": "a"}\n{"custom_id": "b", "id": "batch_x"}\n'
     assert written_ids(tmp_path / "missing.jsonl") == set()
+
+
+def _deep(depth: int) -> str:
+    return '{"a": ' * depth + "1" + "}" * depth
+
+
+def test_out_of_range_and_deep_lines_are_rejected_alone(tmp_path: Path) -> None:
+    """Regression (issue 8, point 3): each of these aborted the whole file, or was silently
+    changed; now each is its own line's rejection and every other line is read."""
+    lines = [
+        b'{"id": "ok-1", "prompt": "a"}',
+        b'{"id":"POISON","prompt":"Hi","max_tokens":4,"top_k":9223372036854775808}',
+        b'{"id": "t64", "prompt": "a", "top_k": 18446744073709551616}',
+        b'{"id": "s64", "prompt": "a", "stop_token_ids": [18446744073709551616]}',
+        b'{"id": "i64", "input_ids": [1, 18446744073709551616]}',
+        b'{"id": "m64", "prompt": "a", "metadata": {"n": 18446744073709551616}}',
+        b'{"id": "d985", "prompt": "a", "metadata": ' + _deep(985).encode() + b"}",
+        b'{"id": "d5000", "prompt": "a", "metadata": ' + _deep(5000).encode() + b"}",
+        b'{"id": "latin1", "prompt": "caf\xe9"}',
+        b"",
+        b'{"id": "ok-2", "prompt": "caf\xc3\xa9", "metadata": ' + _deep(31).encode() + b"}",
+    ]
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    parsed = read_jobs(path)
+    assert [(job.id, job.prompt) for job in parsed.jobs] == [("ok-1", "a"), ("ok-2", "café")]
+    off = "must be an integer in [1, 1048576], or -1/0 for off"
+    token = "token ids must be integers in [0, 2**31)"
+    deep = "metadata: nested more than 32 levels deep"
+    assert [str(rejected) for rejected in parsed.rejected] == [
+        f"line 2: job 'POISON': top_k=9223372036854775808: {off}",
+        f"line 3: job 't64': top_k=18446744073709551616: {off}",
+        f"line 4: job 's64': stop_token_ids[0]=18446744073709551616: {token}",
+        f"line 5: job 'i64': input_ids[1]=18446744073709551616: {token}",
+        "line 6: job 'm64': metadata.n=18446744073709551616: integers must be in [-2**63, 2**64)",
+        f"line 7: job 'd985': {deep}",
+        f"line 8: job 'd5000': {deep}",
+        "line 9: encoding: not valid UTF-8: byte 32 is 0xe9",
+    ]
+
+
+def test_a_byte_order_mark_on_the_first_line_is_skipped(tmp_path: Path) -> None:
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"prompt": "x"}\r\n{"id": "b", "prompt": "\xef\xbb\xbfy"}\r\n')
+    parsed = read_jobs(path)
+    assert parsed.rejected == []
+    assert [(job.id, job.prompt) for job in parsed.jobs] == [
+        (derive_id('{"prompt": "x"}', 1), "x"),
+        ("b", "\ufeffy"),  # only the first line's mark is the file's; this one is content
+    ]
+
+
+def test_gzip_files_are_read_by_their_magic_bytes(tmp_path: Path) -> None:
+    lines = b'\xef\xbb\xbf{"id": "g1", "prompt": "x"}\n\n{"id": "g2", "input_ids": [1]}\n{"id": 3}\n'
+    for name in ("in.jsonl.gz", "in.jsonl", "no-suffix"):
+        path = tmp_path / name
+        path.write_bytes(gzip.compress(lines))
+        parsed = read_jobs(path)
+        assert [job.id for job in parsed.jobs] == ["g1", "g2"]
+        assert [r.line_no for r in parsed.rejected] == [4]
+    plain = tmp_path / "plain.jsonl.gz"
+    plain.write_bytes(lines)  # the suffix alone does not make a file gzip
+    assert [job.id for job in read_jobs(plain).jobs] == ["g1", "g2"]
+
+
+def test_a_truncated_gzip_keeps_the_lines_before_the_damage(tmp_path: Path) -> None:
+    body = b"".join(b'{"id": "j%d", "prompt": "x"}\n' % i for i in range(2000))
+    path = tmp_path / "cut.jsonl.gz"
+    path.write_bytes(gzip.compress(body)[:-100])
+    parsed = read_jobs(path)
+    assert 1000 < len(parsed.jobs) < 2000
+    assert [job.id for job in parsed.jobs] == [f"j{i}" for i in range(len(parsed.jobs))]
+    [rejected] = parsed.rejected
+    assert rejected.line_no > len(parsed.jobs)
+    assert rejected.reason.startswith("file: cannot be read from here on: Compressed file ended")
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_an_over_long_line_is_rejected_in_bounded_memory(tmp_path: Path, compress: bool) -> None:
+    size = 16 * MAX_JOB_BYTES
+    body = b'{"id": "a", "prompt": "x"}\n{"prompt": "' + b"y" * size + b'"}\n{"id": "c", "prompt": "z"}\n'
+    path = tmp_path / "long.jsonl"
+    path.write_bytes(gzip.compress(body) if compress else body)
+    tracemalloc.start()
+    try:
+        parsed = read_jobs(path)
+        _, peak_bytes = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert [job.id for job in parsed.jobs] == ["a", "c"]
+    assert [str(r) for r in parsed.rejected] == [
+        f"line 2: payload='{size + 15} bytes': line exceeds the limit of {MAX_JOB_BYTES} bytes"
+    ]
+    assert peak_bytes < 4 * MAX_JOB_BYTES, peak_bytes
+
+
+def test_every_accepted_line_round_trips_and_its_result_encodes(tmp_path: Path) -> None:
+    path = tmp_path / "in.jsonl"
+    path.write_text(
+        '{"id": "a", "prompt": "p", "seed": 9223372036854775807, "top_k": 1048576,'
+        ' "metadata": {"big": 18446744073709551615, "small": -9223372036854775808, "f": 1e308}}\n'
+    )
+    [job] = read_jobs(path).jobs
+    assert decode_job(encode_job(job)) == job
+    result = Result(id=job.id, metadata=job.metadata)
+    assert decode_result(encode(result)) == result
+    assert json.loads(output_line(result))["metadata"] == job.metadata

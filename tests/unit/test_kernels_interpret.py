@@ -72,19 +72,15 @@ def test_silu_and_mul(ops):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fused_sampling_draws_what_the_torch_sampler_draws(ops, dtype):
-    from types import SimpleNamespace
-
+    from producer.schema import SamplingParams
     from worker.engine.sampler import Sampler, SamplingTensors
     from worker.kernels.sampling import sample_unfiltered
 
     gen = torch.Generator().manual_seed(4)
     logits = (torch.randn(24, 9000, generator=gen) * 4).to(dtype)  # the model's dtype
     params = [
-        SimpleNamespace(
+        SamplingParams(
             temperature=0.0 if i % 5 == 0 else 0.3 + 0.1 * i,
-            top_p=1.0,
-            top_k=-1,
-            min_p=0.0,
             seed=(i * 0x9E3779B97F4A7C15) % 2**63,  # both 32-bit halves of the seed matter
         )
         for i in range(24)

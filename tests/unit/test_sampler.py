@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from producer.schema import SamplingParams
+from producer.schema import MAX_TOP_K, SamplingParams
 from worker.engine.sampler import Sampler, SamplingTensors, row_uniforms
 
 VOCAB = 64
@@ -150,3 +150,30 @@ def test_bf16_logits_sample_as_their_float32_upcast():
         subset, steps = [params[r] for r in rows], list(rows)
         got = _sample(logits[list(rows)], subset, steps)
         assert torch.equal(got, _sample(logits[list(rows)].float(), subset, steps))
+
+
+def test_temperatures_below_epsilon_are_greedy_rows():
+    """One greedy rule (SamplingParams.greedy): 1e-45 would overflow logits / T in float32."""
+    logits = torch.randn(3, VOCAB, generator=torch.Generator().manual_seed(6)) * 5
+    params = [SamplingParams(temperature=t, seed=i) for i, t in enumerate((1e-45, 9.9e-6, 0.0))]
+    tensors = SamplingTensors.build(params, [0, 0, 0], "cpu")
+    assert tensors.all_greedy and tensors.temperature.tolist() == [1.0, 1.0, 1.0]
+    assert torch.equal(Sampler().sample(logits, tensors).long(), logits.argmax(-1))
+
+
+def test_top_k_covering_the_vocabulary_is_off():
+    """top_k >= vocab is built as off, so it draws exactly what top_k off draws; unclamped
+    (no vocab size given) the filter runs with the largest top_k and keeps every token."""
+    logits = torch.randn(1, VOCAB, generator=torch.Generator().manual_seed(7))
+    for top_k in (VOCAB, VOCAB + 1, MAX_TOP_K):
+        for step in range(10):
+            params = [SamplingParams(top_k=top_k, seed=1)]
+            tensors = SamplingTensors.build(params, [step], "cpu", vocab_size=VOCAB)
+            assert not tensors.use_top_k and tensors.top_k.tolist() == [0]
+            off = _sample(logits, [SamplingParams(seed=1)], [step])
+            assert torch.equal(Sampler().sample(logits, tensors), off)
+    unclamped = SamplingTensors.build(
+        [SamplingParams(top_k=MAX_TOP_K, seed=s) for s in range(500)], [0] * 500, "cpu"
+    )
+    assert unclamped.use_top_k
+    assert len(set(Sampler().sample(logits.expand(500, -1), unclamped).tolist())) > VOCAB // 2

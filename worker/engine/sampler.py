@@ -15,6 +15,7 @@ below min_p times the largest). Excluded tokens get probability 0 and are never 
 from __future__ import annotations
 
 import random
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -83,18 +84,20 @@ class SamplingTensors:
         steps: list[int],
         device: torch.device | str,
         seeds: list[int] | None = None,
+        vocab_size: int | None = None,
     ) -> SamplingTensors:
         """Stack ``params``. A request without a seed gets ``seeds[i]`` if given (the caller
-        picks one per request to keep its draws independent of batching), else fresh randomness."""
+        picks one per request to keep its draws independent of batching), else fresh randomness.
+        A top_k that keeps all ``vocab_size`` tokens is off (without a vocab_size, only -1/0)."""
         if len(steps) != len(params) or (seeds is not None and len(seeds) != len(params)):
             raise ValueError(f"params ({len(params)}), steps ({len(steps)}) and seeds must align")
         device = torch.device(device)
-        greedy = [p.temperature == 0 or p.top_k == 1 for p in params]
+        greedy = [p.greedy for p in params]
         chosen_seeds = [
             p.seed if p.seed is not None else (seeds[i] if seeds is not None else random.getrandbits(63))
             for i, p in enumerate(params)
         ]
-        top_k = [p.top_k if p.top_k > 0 else 0 for p in params]
+        top_k = [p.top_k_for(vocab_size if vocab_size is not None else sys.maxsize) for p in params]
         sampled = [not g for g in greedy]
         pin = device.type == "cuda"
 

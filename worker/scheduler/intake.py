@@ -11,7 +11,11 @@ from worker.scheduler.req import PendingReq, RequestGroup
 
 
 def refusal(msg: GenerateRequest, max_seq_len: int, vocab_size: int) -> tuple[str, str] | None:
-    """(error_code, message) when the request cannot run on this engine, else None."""
+    """(error_code, message) when the request cannot run on this engine, else None.
+
+    ``msg.sampling`` already holds SamplingParams' bounds (checked when it was decoded); what
+    depends on the model is checked here. Stop token ids outside the vocabulary are accepted:
+    they can never match a sampled token, so they are harmless."""
     prompt_len = len(msg.input_ids)
     if prompt_len == 0:
         return "invalid_job", "input_ids: empty prompt"

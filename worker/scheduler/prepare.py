@@ -32,11 +32,10 @@ if TYPE_CHECKING:
 _SamplingRow = tuple[int, float, float, int, float, bool]
 
 
-def _sampling_row(pending: PendingReq) -> _SamplingRow:
+def _sampling_row(pending: PendingReq, vocab_size: int) -> _SamplingRow:
     p = pending.sampling
-    greedy = p.temperature == 0 or p.top_k == 1
     seed = p.seed if p.seed is not None else pending.seed
-    return (seed, 1.0 if greedy else p.temperature, p.top_p, max(p.top_k, 0), p.min_p, greedy)
+    return (seed, 1.0 if p.greedy else p.temperature, p.top_p, p.top_k_for(vocab_size), p.min_p, p.greedy)
 
 
 class BatchPreparer:
@@ -149,7 +148,7 @@ class BatchPreparer:
         if row is None:
             if len(self._rows) > 4 * self.tables.max_running_reqs:
                 self._rows.clear()  # NOTE: entries of finished requests; rebuilt on demand
-            row = self._rows[pending] = _sampling_row(pending)
+            row = self._rows[pending] = _sampling_row(pending, self.engine.model_config.vocab_size)
         return row
 
     def _pack(self, parts: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
