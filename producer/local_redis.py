@@ -2,7 +2,8 @@
 when no redis-server binary exists, fakeredis's TCP server in a background thread.
 
 The redis-server child runs in its own session (a Ctrl-C meant for its owner does not reach
-it) and gets SIGTERM when its owner dies, ``kill -9`` included. A temporary folder made for it
+it) and gets SIGTERM when its owner dies, ``kill -9`` included (NOTE: the kernel sends it when
+the *thread* that started the server ends: start it from a thread that outlives it). A temporary folder made for it
 holds an ``owner.pid`` file; a folder whose owner died without removing it (``kill -9``) is
 removed by the next LocalRedis that makes a folder of its own.
 """

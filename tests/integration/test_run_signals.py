@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from producer.keys import QueueKeys
 from producer.local_redis import LocalRedis
@@ -117,8 +119,11 @@ def cmdline(pid: int) -> str:
     return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
 
 
-def run_children(run: subprocess.Popen[bytes], num_workers: int) -> tuple[int, list[int]]:
-    """(redis-server pid, worker pids) of a run, once they are all there."""
+def run_children(
+    run: subprocess.Popen[bytes], num_workers: int, num_servers: int = 1
+) -> tuple[int | None, list[int]]:
+    """(redis-server pid, worker pids) of a run, once they are all there (no server for a run
+    given a Redis URL: ``num_servers`` 0)."""
     found: dict[str, list[int]] = {}
 
     def look() -> bool:
@@ -129,14 +134,14 @@ def run_children(run: subprocess.Popen[bytes], num_workers: int) -> tuple[int, l
                 "redis" if "redis-server" in text else "worker" if "producer.cli worker" in text else "other"
             )
             found.setdefault(kind, []).append(pid)
-        return len(found.get("redis", [])) == 1 and len(found.get("worker", [])) == num_workers
+        return len(found.get("redis", [])) == num_servers and len(found.get("worker", [])) == num_workers
 
     wait_for(look, 30, "the run's redis-server and workers")
-    return found["redis"][0], found["worker"]
+    return (found["redis"][0] if num_servers else None), found["worker"]
 
 
-def private_redis(worker_pid: int) -> redis.Redis:
-    """A client on the run's private Redis, with the URL the worker got in its environment."""
+def queue_redis(worker_pid: int) -> redis.Redis:
+    """A client on the run's Redis, with the URL the worker got in its environment."""
     environ = Path(f"/proc/{worker_pid}/environ").read_bytes().split(b"\0")
     url = next(item.split(b"=", 1)[1].decode() for item in environ if item.startswith(b"RADIXQ_REDIS_URL="))
     return redis.Redis.from_url(url)
@@ -187,22 +192,21 @@ def reaped() -> Iterator[list[subprocess.Popen[bytes]]]:
             run.wait()
 
 
-@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm", "sigterm, shared redis"])
 def test_signal_mid_run_drains_writes_what_finished_and_cleans_up(
-    how: str, tmp_path: Path, reaped: list[subprocess.Popen[bytes]]
+    how: str, tmp_path: Path, reaped: list[subprocess.Popen[bytes]], request: pytest.FixtureRequest
 ) -> None:
     source, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     ids = write_input(source, 60)
-    run = start_run(
-        tmp_path, source, out, "--workers", "2", RADIXQ_FAKE_LATENCY_S="0.4", RADIXQ_FAKE_CAPACITY="2"
-    )
+    shared = ["--redis-url", request.getfixturevalue("redis_url")] if "shared" in how else []
+    args = [*shared, "--workers", "2"]
+    run = start_run(tmp_path, source, out, *args, RADIXQ_FAKE_LATENCY_S="0.4", RADIXQ_FAKE_CAPACITY="2")
     reaped.append(run)
-    redis_pid, worker_pids = run_children(run, 2)
+    redis_pid, worker_pids = run_children(run, 2, num_servers=0 if shared else 1)
     children = descendants(run.pid)
-    client = private_redis(worker_pids[0])
+    client = queue_redis(worker_pids[0])
     wait_for(lambda: out.exists() and len(out.read_text().splitlines()) >= 4, 30, "4 results in the output")
     before = finished_and_held(client)
-    client.close()
     if how == "ctrl-c":
         os.killpg(run.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
     else:
@@ -219,10 +223,14 @@ def test_signal_mid_run_drains_writes_what_finished_and_cleans_up(
     assert f"interrupted: wrote {len(written)} of 60 results to {out}; run the same command again" in log
     assert "Traceback" not in log
     assert still_running(children) == [], f"left running: {[cmdline(p) for p in still_running(children)]}"
-    assert redis_pid in children and set(worker_pids) <= set(children)
+    assert set(worker_pids) <= set(children) and (shared or redis_pid in children)
     assert run_folders(run.pid) == []
+    if shared:  # the workers put back what they did not finish and left the group
+        assert client.xpending(KEYS.jobs, KEYS.group)["pending"] == 0
+        assert client.xinfo_consumers(KEYS.jobs, KEYS.group) == []
+    client.close()
 
-    again = radixq("run", str(source), "-o", str(out), "--backend", FAKE_BACKEND, "--timeout", "60")
+    again = radixq("run", str(source), "-o", str(out), *shared, "--backend", FAKE_BACKEND, "--timeout", "60")
     assert again.returncode == 0, again.stderr
     assert read_output(out) == ids  # every id exactly once, in input order
 
@@ -236,7 +244,7 @@ def test_shutdown_keeps_to_the_drain_timeout(tmp_path: Path, reaped: list[subpro
     reaped.append(run)
     _, (worker_pid,) = run_children(run, 1)
     children = descendants(run.pid)
-    client = private_redis(worker_pid)
+    client = queue_redis(worker_pid)
     wait_for(lambda: client.xpending(KEYS.jobs, KEYS.group)["pending"] == 3, 30, "the worker to hold 3 jobs")
     client.close()
     signalled = time.monotonic()
@@ -256,7 +264,7 @@ def test_second_signal_hurries_the_shutdown(tmp_path: Path, reaped: list[subproc
     reaped.append(run)
     _, (worker_pid,) = run_children(run, 1)
     children = descendants(run.pid)
-    client = private_redis(worker_pid)
+    client = queue_redis(worker_pid)
     wait_for(lambda: client.xpending(KEYS.jobs, KEYS.group)["pending"] == 3, 30, "the worker to hold 3 jobs")
     client.close()
     os.killpg(run.pid, signal.SIGINT)
@@ -266,6 +274,23 @@ def test_second_signal_hurries_the_shutdown(tmp_path: Path, reaped: list[subproc
     os.killpg(run.pid, signal.SIGINT)
     assert run.wait(timeout=30) == 1
     assert time.monotonic() - hurried < 3.0
+    assert still_running(children) == [] and run_folders(run.pid) == []
+
+
+def test_timeout_stops_the_run_as_a_signal_does(
+    tmp_path: Path, reaped: list[subprocess.Popen[bytes]]
+) -> None:
+    source, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    write_input(source, 4)
+    run = start_run(
+        tmp_path, source, out, "--timeout", "3", "--drain-timeout-s", "1", RADIXQ_FAKE_LATENCY_S="60"
+    )
+    reaped.append(run)
+    run_children(run, 1)
+    children = descendants(run.pid)
+    assert run.wait(timeout=30) == 1
+    log = (tmp_path / "run.log").read_text()
+    assert f"timed out after 3s: wrote 0 of 4 results to {out}; run the same command again to resume" in log
     assert still_running(children) == [] and run_folders(run.pid) == []
 
 
@@ -298,24 +323,28 @@ def test_private_redis_wants_its_password_which_no_command_line_shows(
     run = start_run(tmp_path, source, out, "--drain-timeout-s", "1", RADIXQ_FAKE_LATENCY_S="60")
     reaped.append(run)
     redis_pid, (worker_pid,) = run_children(run, 1)
-    client = private_redis(worker_pid)
+    client = queue_redis(worker_pid)
     password = client.connection_pool.connection_kwargs["password"]
     assert password and len(password) >= 16
     port = client.connection_pool.connection_kwargs["port"]
     assert client.config_get("protected-mode") == {"protected-mode": "yes"}
     assert client.config_get("bind") == {"bind": "127.0.0.1"}
     client.close()
-    stranger = redis.Redis(port=port)
-    with pytest.raises(redis.AuthenticationError):
-        stranger.ping()
-    with pytest.raises(redis.AuthenticationError):
-        redis.Redis(port=port, password="guess").ping()
-    stranger.close()
+    for guess in (None, "guess"):
+        stranger = redis.Redis(port=port, password=guess, retry=Retry(NoBackoff(), 0))
+        with pytest.raises(redis.AuthenticationError):
+            stranger.ping()
+        stranger.close()
 
     for pid in (run.pid, redis_pid, worker_pid):
         assert password not in cmdline(pid)
-    listing = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True, check=True).stdout
-    assert str(worker_pid) in listing and password not in listing
+    everyone = [entry for entry in Path("/proc").iterdir() if entry.name.isdigit()]
+    assert worker_pid in {int(entry.name) for entry in everyone}
+    for entry in everyone:  # what `ps` shows
+        try:
+            assert password not in cmdline(int(entry.name)), cmdline(int(entry.name))
+        except OSError:
+            pass  # exited meanwhile
     os.kill(run.pid, signal.SIGTERM)
     assert run.wait(timeout=30) == 1
     assert password not in (tmp_path / "run.log").read_text()
