@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import statistics
 import subprocess
@@ -95,7 +94,7 @@ def main() -> None:
     from producer.client import Client
     from producer.collector import Collector
     from producer.local_redis import LocalRedis
-    from producer.runner import worker_command
+    from producer.runner import worker_command, worker_env
 
     workload = standard_workload(args.num_requests)
     work = Path(tempfile.mkdtemp(prefix="radixq-e2e-"))
@@ -103,8 +102,7 @@ def main() -> None:
     config.write_text(f'[engine]\nmodel = "{Path(args.model).resolve()}"\nload_format = "dummy"\n')
     with LocalRedis(use_server=True, fsync="everysec") as redis_server:
         extra = ["--config", str(config)] + (["--device", args.device] if args.device else [])
-        env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
-        worker = subprocess.Popen(worker_command("e2e", redis_server.url, "e2e-0", extra), env=env)
+        worker = subprocess.Popen(worker_command("e2e", "e2e-0", extra), env=worker_env(redis_server.url))
         try:
             client = Client.from_url(redis_server.url, "e2e")
             collector = Collector(client.redis, "e2e")

@@ -1,8 +1,18 @@
 """A private Redis for one run or one test: a redis-server child on a free loopback port, or,
-when no redis-server binary exists, fakeredis's TCP server in a background thread."""
+when no redis-server binary exists, fakeredis's TCP server in a background thread.
+
+The redis-server child runs in its own session (a Ctrl-C meant for its owner does not reach
+it) and gets SIGTERM when its owner dies, ``kill -9`` included (NOTE: the kernel sends it when
+the *thread* that started the server ends: start it from a thread that outlives it). A temporary folder made for it
+holds an ``owner.pid`` file; a folder whose owner died without removing it (``kill -9``) is
+removed by the next LocalRedis that makes a folder of its own.
+"""
 
 from __future__ import annotations
 
+import os
+import re
+import secrets
 import shutil
 import signal
 import socket
@@ -14,9 +24,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from producer.lifetime import start_child
 
 if TYPE_CHECKING:
     from fakeredis import TcpFakeServer
+
+DIR_PREFIX = "radixq-redis-"
+OWNER_FILE = "owner.pid"
 
 
 def free_port() -> int:
@@ -26,12 +43,65 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def process_tag(pid: int) -> str | None:
+    """``"PID START"`` for a live process (START: its start time, so that a reused pid does
+    not pass for the old process); None for one that is gone or a zombie. Without /proc
+    (not Linux) the tag is just ``"PID"``."""
+    if not Path("/proc/self/stat").exists():
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass
+        return str(pid)
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()  # NOTE: the name in parentheses may hold spaces
+    if fields[0] in ("Z", "X"):
+        return None
+    return f"{pid} {fields[19]}"  # field 22 of proc(5): starttime
+
+
+def _owner_alive(owner: str) -> bool:
+    pid, _, start = owner.partition(" ")
+    tag = process_tag(int(pid))
+    return tag is not None and (not start or tag == owner)
+
+
+def remove_stale_dirs(parent: Path | None = None) -> list[Path]:
+    """Remove this user's ``radixq-redis-*`` folders whose owner process is gone; return them.
+
+    A folder without a readable owner file (made by an older radixq, or being made right
+    now) is left alone."""
+    removed = []
+    for folder in Path(parent or tempfile.gettempdir()).glob(f"{DIR_PREFIX}*"):
+        try:
+            if folder.stat().st_uid != os.getuid():
+                continue
+            owner = (folder / OWNER_FILE).read_text().strip()
+        except OSError:
+            continue
+        if re.fullmatch(r"\d+( \d+)?", owner) and not _owner_alive(owner):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
+
+
 class LocalRedis:
     """Start, stop, kill and restart one private Redis. Use as a context manager.
 
-    With ``appendonly`` (the default) a redis-server keeps an AOF under ``data_dir``; with
-    ``fsync="always"`` (the default) a restart on the same port and directory loses no
-    acknowledged write. The fakeredis fallback lives in memory only and cannot be restarted.
+    It listens on 127.0.0.1 only, with protected mode on. With ``with_password`` a
+    redis-server requires a random password, which ``url`` carries (it is given to the server
+    on stdin, so no command line shows it). With ``appendonly`` (the default) a redis-server
+    keeps an AOF under ``data_dir``; with ``fsync="always"`` (the default) a restart on the
+    same port and directory loses no acknowledged write. The fakeredis fallback lives in
+    memory only, cannot be restarted and takes no password (see ``_start_fake``).
+
+    ``stop`` leaves no server and, unless told otherwise, no folder of its own behind; a
+    ``start`` that fails stops the server it started.
     """
 
     def __init__(
@@ -42,6 +112,7 @@ class LocalRedis:
         appendonly: bool = True,
         fsync: str = "always",
         use_server: bool | None = None,
+        with_password: bool = False,
         ready_timeout_s: float = 10.0,
     ) -> None:
         self.port = port or free_port()
@@ -52,10 +123,13 @@ class LocalRedis:
         self.binary = binary if use_server is not False else None
         if use_server and binary is None:
             raise RuntimeError("redis-server was asked for but is not on PATH")
+        self.password = secrets.token_urlsafe(24) if with_password and self.binary else None
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         if data_dir is None:
-            self._tmp = tempfile.TemporaryDirectory(prefix="radixq-redis-")
+            remove_stale_dirs()
+            self._tmp = tempfile.TemporaryDirectory(prefix=DIR_PREFIX, ignore_cleanup_errors=True)
             data_dir = Path(self._tmp.name)
+            (data_dir / OWNER_FILE).write_text(f"{process_tag(os.getpid())}\n")
         self.data_dir = data_dir
         self._proc: subprocess.Popen[bytes] | None = None
         self._fake: TcpFakeServer | None = None
@@ -63,42 +137,70 @@ class LocalRedis:
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
 
     @property
     def kind(self) -> str:
         return "redis-server" if self.binary else "fakeredis"
 
+    @property
+    def pid(self) -> int | None:
+        """The redis-server's pid while it runs (None for fakeredis)."""
+        return self._proc.pid if self._proc is not None else None
+
     def start(self) -> LocalRedis:
-        if self.binary:
-            self._start_server()
-        else:
-            self._start_fake()
-        self._wait_ready()
+        try:
+            if self.binary:
+                self._start_server()
+            else:
+                self._start_fake()
+            self._wait_ready()
+        except BaseException:
+            self.stop(cleanup=False)
+            raise
         return self
+
+    def _config(self) -> str:
+        lines = [
+            f"port {self.port}",
+            "bind 127.0.0.1",
+            "protected-mode yes",
+            f"dir {self.data_dir}",
+            'save ""',
+            f"appendonly {'yes' if self.appendonly else 'no'}",
+            f"appendfsync {self.fsync}",
+            "maxmemory-policy noeviction",
+            "daemonize no",
+            "loglevel warning",
+        ]
+        if self.password:
+            lines.append(f"requirepass {self.password}")
+        return "\n".join(lines) + "\n"
 
     def _start_server(self) -> None:
         assert self.binary is not None
-        args = [
-            self.binary,
-            "--port", str(self.port),
-            "--bind", "127.0.0.1",
-            "--dir", str(self.data_dir),
-            "--save", "",
-            "--appendonly", "yes" if self.appendonly else "no",
-            "--appendfsync", self.fsync,
-            "--maxmemory-policy", "noeviction",
-            "--protected-mode", "no",
-            "--daemonize", "no",
-            "--loglevel", "warning",
-        ]  # fmt: skip
-        log = open(self.data_dir / "redis.log", "ab")  # noqa: SIM115 - owned by the child
-        self._proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        log.close()
+        with open(self.data_dir / "redis.log", "ab") as log:
+            # "-": the configuration (password included) comes on stdin, not on the command line
+            self._proc = start_child(
+                [self.binary, "-"],
+                death_signal=signal.SIGTERM,
+                stdin=subprocess.PIPE,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        assert self._proc.stdin is not None
+        try:
+            self._proc.stdin.write(self._config().encode())
+            self._proc.stdin.close()
+        except BrokenPipeError:
+            pass  # it exited at once; _wait_ready reports its log
 
     def _start_fake(self) -> None:
         from fakeredis import TcpFakeServer
 
+        # NOTE: fakeredis's TCP server accepts every client (it does not enforce requirepass),
+        # so the fallback has no password; it listens on the loopback interface only.
         fake = TcpFakeServer(("127.0.0.1", self.port), server_type="redis")
         fake.daemon_threads = True
         self._fake = fake
@@ -107,16 +209,23 @@ class LocalRedis:
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.ready_timeout_s
-        client = redis.Redis(port=self.port, socket_connect_timeout=0.5)
+        client = redis.Redis(
+            port=self.port,
+            password=self.password,
+            socket_connect_timeout=0.5,
+            socket_timeout=0.5,
+            retry=Retry(NoBackoff(), 0),  # this loop is the retry (redis-py's own backs off for seconds)
+        )
         try:
             while True:
                 if self._proc is not None and self._proc.poll() is not None:
-                    log = (self.data_dir / "redis.log").read_text(errors="replace")[-2000:]
-                    raise RuntimeError(f"redis-server exited with {self._proc.returncode}: {log}")
+                    log = (self.data_dir / "redis.log").read_text(errors="replace").splitlines()
+                    last = " | ".join(line.strip() for line in log[-3:] if line.strip())
+                    raise RuntimeError(f"redis-server exited with {self._proc.returncode}: {last}")
                 try:
                     if client.ping():
                         return
-                except (redis.ConnectionError, redis.BusyLoadingError):
+                except (redis.ConnectionError, redis.TimeoutError):  # includes LOADING
                     pass
                 if time.monotonic() > deadline:
                     raise RuntimeError(
@@ -140,25 +249,33 @@ class LocalRedis:
             self.stop(cleanup=False)
         self.start()
 
-    def stop(self, cleanup: bool = True) -> None:
-        if self._proc is not None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
-            self._proc = None
-        if self._fake is not None:
-            self._fake.shutdown()
-            self._fake.server_close()
-            self._fake = None
-        if cleanup and self._tmp is not None:
-            self._tmp.cleanup()
-            self._tmp = None
+    def stop(self, cleanup: bool = True, timeout_s: float = 10.0) -> None:
+        """Stop the server (SIGTERM; SIGKILL after ``timeout_s``); with ``cleanup``, then
+        remove the folder this LocalRedis made (a ``data_dir`` given to it is left)."""
+        try:
+            if self._proc is not None:
+                self._proc.terminate()
+                try:
+                    self._proc.wait(timeout=timeout_s)
+                except subprocess.TimeoutExpired:
+                    self._proc.kill()
+                    self._proc.wait()
+                self._proc = None
+            if self._fake is not None:
+                self._fake.shutdown()
+                self._fake.server_close()
+                self._fake = None
+        finally:
+            if cleanup and self._tmp is not None:
+                self._tmp.cleanup()
+                self._tmp = None
 
     def __enter__(self) -> LocalRedis:
-        return self.start()
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
 
     def __exit__(self, *exc: object) -> None:
         self.stop()

@@ -1,7 +1,18 @@
 """``radixq run``: one file in, one file out - enqueue, start workers, collect, shut down.
 
-Workers are ``radixq worker`` subprocesses (``python -m producer.cli worker``). With no Redis
-URL a private Redis is started for the run (LocalRedis) and removed afterwards.
+Workers are ``radixq worker`` subprocesses (``python -m producer.cli worker``) in sessions of
+their own (producer.lifetime), so a Ctrl-C in the terminal reaches ``run`` alone and ``run``
+decides how they stop. With no Redis URL a private Redis is started for the run (LocalRedis:
+loopback only, a random password) and removed afterwards. Workers get the URL through their
+environment (RADIXQ_REDIS_URL), never on their command line, where ``ps`` would show it.
+
+Stopping early (SIGINT, SIGTERM or ``timeout_s``): ``run`` sends the workers SIGTERM (they stop
+reading, finish what they hold within the drain timeout and put the rest back) and keeps
+collecting while they drain, so every result they write reaches the output; the private Redis
+and its folder go last. A second signal hurries the workers (a second SIGTERM: they write what
+is done and put the rest back); a worker still there after that is killed. The whole shutdown
+takes at most the drain timeout plus a few seconds (worker_pool.GRACE_S per harder step, and
+for stopping Redis). A signal during enqueue takes effect when enqueue is done.
 """
 
 from __future__ import annotations
@@ -10,15 +21,26 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
-from contextlib import ExitStack
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import msgspec
+import redis
+
+from producer import exits
 from producer.client import Client
-from producer.collector import Collector, CollectReport
+from producer.collector import Collector
 from producer.jsonl import InputFile, read_jobs, written_ids
+from producer.lifetime import start_child
 from producer.local_redis import LocalRedis
+from producer.redis_errors import FatalRedisError, describe, redact
+from producer.schema import Job
+from producer.worker_pool import GRACE_S, WorkerPool
+
+POLL_S = 0.2  # how soon collecting notices a signal or an exited worker
 
 
 @dataclass(frozen=True)
@@ -39,83 +61,215 @@ class RunReport:
     enqueued: int
     skipped: int
     resumed: int  # ids already in the output file, not run again
-    collected: CollectReport | None
+    written: int  # lines this run appended to the output file
+    in_output: int  # jobs of the input with a line in the output file now
+    failed: list[str]  # jobs of the input whose line in the output file is an error
+    stopped: str | None = None  # why it stopped before every job had a result
+    worker_codes: list[int | None] = field(default_factory=list)
+
+    @property
+    def missing(self) -> int:
+        return len(self.parsed.jobs) - self.in_output
+
+    def exit_code(self) -> int:
+        """0: every line ran without error; 2: nothing could run (no job lines, or every
+        worker exited with a usage error); 1: anything else short of that."""
+        if not self.parsed.jobs and not self.parsed.rejected:
+            return exits.USAGE
+        if self.missing and self.worker_codes and all(code == exits.USAGE for code in self.worker_codes):
+            return exits.USAGE
+        if self.missing or self.failed or self.parsed.rejected:
+            return exits.JOBS_FAILED
+        return exits.OK
 
 
-def worker_command(queue: str, redis_url: str, name: str, extra: list[str]) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "producer.cli",
-        "worker",
-        "--queue",
-        queue,
-        "--redis-url",
-        redis_url,
-        "--name",
-        name,
-        *extra,
-    ]
+class RunError(Exception):
+    """Nothing (more) could be done: a usage, configuration or connection error. ``str()`` is
+    the one line to show."""
+
+
+def worker_command(queue: str, name: str, extra: list[str]) -> list[str]:
+    """One ``radixq worker`` command line; its Redis URL goes in its environment (worker_env)."""
+    return [sys.executable, "-m", "producer.cli", "worker", "--queue", queue, "--name", name, *extra]
+
+
+def worker_env(redis_url: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("REDIS_URL", None)
+    env["RADIXQ_REDIS_URL"] = redis_url
+    return env
 
 
 def run_file(options: RunOptions, say: Callable[[str], None] = print) -> RunReport:
-    """Run every valid line of the input file and write the output file (resuming it)."""
+    """Run every valid line of the input file not yet in the output file; append the results.
+
+    SIGINT and SIGTERM (from the main thread) stop the run as the module docstring says; it
+    returns normally then, with ``stopped`` set. Raises RunError when nothing (more) can be
+    done; the workers, the private Redis and its folder are gone by then.
+    """
     parsed = read_jobs(options.input_path)
     for rejected in parsed.rejected:
-        say(f"rejected {rejected}")
-    already = written_ids(options.output_path)
+        say(f"rejected {options.input_path}:{rejected}")
+    out = options.output_path
+    if out.is_dir() or not out.parent.is_dir():
+        raise RunError(f"cannot write {out}: {'it is a folder' if out.is_dir() else 'no such folder'}")
+    already = written_ids(out)
     jobs = [job for job in parsed.jobs if job.id not in already]
     if already:
-        say(f"resuming: {len(parsed.jobs) - len(jobs)} jobs already in {options.output_path}")
-    if not jobs:
-        return RunReport(parsed, 0, 0, len(parsed.jobs) - len(jobs), None)
-    with ExitStack() as stack:
+        say(f"resuming: {len(parsed.jobs) - len(jobs)} jobs already in {out}")
+    outcome = _Outcome()
+    if jobs:
+        with _signals_counted() as signals:
+            try:
+                _run_jobs(options, jobs, len(parsed.rejected), signals, outcome, say)
+            except FatalRedisError as exc:
+                raise RunError(str(exc)) from None
+            except redis.RedisError as exc:
+                raise RunError(describe(exc, outcome.redis_url or "the private redis")) from None
+    rows = _output_errors(out)
+    in_output = [job.id for job in parsed.jobs if job.id in rows]
+    return RunReport(
+        parsed=parsed,
+        enqueued=outcome.enqueued,
+        skipped=outcome.skipped,
+        resumed=len(parsed.jobs) - len(jobs),
+        written=outcome.written,
+        in_output=len(in_output),
+        failed=[job_id for job_id in in_output if rows[job_id]],
+        stopped=outcome.stopped,
+        worker_codes=outcome.worker_codes,
+    )
+
+
+@dataclass
+class _Outcome:
+    redis_url: str | None = None
+    enqueued: int = 0
+    skipped: int = 0
+    written: int = 0
+    stopped: str | None = None
+    worker_codes: list[int | None] = field(default_factory=list)
+
+
+class _Signals:
+    count = 0
+
+
+@contextmanager
+def _signals_counted() -> Iterator[_Signals]:
+    """SIGINT and SIGTERM counted instead of acted upon; the run looks at the count between
+    steps. Only the main thread can catch signals; elsewhere nothing is installed."""
+    signals = _Signals()
+    if threading.current_thread() is not threading.main_thread():
+        yield signals
+        return
+
+    def count(signum: int, frame: object) -> None:
+        signals.count += 1
+
+    previous = {signum: signal.signal(signum, count) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield signals
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _run_jobs(
+    options: RunOptions,
+    jobs: list[Job],
+    num_rejected: int,
+    signals: _Signals,
+    outcome: _Outcome,
+    say: Callable[[str], None],
+) -> None:
+    out = options.output_path
+    with ExitStack() as stack:  # NOTE: unwinds in reverse: workers, client, then Redis and its folder
         redis_url = options.redis_url
         if redis_url is None:
-            local = stack.enter_context(LocalRedis(appendonly=False))  # removed after the run
+            local = LocalRedis(appendonly=False, with_password=True)
+            stack.callback(local.stop, timeout_s=GRACE_S)  # removes its folder too
+            try:
+                local.start()
+            except RuntimeError as exc:
+                raise RunError(f"could not start a private Redis for the run: {exc}") from None
             redis_url = local.url
-            say(f"started a private {local.kind} at {redis_url}")
+            say(f"started a private {local.kind} at {redact(redis_url)}")
+        outcome.redis_url = redis_url
         client = Client.from_url(redis_url, options.queue)
         stack.callback(client.close)
         report = client.enqueue(jobs)
+        outcome.enqueued, outcome.skipped = len(report.enqueued), len(report.skipped)
         say(
-            f"enqueued {len(report.enqueued)}, skipped {len(report.skipped)} (already enqueued), rejected {len(parsed.rejected)}"
+            f"enqueued {outcome.enqueued}, skipped {outcome.skipped} (already enqueued), "
+            f"rejected {num_rejected}"
         )
-        workers = _start_workers(options, redis_url)
-        stack.callback(_stop_workers, workers, options.drain_timeout_s + 10.0)
-        collected = Collector(client.redis, options.queue).collect(
-            options.output_path,
-            ids=[job.id for job in jobs],
+        if signals.count:
+            outcome.stopped = "interrupted"
+            return
+        pool = WorkerPool(
+            _start_workers(options, redis_url, private=options.redis_url is None), options.drain_timeout_s
+        )
+        stack.callback(lambda: outcome.worker_codes.extend(pool.stop(lambda: 1 + signals.count)))
+        ids = [job.id for job in jobs]
+        collector = Collector(client.redis, options.queue)
+        first = collector.collect(
+            out,
+            ids=ids,
             wait=True,
             timeout_s=options.timeout_s,
-            should_stop=lambda: all(proc.poll() is not None for proc in workers),
+            poll_s=POLL_S,
+            should_stop=lambda: signals.count > 0 or pool.exited(),
         )
-        if collected.missing and all(proc.poll() is not None for proc in workers):
-            codes = [proc.returncode for proc in workers]
-            say(f"all workers exited (codes {codes}) with {len(collected.missing)} jobs unfinished")
-        return RunReport(parsed, len(report.enqueued), len(report.skipped), len(already), collected)
+        outcome.written = first.written
+        if not first.missing:
+            return
+        if pool.exited():
+            outcome.stopped = f"all workers exited (codes {pool.codes()})"
+        else:
+            by_signal = signals.count > 0
+            outcome.stopped = "interrupted" if by_signal else f"timed out after {options.timeout_s:g}s"
+            say(
+                f"{outcome.stopped}: stopping the workers (they finish what they hold within "
+                f"{options.drain_timeout_s:g}s and put the rest back; Ctrl-C again to hurry them)"
+            )
+            outcome.written += collector.collect(
+                out,
+                ids=ids,
+                wait=True,
+                poll_s=POLL_S,
+                should_stop=lambda: pool.advance(1 + signals.count - by_signal),
+            ).written
+        outcome.written += collector.collect(out, ids=ids, wait=False).written
 
 
-def _start_workers(options: RunOptions, redis_url: str) -> list[subprocess.Popen[bytes]]:
-    env = dict(os.environ)
-    env.pop("REDIS_URL", None)  # the --redis-url argument is the one to use
+def _start_workers(options: RunOptions, redis_url: str, private: bool) -> list[subprocess.Popen[bytes]]:
+    # NOTE: if run dies without stopping them (kill -9), a private Redis dies with it, so its
+    # workers have nothing left to drain into: they are killed. Workers of a shared Redis get
+    # SIGTERM and drain, putting back what they hold.
     return [
-        subprocess.Popen(
-            worker_command(options.queue, redis_url, f"run-{os.getpid()}-{i}", options.worker_args),
-            env=env,
+        start_child(
+            worker_command(
+                options.queue,
+                f"run-{os.getpid()}-{i}",
+                [*options.worker_args, "--drain-timeout-s", f"{options.drain_timeout_s:g}"],
+            ),
+            death_signal=signal.SIGKILL if private else signal.SIGTERM,
+            env=worker_env(redis_url),
             stdin=subprocess.DEVNULL,
         )
         for i in range(options.num_workers)
     ]
 
 
-def _stop_workers(workers: list[subprocess.Popen[bytes]], wait_s: float) -> None:
-    for proc in workers:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-    for proc in workers:
-        try:
-            proc.wait(timeout=wait_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+def _output_errors(path: Path) -> dict[str, bool]:
+    """Each id in an output file (``custom_id`` for OpenAI lines): whether its line is an error."""
+    rows: dict[str, bool] = {}
+    if not path.exists():
+        return rows
+    with open(path, "rb") as lines:
+        for line in lines:
+            if line.strip():
+                record = msgspec.json.decode(line)
+                rows[record.get("custom_id") or record["id"]] = record.get("error") is not None
+    return rows

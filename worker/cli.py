@@ -131,6 +131,17 @@ def worker(
         fail(f"the engine could not be kept running: {exc}", exits.JOBS_FAILED)
 
 
+RunDrainOption = Annotated[
+    float,
+    typer.Option(
+        "--drain-timeout-s",
+        min=0,
+        help="On Ctrl-C, SIGTERM or --timeout: how long workers may finish what they hold "
+        "(passed to each worker); the shutdown takes at most this plus a few seconds.",
+    ),
+]
+
+
 def run(
     input_path: Annotated[Path, typer.Argument(help="Input JSONL file.", exists=True, dir_okay=False)],
     output: Annotated[Path, typer.Option("--output", "-o", help="Output JSONL file (resumed if it exists).")],
@@ -151,9 +162,16 @@ def run(
     timeout_s: Annotated[
         float | None, typer.Option("--timeout", help="Give up after this many seconds.")
     ] = None,
+    drain_timeout_s: RunDrainOption = 30.0,
 ) -> None:
-    """Enqueue FILE, start worker(s), collect into OUT, shut everything down."""
-    from producer.runner import RunOptions, run_file
+    """Enqueue FILE, start worker(s), collect into OUT, shut everything down.
+
+    Exit code 0: every job has a result without error; 1: some line was rejected, some job
+    failed or has no result (interrupted: run the same command again to resume); 2: usage,
+    configuration or connection error.
+    """
+    from producer import exits
+    from producer.runner import RunError, RunOptions, run_file
 
     worker_args = ["--backend", backend]
     if device:
@@ -170,15 +188,28 @@ def run(
         num_workers=workers,
         worker_args=worker_args,
         timeout_s=timeout_s,
+        drain_timeout_s=drain_timeout_s,
     )
-    report = run_file(options, say=lambda text: typer.echo(text, err=True))
-    collected = report.collected
-    written = collected.written if collected else 0
-    typer.echo(f"wrote {written} results to {output} ({report.resumed} were already there)", err=True)
-    if collected is not None and collected.missing:
-        fail(f"{len(collected.missing)} jobs have no result, e.g. {collected.missing[:3]}")
+    try:
+        report = run_file(options, say=lambda text: typer.echo(text, err=True))
+    except RunError as exc:
+        fail(str(exc), exits.USAGE)
+    typer.echo(f"wrote {report.written} results to {output} ({report.resumed} were already there)", err=True)
     if not report.parsed.jobs:
-        fail("no valid jobs in the input file")
+        fail(f"no valid jobs in {input_path}", report.exit_code())
+    if report.failed:
+        typer.echo(
+            f"{len(report.failed)} jobs failed (error lines in {output}), e.g. {report.failed[:3]}", err=True
+        )
+    if report.parsed.rejected:
+        typer.echo(f"{len(report.parsed.rejected)} lines of {input_path} were rejected", err=True)
+    if report.missing:
+        typer.echo(
+            f"{report.stopped or 'stopped'}: wrote {report.in_output} of {len(report.parsed.jobs)} results "
+            f"to {output}; run the same command again to resume",
+            err=True,
+        )
+    raise typer.Exit(report.exit_code())
 
 
 def register(app: typer.Typer) -> None:

@@ -12,10 +12,10 @@ import pytest
 from producer.client import Client
 from producer.collector import Collector
 from producer.keys import QueueKeys
-from producer.local_redis import LocalRedis
+from producer.local_redis import LocalRedis, free_port
 from producer.schema import Job
 from tests.fake_backend import fake_text
-from tests.integration.procs import FAKE_BACKEND, REPO_ROOT, radixq, start_worker
+from tests.integration.procs import FAKE_BACKEND, REPO_ROOT, radixq, start_worker, subprocess_env
 
 pytestmark = pytest.mark.integration
 
@@ -74,6 +74,90 @@ def test_run_against_given_redis_with_openai_batch_file(redis_url: str, tmp_path
     for row in rows:
         assert row["response"]["body"]["choices"][0]["message"]["content"] == fake_text(row["custom_id"])
         assert "metadata" not in row["response"]["body"]
+
+
+def test_rejected_lines_exit_1_and_the_valid_jobs_still_run(tmp_path: Path) -> None:
+    source = tmp_path / "in.jsonl"
+    lines = [
+        {"id": "a", "prompt": "x"},
+        {"id": "bad", "prompt": "x", "max_tokens": "many"},
+        {"id": "b", "prompt": "x"},
+    ]
+    source.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = tmp_path / "out.jsonl"
+    done = radixq("run", str(source), "-o", str(out), "--backend", FAKE_BACKEND, "--timeout", "60")
+    assert done.returncode == 1, done.stderr
+    assert f"rejected {source}:line 2: " in done.stderr and "Traceback" not in done.stderr
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(row["id"], row["error"]) for row in rows] == [("a", None), ("b", None)]
+
+
+def test_a_failed_job_exits_1_in_both_output_formats(redis_url: str, tmp_path: Path) -> None:
+    native = tmp_path / "native.jsonl"
+    native.write_text(
+        json.dumps({"id": "ok", "prompt": "x"})
+        + "\n"
+        + json.dumps({"id": "boom", "prompt": "x", "metadata": {"fake_error": "internal"}})
+        + "\n"
+    )
+    out = tmp_path / "native.out.jsonl"
+    done = radixq("run", str(native), "-o", str(out), "--backend", FAKE_BACKEND, "--timeout", "60")
+    assert done.returncode == 1, done.stderr
+    rows = {row["id"]: row for row in map(json.loads, out.read_text().splitlines())}
+    assert rows["ok"]["error"] is None and rows["boom"]["error"]["code"] == "internal"
+    assert "1 jobs failed" in done.stderr
+
+    batch = tmp_path / "batch.jsonl"
+    requests = [
+        {
+            "custom_id": f"r{i}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {
+                "model": "m",
+                "messages": [{"role": "user", "content": "q"}],
+                "metadata": {"fake_error": "internal"} if i == 1 else {},
+            },
+        }
+        for i in range(3)
+    ]
+    batch.write_text("".join(json.dumps(r) + "\n" for r in requests))
+    out = tmp_path / "batch.out.jsonl"
+    args = ["run", str(batch), "-o", str(out), "--redis-url", redis_url, "--backend", FAKE_BACKEND]
+    done = radixq(*args, "--timeout", "60")
+    assert done.returncode == 1, done.stderr
+    rows = {row["custom_id"]: row for row in map(json.loads, out.read_text().splitlines())}
+    assert [rows[f"r{i}"]["error"] is not None for i in range(3)] == [False, True, False]
+    again = radixq(*args, "--timeout", "60")  # nothing left to run; the failure still counts
+    assert again.returncode == 1 and "resuming: 3 jobs already" in again.stderr
+
+
+def test_unreachable_or_refusing_redis_exits_2_with_one_line(tmp_path: Path) -> None:
+    source = REPO_ROOT / "examples" / "prompts.jsonl"
+    out = tmp_path / "out.jsonl"
+    nobody = f"redis://127.0.0.1:{free_port()}/0"
+    done = radixq("run", str(source), "-o", str(out), "--redis-url", nobody, "--backend", FAKE_BACKEND)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1].startswith(f"error: redis at {nobody}: ")
+    assert "Traceback" not in done.stderr
+    with LocalRedis(use_server=True, appendonly=False, with_password=True) as server:
+        wrong = server.url.replace(f":{server.password}@", ":wrong@")
+        done = radixq("run", str(source), "-o", str(out), "--redis-url", wrong, "--backend", FAKE_BACKEND)
+    assert done.returncode == 2
+    (line,) = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert "redis://:***@127.0.0.1" in line and "check the password" in line and "wrong" not in line
+    assert "Traceback" not in done.stderr
+
+
+def test_run_falls_back_to_fakeredis_without_a_redis_server_binary(tmp_path: Path) -> None:
+    source = REPO_ROOT / "examples" / "prompts.jsonl"
+    expected = [json.loads(line)["id"] for line in source.read_text().splitlines() if line.strip()]
+    out = tmp_path / "out.jsonl"
+    env = subprocess_env(PATH=str(tmp_path))  # no redis-server on PATH
+    done = radixq("run", str(source), "-o", str(out), "--backend", FAKE_BACKEND, "--timeout", "60", env=env)
+    assert done.returncode == 0, done.stderr
+    assert "started a private fakeredis at redis://127.0.0.1:" in done.stderr
+    assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == expected
 
 
 def test_embedded_fakeredis_server_serves_a_worker(tmp_path: Path) -> None:

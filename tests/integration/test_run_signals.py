@@ -1,0 +1,380 @@
+"""`radixq run` stopped early: Ctrl-C, SIGTERM, a second signal, kill -9 - and its private Redis.
+
+Each test starts `radixq run` as a user would (its own session, as a terminal gives a job) with
+the fake backend made slow (RADIXQ_FAKE_LATENCY_S), reads the run's private Redis through the
+URL a worker got in its environment (the oracle for what had finished), signals the run, and
+checks the output file, the exit code and /proc: no child process of the run survives it
+(a zombie counts as gone: PID 1 here reaps no orphans) and no temporary folder of it is left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from producer.keys import QueueKeys
+from producer.local_redis import LocalRedis
+from tests.conftest import require_redis_server
+from tests.fake_backend import fake_text
+from tests.integration.procs import FAKE_BACKEND, REPO_ROOT, radixq, subprocess_env
+
+pytestmark = pytest.mark.integration
+
+KEYS = QueueKeys()
+
+
+@pytest.fixture(autouse=True)
+def _needs_redis_server() -> None:
+    require_redis_server()
+
+
+def write_input(path: Path, count: int) -> list[str]:
+    ids = [f"job{i:03d}" for i in range(count)]
+    path.write_text(
+        "".join(json.dumps({"id": job_id, "prompt": "x", "max_tokens": 4}) + "\n" for job_id in ids)
+    )
+    return ids
+
+
+def start_run(tmp_path: Path, source: Path, out: Path, *args: str, **env: str) -> subprocess.Popen[bytes]:
+    """`radixq run` in a session of its own (like a shell job), logging to tmp_path/run.log."""
+    with open(tmp_path / "run.log", "ab") as log:
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "producer.cli",
+                "run",
+                str(source),
+                "-o",
+                str(out),
+                "--backend",
+                FAKE_BACKEND,
+            ]
+            + list(args),
+            cwd=REPO_ROOT,
+            env=subprocess_env(**env),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def wait_for(condition: Callable[[], object], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def proc_stat(pid: int) -> tuple[int, str, str] | None:
+    """(parent pid, state, start time) from /proc/PID/stat; None once it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2 :].split()
+    return int(fields[1]), fields[0], fields[19]
+
+
+def descendants(pid: int) -> dict[int, str]:
+    """Every live process below ``pid``: pid -> start time (to tell a reused pid apart)."""
+    found: dict[int, str] = {}
+    parents = {pid}
+    for _ in range(4):
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit() and int(entry.name) not in found:
+                stat = proc_stat(int(entry.name))
+                if stat is not None and stat[0] in parents and stat[1] != "Z":
+                    found[int(entry.name)] = stat[2]
+        parents = {pid, *found}
+    return found
+
+
+def still_running(procs: dict[int, str]) -> list[int]:
+    """Those of ``procs`` that still run (not gone, not a zombie, not a new process on the pid)."""
+    running = []
+    for pid, started in procs.items():
+        stat = proc_stat(pid)
+        if stat is not None and stat[1] != "Z" and stat[2] == started:
+            running.append(pid)
+    return running
+
+
+def cmdline(pid: int) -> str:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+
+
+def run_children(
+    run: subprocess.Popen[bytes], num_workers: int, num_servers: int = 1
+) -> tuple[int | None, list[int]]:
+    """(redis-server pid, worker pids) of a run, once they are all there (no server for a run
+    given a Redis URL: ``num_servers`` 0)."""
+    found: dict[str, list[int]] = {}
+
+    def look() -> bool:
+        found.clear()
+        for pid in descendants(run.pid):
+            text = cmdline(pid)
+            kind = (
+                "redis" if "redis-server" in text else "worker" if "producer.cli worker" in text else "other"
+            )
+            found.setdefault(kind, []).append(pid)
+        return len(found.get("redis", [])) == num_servers and len(found.get("worker", [])) == num_workers
+
+    wait_for(look, 30, "the run's redis-server and workers")
+    return (found["redis"][0] if num_servers else None), found["worker"]
+
+
+def queue_redis(worker_pid: int) -> redis.Redis:
+    """A client on the run's Redis, with the URL the worker got in its environment."""
+    environ = Path(f"/proc/{worker_pid}/environ").read_bytes().split(b"\0")
+    url = next(item.split(b"=", 1)[1].decode() for item in environ if item.startswith(b"RADIXQ_REDIS_URL="))
+    return redis.Redis.from_url(url)
+
+
+def run_folders(run_pid: int) -> list[Path]:
+    """The run's private Redis folders (their owner file names the run's pid)."""
+    folders = []
+    for folder in Path(tempfile.gettempdir()).glob("radixq-redis-*"):
+        try:
+            owner = (folder / "owner.pid").read_text().split()
+        except OSError:
+            continue
+        if owner and owner[0] == str(run_pid):
+            folders.append(folder)
+    return folders
+
+
+def finished_and_held(client: redis.Redis) -> set[str]:
+    """Ids that have a counted result now, plus ids some worker holds now."""
+    done = {job_id.decode() for job_id in client.hkeys(KEYS.done)}
+    pending = client.xpending_range(KEYS.jobs, KEYS.group, min="-", max="+", count=1000)
+    held = set()
+    for entry in pending:
+        for _, fields in client.xrange(KEYS.jobs, entry["message_id"], entry["message_id"]):
+            held.add(fields[b"id"].decode())
+    return done | held
+
+
+def read_output(out: Path) -> list[str]:
+    """The ids of a valid JSONL output file, checking each line's text against the fake backend."""
+    ids = []
+    for line in out.read_text().splitlines():
+        row = json.loads(line)
+        assert row["error"] is None and row["choices"][0]["text"] == fake_text(row["id"])
+        ids.append(row["id"])
+    return ids
+
+
+@pytest.fixture
+def reaped() -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Runs a test started; killed at the end if a failed test left them running."""
+    runs: list[subprocess.Popen[bytes]] = []
+    yield runs
+    for run in runs:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm", "sigterm, shared redis"])
+def test_signal_mid_run_drains_writes_what_finished_and_cleans_up(
+    how: str, tmp_path: Path, reaped: list[subprocess.Popen[bytes]], request: pytest.FixtureRequest
+) -> None:
+    source, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    ids = write_input(source, 60)
+    shared = ["--redis-url", request.getfixturevalue("redis_url")] if "shared" in how else []
+    args = [*shared, "--workers", "2"]
+    run = start_run(tmp_path, source, out, *args, RADIXQ_FAKE_LATENCY_S="0.4", RADIXQ_FAKE_CAPACITY="2")
+    reaped.append(run)
+    redis_pid, worker_pids = run_children(run, 2, num_servers=0 if shared else 1)
+    children = descendants(run.pid)
+    client = queue_redis(worker_pids[0])
+    wait_for(lambda: out.exists() and len(out.read_text().splitlines()) >= 4, 30, "4 results in the output")
+    before = finished_and_held(client)
+    if how == "ctrl-c":
+        os.killpg(run.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+    else:
+        os.kill(run.pid, signal.SIGTERM)
+    assert run.wait(timeout=30) == 1
+    log = (tmp_path / "run.log").read_text()
+
+    written = read_output(out)
+    assert len(written) == len(set(written)) and set(written) <= set(ids)
+    assert before <= set(written), (
+        f"finished or held before the signal but not written: {before - set(written)}"
+    )
+    assert len(written) < len(ids), "the run finished before the signal: nothing was tested"
+    assert f"interrupted: wrote {len(written)} of 60 results to {out}; run the same command again" in log
+    assert "Traceback" not in log
+    assert still_running(children) == [], f"left running: {[cmdline(p) for p in still_running(children)]}"
+    assert set(worker_pids) <= set(children) and (shared or redis_pid in children)
+    assert run_folders(run.pid) == []
+    if shared:  # the workers put back what they did not finish and left the group
+        assert client.xpending(KEYS.jobs, KEYS.group)["pending"] == 0
+        assert client.xinfo_consumers(KEYS.jobs, KEYS.group) == []
+    client.close()
+
+    again = radixq("run", str(source), "-o", str(out), *shared, "--backend", FAKE_BACKEND, "--timeout", "60")
+    assert again.returncode == 0, again.stderr
+    assert read_output(out) == ids  # every id exactly once, in input order
+
+
+def test_shutdown_keeps_to_the_drain_timeout(tmp_path: Path, reaped: list[subprocess.Popen[bytes]]) -> None:
+    source, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    write_input(source, 6)
+    run = start_run(
+        tmp_path, source, out, "--drain-timeout-s", "2", RADIXQ_FAKE_LATENCY_S="60", RADIXQ_FAKE_CAPACITY="3"
+    )
+    reaped.append(run)
+    _, (worker_pid,) = run_children(run, 1)
+    children = descendants(run.pid)
+    client = queue_redis(worker_pid)
+    wait_for(lambda: client.xpending(KEYS.jobs, KEYS.group)["pending"] == 3, 30, "the worker to hold 3 jobs")
+    client.close()
+    signalled = time.monotonic()
+    os.kill(run.pid, signal.SIGTERM)
+    assert run.wait(timeout=30) == 1
+    shutdown_s = time.monotonic() - signalled
+    print(f"shutdown with --drain-timeout-s 2 and jobs that never finish: {shutdown_s:.2f} s")
+    assert 2.0 <= shutdown_s < 2.0 + 3.0  # it waited for the drain, and not much longer
+    assert out.read_text() == ""
+    assert still_running(children) == [] and run_folders(run.pid) == []
+
+
+def test_second_signal_hurries_the_shutdown(tmp_path: Path, reaped: list[subprocess.Popen[bytes]]) -> None:
+    source, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    write_input(source, 6)
+    run = start_run(tmp_path, source, out, RADIXQ_FAKE_LATENCY_S="60", RADIXQ_FAKE_CAPACITY="3")
+    reaped.append(run)
+    _, (worker_pid,) = run_children(run, 1)
+    children = descendants(run.pid)
+    client = queue_redis(worker_pid)
+    wait_for(lambda: client.xpending(KEYS.jobs, KEYS.group)["pending"] == 3, 30, "the worker to hold 3 jobs")
+    client.close()
+    os.killpg(run.pid, signal.SIGINT)
+    time.sleep(1.0)
+    assert run.poll() is None  # draining: up to 30 s by default
+    hurried = time.monotonic()
+    os.killpg(run.pid, signal.SIGINT)
+    assert run.wait(timeout=30) == 1
+    assert time.monotonic() - hurried < 3.0
+    assert still_running(children) == [] and run_folders(run.pid) == []
+
+
+def test_timeout_stops_the_run_as_a_signal_does(
+    tmp_path: Path, reaped: list[subprocess.Popen[bytes]]
+) -> None:
+    source, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    write_input(source, 4)
+    run = start_run(
+        tmp_path, source, out, "--timeout", "3", "--drain-timeout-s", "1", RADIXQ_FAKE_LATENCY_S="60"
+    )
+    reaped.append(run)
+    run_children(run, 1)
+    children = descendants(run.pid)
+    assert run.wait(timeout=30) == 1
+    log = (tmp_path / "run.log").read_text()
+    assert f"timed out after 3s: wrote 0 of 4 results to {out}; run the same command again to resume" in log
+    assert still_running(children) == [] and run_folders(run.pid) == []
+
+
+def test_kill_9_of_run_takes_its_children_and_a_later_run_removes_the_folder(
+    tmp_path: Path, reaped: list[subprocess.Popen[bytes]]
+) -> None:
+    source, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    ids = write_input(source, 8)
+    run = start_run(tmp_path, source, out, "--workers", "2", RADIXQ_FAKE_LATENCY_S="60")
+    reaped.append(run)
+    run_children(run, 2)
+    children = descendants(run.pid)
+    (folder,) = run_folders(run.pid)
+    os.kill(run.pid, signal.SIGKILL)
+    run.wait()
+    wait_for(lambda: not still_running(children), 5, "the run's redis-server and workers to die with it")
+    assert folder.is_dir()  # nobody was left to remove it
+
+    again = radixq("run", str(source), "-o", str(out), "--backend", FAKE_BACKEND, "--timeout", "60")
+    assert again.returncode == 0, again.stderr
+    assert read_output(out) == ids
+    assert not folder.exists()
+
+
+def test_private_redis_wants_its_password_which_no_command_line_shows(
+    tmp_path: Path, reaped: list[subprocess.Popen[bytes]]
+) -> None:
+    source, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    write_input(source, 4)
+    run = start_run(tmp_path, source, out, "--drain-timeout-s", "1", RADIXQ_FAKE_LATENCY_S="60")
+    reaped.append(run)
+    redis_pid, (worker_pid,) = run_children(run, 1)
+    client = queue_redis(worker_pid)
+    password = client.connection_pool.connection_kwargs["password"]
+    assert password and len(password) >= 16
+    port = client.connection_pool.connection_kwargs["port"]
+    assert client.config_get("protected-mode") == {"protected-mode": "yes"}
+    assert client.config_get("bind") == {"bind": "127.0.0.1"}
+    client.close()
+    for guess in (None, "guess"):
+        stranger = redis.Redis(port=port, password=guess, retry=Retry(NoBackoff(), 0))
+        with pytest.raises(redis.AuthenticationError):
+            stranger.ping()
+        stranger.close()
+
+    for pid in (run.pid, redis_pid, worker_pid):
+        assert password not in cmdline(pid)
+    everyone = [entry for entry in Path("/proc").iterdir() if entry.name.isdigit()]
+    assert worker_pid in {int(entry.name) for entry in everyone}
+    for entry in everyone:  # what `ps` shows
+        try:
+            assert password not in cmdline(int(entry.name)), cmdline(int(entry.name))
+        except OSError:
+            pass  # exited meanwhile
+    os.kill(run.pid, signal.SIGTERM)
+    assert run.wait(timeout=30) == 1
+    assert password not in (tmp_path / "run.log").read_text()
+
+
+def test_local_redis_failing_to_start_leaves_nothing_behind(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The server exits at once (its port is taken).
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        server = LocalRedis(port=taken.getsockname()[1], use_server=True, appendonly=False)
+        folder = server.data_dir
+        with pytest.raises(RuntimeError, match="exited"), server:
+            pass
+    assert not folder.exists()
+
+    # The server runs, but start fails after it was started.
+    started: dict[int, str] = {}
+
+    def fail_when_ready(self: LocalRedis) -> None:
+        assert self.pid is not None
+        wait_for(lambda: redis.Redis(port=self.port, password=self.password).ping(), 10, "redis-server")
+        stat = proc_stat(self.pid)
+        assert stat is not None
+        started[self.pid] = stat[2]
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(LocalRedis, "_wait_ready", fail_when_ready)
+    server = LocalRedis(use_server=True, appendonly=False, with_password=True)
+    folder = server.data_dir
+    with pytest.raises(RuntimeError, match="injected"), server:
+        pass
+    assert started and still_running(started) == [] and not folder.exists()
