@@ -75,11 +75,12 @@ def expected_errors(url: str) -> Iterator[None]:
     import redis
 
     from producer.client import UnknownQueueError
+    from producer.outfile import OutputFileError
     from producer.retry import RedisUnavailable, explain
 
     try:
         yield
-    except UnknownQueueError as exc:
+    except (UnknownQueueError, OutputFileError) as exc:
         fail(str(exc), exits.USAGE)
     except RedisUnavailable as exc:
         fail(f"{explain(exc.cause, url)} (unavailable for {exc.waited_s:.0f} s)", exits.USAGE)

@@ -22,12 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import redis
 
 from producer.client import UnknownQueueError, queue_known
 from producer.epoch import EpochWatch
-from producer.jsonl import output_line
 from producer.keys import (
     DEFAULT_QUEUE,
     FIELD_ENTRY,
@@ -37,13 +35,12 @@ from producer.keys import (
     META_RESULTS_TRIMMED,
     QueueKeys,
 )
-from producer.outfile import OutputFile
+from producer.outfile import OutputFile, result_line
 from producer.redis_errors import classify
+from producer.resume import done_marks, superseded_rows
 from producer.retry import Backoff, RedisUnavailable, explain, url_of
-from producer.schema import decode_result, error_result
 
 _READ_COUNT = 2000
-_HMGET_CHUNK = 10_000
 EntryId = tuple[int, int]
 
 
@@ -100,7 +97,7 @@ class Collector:
         self._watch = EpochWatch(self.keys)
         self._order_seen = 0  # the longest order list seen: a shorter one means Redis lost data
         self._trim_seen: EntryId = (0, 0)  # trimmed bound already accounted for
-        self._trimmed_to: EntryId = (0, 0)  # this collector trimmed the results stream below this
+        self._trimmed_to: EntryId = (0, 1)  # this collector trimmed the results stream below this
 
     def collect(
         self,
@@ -206,7 +203,7 @@ class Collector:
             self._note_trimmed(run, before)
             self._trim_seen = trimmed_bound
         if run.replacements:
-            rows = {i: _line(i, raw) for i, raw in run.replacements.items()}
+            rows = {i: result_line(i, raw) for i, raw in run.replacements.items()}
             run.replaced += run.output.replace(rows)
             run.superseded -= set(run.replacements)
             run.replacements.clear()
@@ -256,7 +253,7 @@ class Collector:
             run.cursor += 1
 
     def _append(self, run: _Pass, job_id: str, raw: bytes) -> None:
-        line, code = _line(job_id, raw)
+        line, code = result_line(job_id, raw)
         run.output.append(job_id, line, code)
         run.written += 1
 
@@ -271,43 +268,16 @@ class Collector:
                 self._append(run, job_id, due[1])
 
     def _load_superseded(self, run: _Pass) -> None:
-        run.superseded = self._superseded(run)
-
-    def _superseded(self, run: _Pass) -> set[str]:
-        """Error rows in the output of jobs requeued since, whose current outcome differs:
-        no result yet (still running) or a result other than the row's error code."""
-        errors = run.output.errors
-        candidates = [i for i in errors if not run.listed or i in run.scope]
-        superseded: set[str] = set()
-        for start in range(0, len(candidates), _HMGET_CHUNK):
-            chunk = candidates[start : start + _HMGET_CHUNK]
-            requeued: list[Any] = self.redis.hmget(self.keys.requeued, chunk)
-            chunk = [i for i, count in zip(chunk, requeued, strict=True) if count is not None]
-            if not chunk:
-                continue
-            with self.redis.pipeline(transaction=False) as pipe:
-                pipe.hmget(self.keys.done, chunk)
-                pipe.hmget(self.keys.failed, chunk)
-                marks, codes = pipe.execute()
-            for job_id, mark, code in zip(chunk, marks, codes, strict=True):
-                if mark is None or code is None or code.decode() != errors[job_id]:
-                    superseded.add(job_id)
-        return superseded
+        scope = run.scope if run.listed else None
+        run.superseded = superseded_rows(self.redis, self.keys, run.output.errors, scope)
 
     def _marks_before_read(self, run: _Pass) -> dict[str, bytes]:
-        """The done marks of the ids still awaited, taken before reading the stream to its
-        end: an id marked done then whose result the read does not find was trimmed."""
         waiting = [
             i
             for i in run.expected[run.cursor :]
             if i not in run.output.ids and i not in self._ahead and i not in run.trimmed
         ] + sorted(run.superseded)
-        marks: dict[str, bytes] = {}
-        for start in range(0, len(waiting), _HMGET_CHUNK):
-            chunk = waiting[start : start + _HMGET_CHUNK]
-            found: list[Any] = self.redis.hmget(self.keys.done, chunk)
-            marks.update((i, mark) for i, mark in zip(chunk, found, strict=True) if mark is not None)
-        return marks
+        return done_marks(self.redis, self.keys, waiting)
 
     def _note_trimmed(self, run: _Pass, before: dict[str, bytes]) -> None:
         unseen = [
@@ -340,16 +310,6 @@ class Collector:
             self.redis.hset(self.keys.meta, META_RESULTS_TRIMMED, text)
         self._trimmed_to = bound
         self._trim_seen = max(self._trim_seen, bound)
-
-
-def _line(job_id: str, raw: bytes) -> tuple[bytes, str | None]:
-    """The output line of one stored result and its error code; a result that cannot be
-    decoded becomes that job's ``internal`` error row."""
-    try:
-        result = decode_result(raw)
-    except msgspec.DecodeError as exc:
-        result = error_result(job_id, "internal", f"result in Redis could not be decoded: {exc}")
-    return output_line(result), result.error.code if result.error is not None else None
 
 
 def _parse(entry_id: str) -> EntryId:

@@ -14,6 +14,13 @@ from typing import Any, BinaryIO
 
 import msgspec
 
+from producer.jsonl import output_line
+from producer.schema import decode_result, error_result
+
+
+class OutputFileError(Exception):
+    """The output file holds something other than radixq rows; ``str()`` is the one line."""
+
 
 class _Row(msgspec.Struct):
     id: str | None = None
@@ -33,6 +40,16 @@ def row_key(line: bytes) -> tuple[str, str | None]:
     error = row.error
     code = str(error.get("code") or "error") if isinstance(error, dict) else None
     return job_id, code
+
+
+def result_line(job_id: str, raw: bytes) -> tuple[bytes, str | None]:
+    """The output line of one result as stored in Redis, and its error code; a result that
+    cannot be decoded becomes that job's ``internal`` error row."""
+    try:
+        result = decode_result(raw)
+    except msgspec.DecodeError as exc:
+        result = error_result(job_id, "internal", f"result in Redis could not be decoded: {exc}")
+    return output_line(result), result.error.code if result.error is not None else None
 
 
 def cut_torn_line(path: Path) -> None:
@@ -67,9 +84,15 @@ class OutputFile:
         if self.path.exists():
             cut_torn_line(self.path)
             with open(self.path, "rb") as rows:
-                for line in rows:
+                for line_no, line in enumerate(rows, start=1):
                     if line.strip():
-                        job_id, code = row_key(line)
+                        try:
+                            job_id, code = row_key(line)
+                        except (msgspec.DecodeError, ValueError) as exc:
+                            raise OutputFileError(
+                                f"{self.path}: line {line_no} is not a radixq output row ({exc}); "
+                                "collect into a new file or remove that line"
+                            ) from None
                         self._note(job_id, code)
         self._sink: BinaryIO = open(self.path, "ab")  # noqa: SIM115 - closed by close()
         self._unsynced = False

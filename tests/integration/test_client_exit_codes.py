@@ -111,6 +111,17 @@ def test_collect_codes(redis_url: str, tmp_path: Path) -> None:
     assert failed.returncode == exits.JOBS_FAILED
     assert "1 jobs failed" in failed.stderr
     assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == ["c0", "c1", "c2", "c3"]
+    # Those results were trimmed once written: a collect into another file reports them.
+    other = radixq("collect", "-o", str(tmp_path / "other.jsonl"), "--redis-url", redis_url)
+    assert other.returncode == exits.JOBS_FAILED
+    assert "4 jobs were collected earlier and trimmed from Redis" in other.stderr
+    assert client.redis.xlen(KEYS.results) == 0 and client.redis.hlen(KEYS.done) == 4
+    # An output file that is not radixq's is refused in one line.
+    junk = tmp_path / "junk.jsonl"
+    junk.write_text("not json\n")
+    refused = radixq("collect", "-o", str(junk), "--redis-url", redis_url)
+    assert refused.returncode == exits.USAGE
+    assert_one_line_error(refused, "line 1 is not a radixq output row")
     client.close()
 
 

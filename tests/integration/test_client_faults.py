@@ -16,10 +16,11 @@ import pytest
 import redis
 
 from producer import exits
-from producer.client import Client
+from producer.client import Client, EnqueueStopped
 from producer.collector import Collector, _next, _parse
 from producer.keys import META_RESULTS_TRIMMED, QueueKeys
 from producer.local_redis import LocalRedis
+from producer.redis_errors import classify
 from producer.schema import Job
 from tests.conftest import require_redis_server
 from tests.fake_backend import fake_text
@@ -247,3 +248,18 @@ def test_status_counts_queued_after_an_aof_restart(tmp_path: Path) -> None:
         assert proc.returncode == exits.OK, proc.stderr
         snapshot = json.loads(proc.stdout)
         assert (snapshot["enqueued"], snapshot["queued"], snapshot["in_flight"]) == (5, 3, 2)
+
+
+def test_client_enqueue_raises_with_the_partial_report(server: LocalRedis) -> None:
+    admin = redis.Redis(port=server.port)
+    admin.config_set("maxmemory", admin.info("memory")["used_memory"] + 1_000_000)
+    ids = [f"p{i:05d}" for i in range(5000)]
+    client = Client.from_url(server.url, retry_timeout_s=0.5)
+    with pytest.raises(EnqueueStopped) as stopped:
+        client.enqueue([Job(id=i, prompt="x" * 300) for i in ids], batch_size=500)
+    report = stopped.value.report
+    assert classify(stopped.value.cause) == "transient" and stopped.value.waited_s >= 0.5
+    assert report.enqueued == ids[: admin.hlen(KEYS.enqueued)] and report.skipped == []
+    assert 0 < len(report.enqueued) < 5000 and len(report.enqueued) % 500 == 0
+    client.close()
+    admin.close()
