@@ -96,7 +96,9 @@ def open_client(url: str, queue: str, **options: Any) -> Client:
     try:
         return Client.from_url(url, queue, **options)
     except ValueError as exc:  # a malformed URL
-        fail(f"--redis-url {url!r}: {exc}", exits.USAGE)
+        from producer.redis_errors import redact
+
+        fail(f"--redis-url {redact(url)!r}: {exc}", exits.USAGE)
 
 
 @app.command()
@@ -182,6 +184,8 @@ def collect(
         with expected_errors(url):
             collector = Collector(client.redis, queue, say=warn, retry_timeout_s=retry_timeout_s)
             report = collector.collect(output, wait=wait, timeout_s=timeout_s, trim=trim)
+    except KeyboardInterrupt:
+        fail(f"interrupted; the rows written so far are in {output} (run the same command to resume)", 130)
     finally:
         client.close()
     typer.echo(f"wrote {report.written} results to {output} ({report.already} already there)")

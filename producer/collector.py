@@ -96,7 +96,7 @@ class Collector:
         self._ahead: dict[str, tuple[str, bytes]] = {}  # id -> (results entry, result): read, not yet due
         self._watch = EpochWatch(self.keys)
         self._order_seen = 0  # the longest order list seen: a shorter one means Redis lost data
-        self._trim_seen: EntryId = (0, 0)  # trimmed bound already accounted for
+        self._trim_seen: EntryId = (0, 0)  # trimmed bound already checked for (this call)
         self._trimmed_to: EntryId = (0, 1)  # this collector trimmed the results stream below this
 
     def collect(
@@ -121,6 +121,9 @@ class Collector:
         Raises UnknownQueueError when Redis has no trace of the queue.
         """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        # Each call reads the stream from its start: results an earlier call passed over
+        # (other ids, another output file) may be this call's. The loss watch carries over.
+        self._last_entry, self._ahead, self._trim_seen = "0-0", {}, (0, 0)
         known: list[bool] = []
         stopped = self._attempt(lambda: known.append(queue_known(self.redis, self.keys)), deadline)
         if stopped is not None:
