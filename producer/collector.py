@@ -191,6 +191,14 @@ class Collector:
                 f"queue {self.keys.queue!r}: Redis lost part of this queue (its order list went "
                 f"from {self._order_seen} to {order_len} ids): it came back from an older copy"
             )
+        if lost is None and epoch is None and order_len == 0 and run.output.ids and not self._order_seen:
+            # NOTE: a resumed collect whose output has rows, on a queue with no epoch and no order
+            # list: the results it sees now (a worker's outbox flushed after a restart) are not
+            # the whole queue, and "nothing left to wait for" would be a silent loss.
+            lost = (
+                f"queue {self.keys.queue!r}: Redis has no epoch and no order list for this queue "
+                f"although the output already holds {len(run.output.ids)} rows: it lost the queue"
+            )
         if lost:
             # The watch's own advice is generic; the caller says what to do with this output.
             run.lost = lost.split(" Re-enqueue the input file")[0].rstrip(".")

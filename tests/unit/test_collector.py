@@ -229,3 +229,21 @@ def test_unknown_queue_raises_and_creates_no_file(fake_redis: fakeredis.FakeRedi
     Client(fake_redis, "other").redis.xgroup_create(QueueKeys("other").jobs, "workers", mkstream=True)
     with pytest.raises(UnknownQueueError):
         Client(fake_redis, "other").status()
+
+
+def test_resumed_collect_on_a_queue_redis_lost_is_a_loss(
+    fake_redis: fakeredis.FakeRedis, tmp_path: Path
+) -> None:
+    enqueue(fake_redis, 3)
+    complete(fake_redis, "j0")
+    complete(fake_redis, "j1")
+    out = tmp_path / "out.jsonl"
+    Collector(fake_redis).collect(out, wait=False)
+    entry = newest_entries(fake_redis)["j2"]
+    fake_redis.flushall()
+    # After the restart a worker's outbox delivers j2's result into the empty Redis.
+    result = encode(error_result("j2", "internal", "x"))
+    fake_redis.xadd(KEYS.results, {FIELD_ID: "j2", FIELD_ENTRY: entry, FIELD_RESULT: result})
+    fake_redis.hset(KEYS.done, "j2", entry)
+    report = Collector(fake_redis).collect(out, wait=True, timeout_s=5)
+    assert report.lost is not None and "output already holds 2 rows" in report.lost
