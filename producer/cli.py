@@ -9,10 +9,18 @@ from __future__ import annotations
 
 import importlib
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
+
+from producer import exits
+
+if TYPE_CHECKING:
+    from producer.client import Client
+    from producer.status import ConsumerStatus
 
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 
@@ -37,6 +45,17 @@ RedisUrlOption = Annotated[
 ]
 
 
+RetryTimeoutOption = Annotated[
+    float,
+    typer.Option(
+        "--retry-timeout-s",
+        envvar="RADIXQ_RETRY_TIMEOUT_S",
+        help="Wait this long for an unavailable Redis (connection lost, LOADING, OOM, READONLY) "
+        "before giving up.",
+    ),
+]
+
+
 def resolve_redis_url(url: str | None) -> str:
     return url or DEFAULT_REDIS_URL
 
@@ -46,30 +65,89 @@ def fail(message: str, code: int = 1) -> NoReturn:
     raise typer.Exit(code)
 
 
+def warn(line: str) -> None:
+    typer.echo(line, err=True)
+
+
+@contextmanager
+def expected_errors(url: str) -> Iterator[None]:
+    """Expected failures as one line on stderr and exit code 2, never a traceback."""
+    import redis
+
+    from producer.client import UnknownQueueError
+    from producer.outfile import OutputFileError
+    from producer.retry import RedisUnavailable, explain
+
+    try:
+        yield
+    except (UnknownQueueError, OutputFileError) as exc:
+        fail(str(exc), exits.USAGE)
+    except RedisUnavailable as exc:
+        fail(f"{explain(exc.cause, url)} (unavailable for {exc.waited_s:.0f} s)", exits.USAGE)
+    except redis.RedisError as exc:
+        fail(explain(exc, url), exits.USAGE)
+    except OSError as exc:
+        fail(f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": "), exits.USAGE)
+
+
+def open_client(url: str, queue: str, **options: Any) -> Client:
+    from producer.client import Client
+
+    try:
+        return Client.from_url(url, queue, **options)
+    except ValueError as exc:  # a malformed URL
+        from producer.redis_errors import redact
+
+        fail(f"--redis-url {redact(url)!r}: {exc}", exits.USAGE)
+
+
 @app.command()
 def enqueue(
     input_path: Annotated[Path, typer.Argument(help="Input JSONL file.", exists=True, dir_okay=False)],
     queue: QueueOption = "default",
     redis_url: RedisUrlOption = None,
+    retry_timeout_s: RetryTimeoutOption = 60.0,
 ) -> None:
-    """Validate every line of FILE, then enqueue the valid ones (idempotent by job id)."""
-    from producer.client import Client
-    from producer.jsonl import read_jobs
+    """Validate every line of FILE, then enqueue the valid ones (idempotent by job id).
 
-    parsed = read_jobs(input_path)
+    Exit 0: all lines enqueued (or already there); 1: some lines rejected (the valid ones are
+    enqueued); 2: Redis unavailable or refusing (prints how many went in; run it again)."""
+    from producer.client import EnqueueStopped
+    from producer.jsonl import read_jobs
+    from producer.redis_errors import classify
+    from producer.retry import explain
+
+    url = resolve_redis_url(redis_url)
+    with expected_errors(url):
+        parsed = read_jobs(input_path)
     for rejected in parsed.rejected:
-        typer.echo(f"rejected {input_path}:{rejected}", err=True)
-    client = Client.from_url(resolve_redis_url(redis_url), queue)
+        warn(f"rejected {input_path}:{rejected}")
+    client = open_client(url, queue, retry_timeout_s=retry_timeout_s, say=warn)
     try:
-        report = client.enqueue(parsed.jobs)
+        with expected_errors(url):
+            report = client.enqueue(parsed.jobs)
+    except EnqueueStopped as stop:
+        done = stop.report
+        maybe = f" (and up to {stop.uncertain} more whose reply was lost)" if stop.uncertain else ""
+        then = (
+            "run the same command again"
+            if classify(stop.cause) == "transient"
+            else "fix that, then run it again"
+        )
+        fail(
+            f"enqueued {len(done.enqueued)} ({len(done.skipped)} already enqueued) of {len(parsed.jobs)} "
+            f"valid jobs{maybe}, then stopped: {explain(stop.cause, url)}; {then} to continue "
+            "(ids already enqueued are skipped)",
+            exits.USAGE,
+        )
     finally:
         client.close()
     typer.echo(
         f"enqueued {len(report.enqueued)}, skipped {len(report.skipped)} (already enqueued), "
         f"rejected {len(parsed.rejected)}"
     )
-    if parsed.rejected and not parsed.jobs:
-        raise typer.Exit(2)
+    if parsed.rejected:
+        raise typer.Exit(exits.JOBS_FAILED)
 
 
 @app.command()
@@ -85,21 +163,56 @@ def collect(
     timeout_s: Annotated[
         float | None, typer.Option("--timeout", help="Stop waiting after this many seconds.")
     ] = None,
+    trim: Annotated[
+        bool,
+        typer.Option(
+            "--trim/--keep-results",
+            help="Trim results from Redis once written and fsynced (one collector per queue).",
+        ),
+    ] = True,
+    retry_timeout_s: RetryTimeoutOption = 60.0,
 ) -> None:
-    """Write each job's result exactly once, in enqueue order, error rows included."""
-    from producer.client import connect
+    """Write each job's result exactly once, in enqueue order, error rows included.
+
+    Exit 0: every job has a row and none is an error; 1: some jobs failed, have no result,
+    or Redis lost the queue; 2: unknown queue, Redis unavailable or refusing."""
     from producer.collector import Collector
 
-    client = connect(resolve_redis_url(redis_url))
+    url = resolve_redis_url(redis_url)
+    client = open_client(url, queue)
     try:
-        report = Collector(client, queue).collect(output, wait=wait, timeout_s=timeout_s)
+        with expected_errors(url):
+            collector = Collector(client.redis, queue, say=warn, retry_timeout_s=retry_timeout_s)
+            report = collector.collect(output, wait=wait, timeout_s=timeout_s, trim=trim)
+    except KeyboardInterrupt:
+        fail(f"interrupted; the rows written so far are in {output} (run the same command to resume)", 130)
     finally:
         client.close()
     typer.echo(f"wrote {report.written} results to {output} ({report.already} already there)")
-    if report.missing:
-        typer.echo(f"{len(report.missing)} jobs have no result yet", err=True)
-        if wait:
-            raise typer.Exit(1)
+    if report.replaced:
+        typer.echo(f"replaced {report.replaced} error rows of requeued jobs with their new results")
+    if report.stopped:
+        fail(f"stopped: {report.stopped}; run the same command again to continue", exits.USAGE)
+    if report.lost:
+        fail(
+            f"{report.lost}. {len(report.missing)} jobs of this queue have no result in {output}. "
+            f"To finish them, enqueue the same input file again (radixq enqueue FILE --queue {queue}) "
+            f"and collect again into the same output (radixq collect -o {output}): ids already in "
+            "it are skipped, so each id is still written once.",
+            exits.JOBS_FAILED,
+        )
+    if report.trimmed:
+        warn(
+            f"{len(report.trimmed)} jobs were collected earlier and trimmed from Redis (their rows are "
+            f"in the output of that collect), e.g. {', '.join(report.trimmed[:3])}"
+        )
+    others = len(report.missing) - len(report.trimmed)
+    if others:
+        warn(f"{others} jobs have no result yet, e.g. {', '.join(report.missing[:3])}")
+    if report.failed:
+        warn(f"{report.failed} jobs failed (error rows in {output})")
+    if report.missing or report.failed:
+        raise typer.Exit(exits.JOBS_FAILED)
 
 
 @app.command()
@@ -108,34 +221,44 @@ def status(
     redis_url: RedisUrlOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """Queued, in flight (per consumer), done, failed and dead-lettered jobs."""
-    from producer.client import Client
-    from producer.status import now_ms
+    """Queued, in flight (per consumer, alive or dead), done, failed and dead-lettered jobs.
 
-    client = Client.from_url(resolve_redis_url(redis_url), queue)
+    Exit 0, or 2: unknown queue, Redis unavailable or refusing."""
+    url = resolve_redis_url(redis_url)
+    client = open_client(url, queue)
     try:
-        snapshot = client.status()
+        with expected_errors(url):
+            snapshot = client.status()
     finally:
         client.close()
     if as_json:
         typer.echo(json.dumps(snapshot.to_dict(), indent=2))
         return
-    typer.echo(f"queue {snapshot.queue}: {snapshot.enqueued} enqueued")
+    epoch = (
+        f"epoch {snapshot.epoch}"
+        if snapshot.epoch
+        else "no epoch: not enqueued with radixq, or Redis lost it"
+    )
+    typer.echo(f"queue {snapshot.queue}: {snapshot.enqueued} enqueued ({epoch})")
     typer.echo(f"  queued        {snapshot.queued}")
     typer.echo(f"  in flight     {snapshot.in_flight}")
     typer.echo(f"  done          {snapshot.done - snapshot.failed}")
     typer.echo(f"  failed        {snapshot.failed}")
     typer.echo(f"  dead-lettered {snapshot.dead_lettered}")
+    typer.echo(f"  results kept  {snapshot.results_kept}")
     for consumer in snapshot.consumers:
-        beat = consumer.heartbeat
-        seen = (
-            f"{(now_ms() - beat.last_seen_ms) / 1000:.1f}s ago, {beat.state}, model {beat.model}"
-            if beat
-            else "no heartbeat"
-        )
-        typer.echo(
-            f"  consumer {consumer.name}: {consumer.in_flight} in flight, idle {consumer.idle_ms} ms ({seen})"
-        )
+        typer.echo(f"  consumer {consumer.name}: {describe_consumer(consumer)}")
+
+
+def describe_consumer(consumer: ConsumerStatus) -> str:
+    beat, age_s = consumer.heartbeat, consumer.heartbeat_age_s
+    seen = f"last heartbeat {age_s:.0f} s ago" if age_s is not None else "no heartbeat"
+    if not consumer.alive:
+        return f"dead: {seen}, idle {consumer.idle_ms / 1000:.0f} s, holds {consumer.in_flight} jobs"
+    state = beat.state if beat is not None else "no heartbeat"
+    model = f", model {beat.model}" if beat is not None and beat.model else ""
+    heard = f", heartbeat {age_s:.1f} s ago" if age_s is not None else ""
+    return f"{state}, {consumer.in_flight} in flight, idle {consumer.idle_ms} ms{heard}{model}"
 
 
 @dlq_app.command("list")
@@ -144,12 +267,17 @@ def dlq_list(
     redis_url: RedisUrlOption = None,
     count: Annotated[int, typer.Option("--count", "-n")] = 100,
 ) -> None:
-    """Show dead letters: job id, deliveries and reason."""
-    from producer.client import Client
+    """Show dead letters: job id, deliveries and reason. Exit 0, or 2: unknown queue, Redis
+    unavailable or refusing."""
+    from producer.client import UnknownQueueError
 
-    client = Client.from_url(resolve_redis_url(redis_url), queue)
+    url = resolve_redis_url(redis_url)
+    client = open_client(url, queue)
     try:
-        letters = client.dead_letters(count)
+        with expected_errors(url):
+            if not client.known():
+                raise UnknownQueueError(queue)
+            letters = client.dead_letters(count)
     finally:
         client.close()
     for letter in letters:
@@ -162,16 +290,28 @@ def dlq_requeue(
     job_ids: Annotated[list[str] | None, typer.Argument(help="Job ids to requeue (default: all).")] = None,
     queue: QueueOption = "default",
     redis_url: RedisUrlOption = None,
+    retry_timeout_s: RetryTimeoutOption = 60.0,
 ) -> None:
-    """Put dead letters back on the queue with a fresh delivery count."""
-    from producer.client import Client
+    """Put dead letters back on the queue with a fresh delivery count; a resumed collect
+    replaces their dead-letter rows with the new results.
 
-    client = Client.from_url(resolve_redis_url(redis_url), queue)
+    Exit 0; 1: some given ids have no dead letter (named); 2: unknown queue, Redis unavailable
+    or refusing (run it again: requeued letters have left the dead-letter stream)."""
+    from producer.client import UnknownQueueError
+
+    url = resolve_redis_url(redis_url)
+    client = open_client(url, queue, retry_timeout_s=retry_timeout_s, say=warn)
     try:
-        requeued = client.requeue_dead(job_ids or None)
+        with expected_errors(url):
+            if not client.backoff.call(client.known):
+                raise UnknownQueueError(queue)
+            requeued = client.requeue_dead(job_ids or None)
     finally:
         client.close()
     typer.echo(f"requeued {len(requeued)} jobs")
+    absent = sorted(set(job_ids or []) - set(requeued))
+    if absent:
+        fail(f"no dead letter for {len(absent)} ids: {', '.join(absent)}", exits.JOBS_FAILED)
 
 
 def main() -> None:

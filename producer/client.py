@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 import redis
 
-from producer.keys import DEFAULT_QUEUE, FIELD_ATTEMPTS, FIELD_ID, FIELD_JOB, FIELD_REASON, QueueKeys
+from producer.epoch import create_epoch
+from producer.keys import (
+    DEFAULT_QUEUE,
+    FIELD_ATTEMPTS,
+    FIELD_ID,
+    FIELD_JOB,
+    FIELD_REASON,
+    META_EPOCH,
+    QueueKeys,
+)
+from producer.retry import Backoff, RedisUnavailable, url_of
 from producer.schema import Job, encode_job
 from producer.status import QueueStatus, now_ms, read_status
 
@@ -18,6 +28,31 @@ from producer.status import QueueStatus, now_ms, read_status
 class EnqueueReport:
     enqueued: list[str]
     skipped: list[str]  # already enqueued earlier (idempotent by job id)
+
+
+class EnqueueStopped(Exception):
+    """Enqueue stopped before the last job: Redis stayed unavailable past the retry timeout
+    (``waited_s`` > 0) or answered with an error retrying cannot fix.
+
+    ``report`` lists what went in: every batch is one MULTI/EXEC, all or nothing, so exactly
+    those ids are in Redis - except up to ``uncertain`` ids of a batch whose EXEC reply was lost
+    with the connection (they may be in; enqueueing again skips them if they are).
+    """
+
+    def __init__(self, report: EnqueueReport, cause: redis.RedisError, uncertain: int, waited_s: float):
+        super().__init__(str(cause))
+        self.report = report
+        self.cause = cause
+        self.uncertain = uncertain
+        self.waited_s = waited_s
+
+
+class UnknownQueueError(Exception):
+    """Redis has no trace of the queue: no epoch, no order list, no jobs or results."""
+
+    def __init__(self, queue: str) -> None:
+        super().__init__(f"unknown queue {queue!r} (never enqueued, or Redis lost it)")
+        self.queue = queue
 
 
 @dataclass(frozen=True)
@@ -51,68 +86,124 @@ def read_order(client: redis.Redis, keys: QueueKeys) -> list[str]:
     return [item.decode() for item in items]
 
 
+def queue_known(client: redis.Redis, keys: QueueKeys) -> bool:
+    """Whether Redis knows the queue: an epoch, an order list, or jobs or results in its streams.
+
+    NOTE: an empty jobs stream does not count: a worker recreates it (with its group) after
+    Redis lost everything, which must not make a lost queue look like an empty one.
+    """
+    with client.pipeline(transaction=False) as pipe:
+        pipe.hexists(keys.meta, META_EPOCH)
+        pipe.exists(keys.order)
+        pipe.xlen(keys.jobs)
+        pipe.xlen(keys.results)
+        epoch, order, jobs, results = pipe.execute()
+    return bool(epoch or order or jobs or results)
+
+
 class Client:
     """A handle on one named queue.
 
     ``enqueue`` is idempotent by job id: a job whose id was enqueued before is skipped, so
-    enqueueing the same file twice creates no duplicate work.
+    enqueueing the same file twice creates no duplicate work. Transient Redis errors
+    (connection loss, LOADING, OOM at maxmemory, READONLY) are retried with backoff for up to
+    ``retry_timeout_s`` without progress; ``say`` hears about each outage once.
     """
 
-    def __init__(self, client: redis.Redis, queue: str = DEFAULT_QUEUE) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        queue: str = DEFAULT_QUEUE,
+        *,
+        retry_timeout_s: float = 60.0,
+        say: Callable[[str], None] | None = None,
+    ) -> None:
         self.redis = client
         self.keys = QueueKeys(queue)
+        self.backoff = Backoff(url_of(client), give_up_s=retry_timeout_s, say=say)
 
     @classmethod
-    def from_url(cls, url: str, queue: str = DEFAULT_QUEUE) -> Client:
-        return cls(connect(url), queue)
+    def from_url(cls, url: str, queue: str = DEFAULT_QUEUE, **options: Any) -> Client:
+        return cls(connect(url), queue, **options)
 
     def close(self) -> None:
         self.redis.close()
 
     def enqueue(self, jobs: Iterable[Job], batch_size: int = 1000) -> EnqueueReport:
-        ensure_group(self.redis, self.keys)
-        enqueued: list[str] = []
-        skipped: list[str] = []
-        batch: list[Job] = []
-        for job in jobs:
-            batch.append(job)
-            if len(batch) == batch_size:
-                self._enqueue_batch(batch, enqueued, skipped)
-                batch = []
-        if batch:
-            self._enqueue_batch(batch, enqueued, skipped)
-        return EnqueueReport(enqueued, skipped)
+        """Add the jobs whose ids are new, in batches of one MULTI/EXEC each.
 
-    def _enqueue_batch(self, jobs: list[Job], enqueued: list[str], skipped: list[str]) -> None:
+        Raises EnqueueStopped (carrying the partial report) when Redis stays unavailable
+        longer than the retry timeout or answers with another error.
+        """
+        report = EnqueueReport([], [])
+        uncertain: set[str] = set()
+        try:
+            self.backoff.call(self._prepare)
+            batch: list[Job] = []
+            for job in jobs:
+                batch.append(job)
+                if len(batch) == batch_size:
+                    self._enqueue_batch(batch, report, uncertain)
+                    batch = []
+            if batch:
+                self._enqueue_batch(batch, report, uncertain)
+        except RedisUnavailable as exc:
+            raise EnqueueStopped(report, exc.cause, len(uncertain), exc.waited_s) from exc
+        except redis.RedisError as exc:
+            raise EnqueueStopped(report, exc, len(uncertain), 0.0) from exc
+        return report
+
+    def _prepare(self) -> None:
+        create_epoch(self.redis, self.keys)
+        ensure_group(self.redis, self.keys)
+
+    def _enqueue_batch(self, jobs: list[Job], report: EnqueueReport, uncertain: set[str]) -> None:
         # WATCH the id hash so that two producers racing on the same ids cannot both add them:
-        # the check and the XADDs commit together or retry.
+        # the check and the XADDs commit together or retry. ``uncertain`` holds the ids of an
+        # attempt whose EXEC reply was lost: found enqueued on the retry, they are ours.
         keys = self.keys
-        with self.redis.pipeline(transaction=True) as pipe:
-            while True:
-                try:
-                    pipe.watch(keys.enqueued)
-                    seen = pipe.hmget(keys.enqueued, [job.id for job in jobs])
-                    new = [job for job, mark in zip(jobs, seen, strict=True) if mark is None]
-                    enqueued_at_ms = now_ms()
-                    pipe.multi()
-                    for job in new:
-                        data = encode_job(msgspec.structs.replace(job, enqueued_at_ms=enqueued_at_ms))
-                        pipe.xadd(keys.jobs, {FIELD_ID: job.id, FIELD_JOB: data})
-                    if new:
-                        pipe.hset(keys.enqueued, mapping={job.id: enqueued_at_ms for job in new})
-                        pipe.rpush(keys.order, *[job.id for job in new])
-                    pipe.execute()
-                    break
-                except redis.WatchError:
-                    continue
-        enqueued.extend(job.id for job in new)
-        skipped.extend(job.id for job, mark in zip(jobs, seen, strict=True) if mark is not None)
+        uncertain.clear()
+
+        def attempt() -> list[Any]:
+            with self.redis.pipeline(transaction=True) as pipe:
+                while True:
+                    try:
+                        pipe.watch(keys.enqueued)
+                        seen: list[Any] = pipe.hmget(keys.enqueued, [job.id for job in jobs])
+                        new = [job for job, mark in zip(jobs, seen, strict=True) if mark is None]
+                        enqueued_at_ms = now_ms()
+                        pipe.multi()
+                        for job in new:
+                            data = encode_job(msgspec.structs.replace(job, enqueued_at_ms=enqueued_at_ms))
+                            pipe.xadd(keys.jobs, {FIELD_ID: job.id, FIELD_JOB: data})
+                        if new:
+                            pipe.hset(keys.enqueued, mapping={job.id: enqueued_at_ms for job in new})
+                            pipe.rpush(keys.order, *[job.id for job in new])
+                        try:
+                            pipe.execute()
+                        except (redis.ConnectionError, redis.TimeoutError):
+                            uncertain.update(job.id for job in new)
+                            raise
+                        return seen
+                    except redis.WatchError:
+                        continue
+
+        seen = self.backoff.call(attempt)
+        for job, mark in zip(jobs, seen, strict=True):
+            (report.enqueued if mark is None or job.id in uncertain else report.skipped).append(job.id)
+        uncertain.clear()
 
     def order(self) -> list[str]:
         """All job ids in enqueue order."""
         return read_order(self.redis, self.keys)
 
+    def known(self) -> bool:
+        return queue_known(self.redis, self.keys)
+
     def status(self) -> QueueStatus:
+        """A snapshot of the queue; raises UnknownQueueError when Redis has no trace of it."""
+        if not self.known():
+            raise UnknownQueueError(self.keys.queue)
         return read_status(self.redis, self.keys)
 
     def dead_letters(self, count: int = 1000) -> list[DeadLetter]:
@@ -120,8 +211,8 @@ class Client:
         return [
             DeadLetter(
                 entry_id=entry_id.decode(),
-                job_id=fields[FIELD_ID.encode()].decode(),
-                reason=fields.get(FIELD_REASON.encode(), b"").decode(),
+                job_id=fields[FIELD_ID.encode()].decode(errors="replace"),
+                reason=fields.get(FIELD_REASON.encode(), b"").decode(errors="replace"),
                 attempts=int(fields.get(FIELD_ATTEMPTS.encode(), b"0")),
                 job=fields[FIELD_JOB.encode()],
             )
@@ -132,20 +223,44 @@ class Client:
         """Put dead letters back on the jobs stream (all, or those with the given ids).
 
         Each one gets a fresh delivery count; its dead_letter result stops counting (the
-        ``done`` mark is removed), so collect waits for the new run's result.
+        ``done`` mark is removed), so collect waits for the new run's result, and the job's
+        count in the ``requeued`` hash goes up, so a resumed collect replaces its dead-letter
+        row. Returns the ids requeued (ids with no dead letter are not in it).
         """
         wanted = set(job_ids) if job_ids is not None else None
-        requeued: list[str] = []
-        ensure_group(self.redis, self.keys)
+        self.backoff.call(self._prepare)
+        letters = self.backoff.call(lambda: self.dead_letters(count=1 << 30))
+        return [
+            letter.job_id
+            for letter in letters
+            if (wanted is None or letter.job_id in wanted) and self._requeue_one(letter)
+        ]
+
+    def _requeue_one(self, letter: DeadLetter) -> bool:
+        # The dead-letter entry leaves in the same transaction that requeues the job, so a
+        # retry after a lost EXEC reply finds it gone and does not requeue the job twice.
         keys = self.keys
-        for letter in self.dead_letters(count=1 << 30):
-            if wanted is not None and letter.job_id not in wanted:
-                continue
+        tried = False
+
+        def attempt() -> bool:
+            nonlocal tried
             with self.redis.pipeline(transaction=True) as pipe:
-                pipe.xadd(keys.jobs, {FIELD_ID: letter.job_id, FIELD_JOB: letter.job})
-                pipe.hdel(keys.done, letter.job_id)
-                pipe.hdel(keys.failed, letter.job_id)
-                pipe.xdel(keys.dead, letter.entry_id)
-                pipe.execute()
-            requeued.append(letter.job_id)
-        return requeued
+                while True:
+                    try:
+                        pipe.watch(keys.dead)
+                        if not pipe.xrange(keys.dead, letter.entry_id, letter.entry_id):
+                            return tried
+                        pipe.multi()
+                        pipe.xadd(keys.jobs, {FIELD_ID: letter.job_id, FIELD_JOB: letter.job})
+                        pipe.hdel(keys.done, letter.job_id)
+                        pipe.hdel(keys.failed, letter.job_id)
+                        pipe.hincrby(keys.requeued, letter.job_id, 1)
+                        pipe.xdel(keys.dead, letter.entry_id)
+                        tried = True
+                        pipe.execute()
+                        return True
+                    except redis.WatchError:
+                        tried = False
+                        continue
+
+        return self.backoff.call(attempt)

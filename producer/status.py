@@ -8,7 +8,7 @@ from typing import Any
 import msgspec
 import redis
 
-from producer.keys import QueueKeys
+from producer.keys import META_EPOCH, QueueKeys
 
 
 class Heartbeat(msgspec.Struct, frozen=True, kw_only=True):
@@ -28,21 +28,31 @@ class Heartbeat(msgspec.Struct, frozen=True, kw_only=True):
     data_losses: int = 0  # times it saw Redis lose the queue's data (epoch gone or changed)
 
 
+# A consumer is taken for dead when Redis has not seen it for this many heartbeat intervals
+# and its last heartbeat is at least as old (or missing: then after NO_HEARTBEAT_DEAD_MS).
+DEAD_AFTER_BEATS = 5
+NO_HEARTBEAT_DEAD_MS = 60_000
+
+
 class ConsumerStatus(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     in_flight: int  # entries delivered to it and not yet acked (its pending list)
-    idle_ms: int
+    idle_ms: int  # since it last read or claimed from the jobs stream (XINFO CONSUMERS idle)
     heartbeat: Heartbeat | None = None
+    heartbeat_age_s: float | None = None  # since its last heartbeat; None: it has none
+    alive: bool = True  # False: it missed DEAD_AFTER_BEATS heartbeats and reads nothing (see is_alive)
 
 
 class QueueStatus(msgspec.Struct, frozen=True, kw_only=True):
     queue: str
+    epoch: str | None = None  # written by the first enqueue; None: never enqueued, or Redis lost it
     enqueued: int  # distinct job ids ever enqueued
     queued: int  # in the stream, not yet delivered to any worker
     in_flight: int
     done: int  # jobs with a counted result, errors included
     failed: int  # of which errors (dead letters included)
     dead_lettered: int
+    results_kept: int = 0  # entries in the results stream (collect --trim removes written ones)
     consumers: list[ConsumerStatus] = []
 
     def to_dict(self) -> dict[str, Any]:
@@ -59,6 +69,18 @@ def decode_heartbeat(data: bytes) -> Heartbeat | None:
         return None
 
 
+def is_alive(beat: Heartbeat | None, idle_ms: int, at_ms: int) -> tuple[bool, float | None]:
+    """(alive, heartbeat age in s). Dead: neither a read/claim nor a heartbeat for
+    DEAD_AFTER_BEATS of its heartbeat intervals; with no heartbeat at all, idle
+    NO_HEARTBEAT_DEAD_MS. A worker whose heartbeat writes fail (Redis at maxmemory) but
+    which still reads stays alive."""
+    if beat is None:
+        return idle_ms < NO_HEARTBEAT_DEAD_MS, None
+    age_s = max(0.0, (at_ms - beat.last_seen_ms) / 1000)
+    limit_s = DEAD_AFTER_BEATS * max(beat.interval_s, 0.1)
+    return age_s <= limit_s or idle_ms <= limit_s * 1000, age_s
+
+
 def read_status(client: redis.Redis, keys: QueueKeys) -> QueueStatus:
     """One consistent-enough snapshot (several reads, not a transaction)."""
     with client.pipeline(transaction=False) as pipe:
@@ -68,7 +90,9 @@ def read_status(client: redis.Redis, keys: QueueKeys) -> QueueStatus:
         pipe.xlen(keys.dead)
         pipe.xlen(keys.jobs)
         pipe.hgetall(keys.workers)
-        enqueued, done, failed, dead, stream_len, beats = pipe.execute()
+        pipe.hget(keys.meta, META_EPOCH)
+        pipe.xlen(keys.results)
+        enqueued, done, failed, dead, stream_len, beats, epoch, results = pipe.execute()
     group: dict[str, Any] = {}
     consumers: list[dict[str, Any]] = []
     try:
@@ -77,28 +101,52 @@ def read_status(client: redis.Redis, keys: QueueKeys) -> QueueStatus:
             consumers = client.xinfo_consumers(keys.jobs, keys.group)
     except redis.ResponseError:  # no stream yet
         pass
-    lag = group.get("lag")
-    queued = int(lag) if lag is not None else max(0, stream_len - int(group.get("entries-read") or 0))
+    if not group:
+        queued = stream_len
+    elif group.get("lag") is not None:
+        queued = int(group["lag"])
+    else:  # NOTE: Redis cannot tell the lag (after an AOF restart, or deletions): count.
+        queued = count_after(client, keys.jobs, _text(group["last-delivered-id"]))
     heartbeats = {_text(name): decode_heartbeat(data) for name, data in beats.items()}
-    listed = [
-        ConsumerStatus(
-            name=_text(c["name"]),
-            in_flight=int(c["pending"]),
-            idle_ms=int(c["idle"]),
-            heartbeat=heartbeats.get(_text(c["name"])),
+    at_ms = now_ms()
+    listed = []
+    for c in consumers:
+        name, idle_ms = _text(c["name"]), int(c["idle"])
+        beat = heartbeats.get(name)
+        alive, age_s = is_alive(beat, idle_ms, at_ms)
+        listed.append(
+            ConsumerStatus(
+                name=name,
+                in_flight=int(c["pending"]),
+                idle_ms=idle_ms,
+                heartbeat=beat,
+                heartbeat_age_s=age_s,
+                alive=alive,
+            )
         )
-        for c in consumers
-    ]
     return QueueStatus(
         queue=keys.queue,
+        epoch=_text(epoch) if epoch is not None else None,
         enqueued=enqueued,
-        queued=queued if group else stream_len,
+        queued=queued,
         in_flight=int(group.get("pending") or 0),
         done=done,
         failed=failed,
         dead_lettered=dead,
+        results_kept=results,
         consumers=listed,
     )
+
+
+def count_after(client: redis.Redis, stream: str, entry_id: str, chunk: int = 1000) -> int:
+    """How many entries of ``stream`` come after ``entry_id`` (XRANGE in chunks: O(count))."""
+    count, start = 0, f"({entry_id}"
+    while True:
+        entries: Any = client.xrange(stream, min=start, max="+", count=chunk)
+        count += len(entries)
+        if len(entries) < chunk:
+            return count
+        start = f"({_text(entries[-1][0])}"
 
 
 def now_ms() -> int:

@@ -74,7 +74,7 @@ def test_bad_lines_reported_and_valid_jobs_complete(redis_url: str, tmp_path: Pa
     source = tmp_path / "mixed.jsonl"
     valid_ids, expected_bad = write_mixed_file(source)
     enqueue = radixq("enqueue", str(source), "--redis-url", redis_url)
-    assert enqueue.returncode == 0, enqueue.stderr
+    assert enqueue.returncode == 1, enqueue.stderr  # exit 1: some lines rejected, the valid ones enqueued
     num_valid = len(valid_ids) + 2
     assert f"enqueued {num_valid}, skipped 0 (already enqueued), rejected {len(BAD_LINES)}" in enqueue.stdout
     reported = {}
@@ -135,8 +135,8 @@ def test_job_invalid_at_intake_gets_error_result_without_retries(redis_url: str,
     assert client.hgetall(keys.done) == {b"raw-1": bad_entry.encode(), b"raw-2": wrong_entry.encode()}
     assert client.hgetall(keys.failed) == {b"raw-1": b"invalid_job", b"raw-2": b"invalid_job"}
     out = tmp_path / "out.jsonl"
-    collected = radixq("collect", "-o", str(out), "--redis-url", redis_url, "--no-wait")
-    assert collected.returncode == 0, collected.stderr
+    collected = radixq("collect", "-o", str(out), "--redis-url", redis_url, "--no-wait", "--keep-results")
+    assert collected.returncode == 1, collected.stderr  # exit 1: error rows written
     rows = {row["id"]: row for row in map(json.loads, out.read_text().splitlines())}
     assert rows["raw-1"]["error"]["code"] == "invalid_job"
     assert "not a msgpack job" in rows["raw-1"]["error"]["message"]

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from producer.client import Client
@@ -14,6 +16,7 @@ from producer.collector import Collector
 from producer.keys import QueueKeys
 from producer.local_redis import LocalRedis, free_port
 from producer.schema import Job
+from producer.status import Heartbeat, now_ms
 from tests.fake_backend import fake_text
 from tests.integration.procs import FAKE_BACKEND, REPO_ROOT, radixq, start_worker, subprocess_env
 
@@ -181,26 +184,56 @@ def test_status_and_dlq_commands(redis_url: str, tmp_path: Path) -> None:
     keys = QueueKeys()
     client.enqueue([Job(id=f"s{i}", prompt="x") for i in range(3)])
     client.redis.xreadgroup(keys.group, "ghost", {keys.jobs: ">"}, count=2)
+    # The ghost beat once, 10 s ago, every 0.1 s: dead once it has also been idle 0.5 s.
+    beat = Heartbeat(name="ghost", pid=1, last_seen_ms=now_ms() - 10_000, interval_s=0.1)
+    client.redis.hset(keys.workers, "ghost", msgspec.msgpack.encode(beat))
+    time.sleep(0.6)
     status = radixq("status", "--redis-url", redis_url, "--json")
     assert status.returncode == 0, status.stderr
     snapshot = json.loads(status.stdout)
     assert (snapshot["queued"], snapshot["in_flight"], snapshot["done"]) == (1, 2, 0)
-    assert snapshot["consumers"][0]["name"] == "ghost" and snapshot["consumers"][0]["in_flight"] == 2
-    time.sleep(0.3)
+    (ghost,) = snapshot["consumers"]
+    assert (ghost["name"], ghost["in_flight"], ghost["alive"]) == ("ghost", 2, False)
+    assert 9 < ghost["heartbeat_age_s"] < 30
+    text = radixq("status", "--redis-url", redis_url).stdout
+    assert re.search(r"consumer ghost: dead: last heartbeat \d+ s ago, idle \d+ s, holds 2 jobs", text), text
     worker = start_worker(redis_url, "w", tmp_path / "w.log", "--min-idle-s", "0.2", "--max-attempts", "1")
     try:
         deadline = time.monotonic() + 30
         while client.redis.hlen(keys.done) < 3:
             assert time.monotonic() < deadline
             time.sleep(0.05)
+        text = radixq("status", "--redis-url", redis_url).stdout
+        assert re.search(r"consumer w: running, 0 in flight, idle \d+ ms, heartbeat [\d.]+ s ago", text), text
     finally:
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(timeout=30) == 0
     listed = radixq("dlq", "list", "--redis-url", redis_url)
+    assert listed.returncode == 0
     assert listed.stdout.count("attempts=2") == 2 and "s0" in listed.stdout and "s1" in listed.stdout
     text = radixq("status", "--redis-url", redis_url).stdout
     assert "dead-lettered 2" in text and "failed        2" in text
-    requeued = radixq("dlq", "requeue", "s0", "--redis-url", redis_url)
-    assert "requeued 1 jobs" in requeued.stdout
+    out = tmp_path / "out.jsonl"
+    first = radixq("collect", "-o", str(out), "--redis-url", redis_url, "--no-wait")
+    assert first.returncode == 1 and "2 jobs failed" in first.stderr  # the dead-letter rows
+
+    requeued = radixq("dlq", "requeue", "s0", "nosuch", "--redis-url", redis_url)
+    assert requeued.returncode == 1 and "requeued 1 jobs" in requeued.stdout
+    assert "error: no dead letter for 1 ids: nosuch" in requeued.stderr
     assert client.redis.xlen(keys.dead) == 1 and client.redis.hget(keys.done, "s0") is None
+    assert client.redis.hget(keys.requeued, "s0") == b"1"
+    worker = start_worker(redis_url, "w2", tmp_path / "w2.log")
+    try:
+        resumed = radixq("collect", "-o", str(out), "--redis-url", redis_url, "--timeout", "30")
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=30) == 0
+    # s0's dead-letter row was replaced in place by its new result; s1 is still dead-lettered.
+    assert resumed.returncode == 1 and "replaced 1 error rows" in resumed.stdout, resumed.stderr
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [row["id"] for row in rows] == ["s0", "s1", "s2"]
+    assert rows[0]["error"] is None and rows[0]["choices"][0]["text"] == fake_text("s0")
+    assert rows[1]["error"]["code"] == "dead_letter"
+    everything = radixq("dlq", "requeue", "--redis-url", redis_url)
+    assert everything.returncode == 0 and "requeued 1 jobs" in everything.stdout
     client.close()

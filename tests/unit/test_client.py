@@ -11,6 +11,7 @@ from producer.client import Client
 from producer.collector import Collector
 from producer.keys import FIELD_ENTRY, FIELD_ID, FIELD_RESULT, QueueKeys
 from producer.schema import Choice, Job, Result, decode_job, encode, error_result
+from producer.status import Heartbeat, is_alive
 
 KEYS = QueueKeys()
 
@@ -98,3 +99,24 @@ def test_collect_times_out_with_missing_ids(fake_redis: fakeredis.FakeRedis, tmp
         tmp_path / "o.jsonl", ids=["j0", "j1"], wait=True, timeout_s=0.3, poll_s=0.05
     )
     assert report.missing == ["j0"] and report.written == 1
+
+
+def test_consumer_liveness_rule() -> None:
+    now = 1_000_000
+    fresh = Heartbeat(name="w", pid=1, last_seen_ms=now - 1_000, interval_s=2.0)
+    stale = Heartbeat(name="w", pid=1, last_seen_ms=now - 42_000, interval_s=2.0)
+    assert is_alive(fresh, idle_ms=30_000, at_ms=now) == (True, 1.0)  # beats while busy with long jobs
+    assert is_alive(stale, idle_ms=500, at_ms=now) == (True, 42.0)  # reads, but cannot write its heartbeat
+    assert is_alive(stale, idle_ms=10_001, at_ms=now) == (False, 42.0)  # 5 intervals of silence
+    assert is_alive(None, idle_ms=59_000, at_ms=now) == (True, None)
+    assert is_alive(None, idle_ms=60_000, at_ms=now) == (False, None)
+
+
+def test_enqueue_and_requeue_write_the_epoch_once(fake_redis: fakeredis.FakeRedis) -> None:
+    client = Client(fake_redis)
+    client.enqueue(jobs(2))
+    epoch = fake_redis.hget(KEYS.meta, "epoch")
+    assert epoch is not None and len(epoch) == 16
+    client.enqueue(jobs(3))
+    assert client.requeue_dead() == []
+    assert fake_redis.hget(KEYS.meta, "epoch") == epoch

@@ -1,0 +1,163 @@
+"""collect's output file: resumed where it stopped, appended and fsynced, rows replaced in place.
+
+One JSON line per job id (``custom_id`` for OpenAI batch rows, else ``id``); a row whose
+``error`` is an object is an error row. Results may be trimmed from Redis only after
+``sync`` returned: from then on the file is their only copy.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import msgspec
+
+from producer.jsonl import output_line
+from producer.schema import decode_result, error_result
+
+
+class OutputFileError(Exception):
+    """The output file holds something other than radixq rows; ``str()`` is the one line."""
+
+
+class _Row(msgspec.Struct):
+    id: str | None = None
+    custom_id: str | None = None
+    error: Any = None
+
+
+_row_decoder = msgspec.json.Decoder(_Row)
+
+
+def row_key(line: bytes) -> tuple[str, str | None]:
+    """(job id, error code or None) of one output line."""
+    row = _row_decoder.decode(line)
+    job_id = row.custom_id or row.id
+    if job_id is None:
+        raise ValueError(f"output row without id: {line[:200]!r}")
+    error = row.error
+    code = str(error.get("code") or "error") if isinstance(error, dict) else None
+    return job_id, code
+
+
+def result_line(job_id: str, raw: bytes) -> tuple[bytes, str | None]:
+    """The output line of one result as stored in Redis, and its error code; a result that
+    cannot be decoded becomes that job's ``internal`` error row."""
+    try:
+        result = decode_result(raw)
+    except msgspec.DecodeError as exc:
+        result = error_result(job_id, "internal", f"result in Redis could not be decoded: {exc}")
+    return output_line(result), result.error.code if result.error is not None else None
+
+
+def cut_torn_line(path: Path) -> None:
+    """Drop a last line without its newline (a write cut short by a crash)."""
+    size = path.stat().st_size
+    with open(path, "r+b") as out:
+        if size == 0:
+            return
+        out.seek(size - 1)
+        if out.read(1) == b"\n":
+            return
+        end = size
+        while end > 0:
+            start = max(0, end - 65536)
+            out.seek(start)
+            newline = out.read(end - start).rfind(b"\n")
+            if newline >= 0:
+                out.truncate(start + newline + 1)
+                return
+            end = start
+        out.truncate(0)
+
+
+class OutputFile:
+    """The output file, open for appending. ``ids``: every id with a row; ``errors``: id ->
+    error code of its row, for error rows. Holds no row payloads."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.ids: set[str] = set()
+        self.errors: dict[str, str] = {}
+        if self.path.exists():
+            cut_torn_line(self.path)
+            with open(self.path, "rb") as rows:
+                for line_no, line in enumerate(rows, start=1):
+                    if line.strip():
+                        try:
+                            job_id, code = row_key(line)
+                        except (msgspec.DecodeError, ValueError) as exc:
+                            raise OutputFileError(
+                                f"{self.path}: line {line_no} is not a radixq output row ({exc}); "
+                                "collect into a new file or remove that line"
+                            ) from None
+                        self._note(job_id, code)
+        self._sink: BinaryIO = open(self.path, "ab")  # noqa: SIM115 - closed by close()
+        self._unsynced = False
+
+    def _note(self, job_id: str, code: str | None) -> None:
+        self.ids.add(job_id)
+        if code is None:
+            self.errors.pop(job_id, None)
+        else:
+            self.errors[job_id] = code
+
+    def append(self, job_id: str, line: bytes, code: str | None) -> None:
+        self._sink.write(line)
+        self._note(job_id, code)
+        self._unsynced = True
+
+    def sync(self) -> None:
+        """Flush and fsync what was appended."""
+        if self._unsynced:
+            self._sink.flush()
+            os.fsync(self._sink.fileno())
+            self._unsynced = False
+
+    def replace(self, rows: dict[str, tuple[bytes, str | None]]) -> int:
+        """Rewrite the file with the rows of the given ids swapped for new lines (id -> (line,
+        error code)), every other row and the order kept: temp file, fsync, rename. Returns
+        how many rows were replaced."""
+        self.sync()
+        self._sink.close()
+        replaced = 0
+        fd, temp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
+        try:
+            with os.fdopen(fd, "wb") as new, open(self.path, "rb") as old:
+                for line in old:
+                    job_id = row_key(line)[0] if line.strip() else None
+                    if job_id is not None and job_id in rows:
+                        line = rows[job_id][0]
+                        self._note(job_id, rows[job_id][1])
+                        replaced += 1
+                    new.write(line)
+                new.flush()
+                os.fsync(new.fileno())
+            os.replace(temp, self.path)
+            _fsync_dir(self.path.parent)
+        except BaseException:
+            Path(temp).unlink(missing_ok=True)
+            raise
+        finally:
+            self._sink = open(self.path, "ab")  # noqa: SIM115 - closed by close()
+        return replaced
+
+    def close(self) -> None:
+        self.sync()
+        self._sink.close()
+
+    def __enter__(self) -> OutputFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

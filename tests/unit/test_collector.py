@@ -1,0 +1,249 @@
+"""Collector: bounded memory, trimming, loss detection, requeued rows, against fakeredis.
+
+Results are written into Redis by hand the way a worker's outbox does (result, done mark,
+error code, dead letter in one MULTI), so every expected row is known independently.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import fakeredis
+import pytest
+
+from producer.client import Client, UnknownQueueError
+from producer.collector import Collector
+from producer.keys import (
+    FIELD_ATTEMPTS,
+    FIELD_ENTRY,
+    FIELD_ID,
+    FIELD_JOB,
+    FIELD_REASON,
+    FIELD_RESULT,
+    META_RESULTS_TRIMMED,
+    QueueKeys,
+)
+from producer.schema import Choice, Job, Result, encode, error_result
+
+KEYS = QueueKeys()
+
+
+def enqueue(client: fakeredis.FakeRedis, count: int) -> list[str]:
+    ids = [f"j{i}" for i in range(count)]
+    Client(client).enqueue([Job(id=job_id, prompt="p") for job_id in ids])
+    return ids
+
+
+def newest_entries(client: fakeredis.FakeRedis) -> dict[str, bytes]:
+    return {f[b"id"].decode(): e for e, f in client.xrange(KEYS.jobs)}
+
+
+def complete(
+    client: fakeredis.FakeRedis, job_id: str, *, error: str | None = None, entry: bytes | None = None
+) -> None:
+    """What a worker writes for the job's newest jobs-stream entry (dead letter included)."""
+    entry = entry or newest_entries(client)[job_id]
+    if error is None:
+        choice = Choice(index=0, text=f"text {job_id}", token_ids=[], finish_reason="stop")
+        result = Result(id=job_id, choices=[choice])
+    else:
+        result = error_result(job_id, error, f"{error} for {job_id}")
+    with client.pipeline(transaction=True) as pipe:
+        pipe.xadd(KEYS.results, {FIELD_ID: job_id, FIELD_ENTRY: entry, FIELD_RESULT: encode(result)})
+        pipe.hsetnx(KEYS.done, job_id, entry)
+        if error is not None:
+            pipe.hset(KEYS.failed, job_id, error)
+        if error == "dead_letter":
+            job = dict(client.xrange(KEYS.jobs, entry, entry)[0][1])[FIELD_JOB.encode()]
+            fields = {
+                FIELD_ID: job_id,
+                FIELD_ENTRY: entry,
+                FIELD_JOB: job,
+                FIELD_REASON: "r",
+                FIELD_ATTEMPTS: 4,
+            }
+            pipe.xadd(KEYS.dead, fields)
+        pipe.execute()
+
+
+def rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_written_results_leave_memory_and_only_results_behind_a_gap_wait(
+    fake_redis: fakeredis.FakeRedis, tmp_path: Path
+) -> None:
+    ids = enqueue(fake_redis, 300)
+    entries = newest_entries(fake_redis)
+    for job_id in ids[1:]:
+        complete(fake_redis, job_id, entry=entries[job_id])
+    collector = Collector(fake_redis)
+    seen: list[set[str]] = []
+
+    def between_rounds() -> bool:
+        seen.append(set(collector._ahead))
+        if len(seen) == 1:
+            complete(fake_redis, "j0")
+        return False
+
+    out = tmp_path / "out.jsonl"
+    report = collector.collect(out, poll_s=0.01, timeout_s=10, should_stop=between_rounds)
+    # Round 1: j0 missing, so everything behind it waits in the buffer (raw bytes)...
+    assert seen[0] == set(ids[1:])
+    # ...round 2: j0 came, all 300 are written in order, and the buffer is empty.
+    assert collector._ahead == {}
+    assert (report.written, report.missing, report.failed) == (300, [], 0)
+    assert [row["id"] for row in rows(out)] == ids
+    assert all(row["choices"][0]["text"] == f"text {row['id']}" for row in rows(out))
+
+
+def test_in_order_results_are_never_buffered(fake_redis: fakeredis.FakeRedis, tmp_path: Path) -> None:
+    ids = enqueue(fake_redis, 2500)  # more than one XREAD chunk
+    entries = newest_entries(fake_redis)
+    for job_id in ids:
+        complete(fake_redis, job_id, entry=entries[job_id])
+    collector = Collector(fake_redis)
+    largest: list[int] = []
+    original = collector._advance
+
+    def advance(run):  # type: ignore[no-untyped-def]
+        largest.append(len(collector._ahead))
+        original(run)
+
+    collector._advance = advance  # type: ignore[method-assign]
+    collector.collect(tmp_path / "out.jsonl", wait=False)
+    assert max(largest) <= 2000  # one chunk at a time, never the whole stream
+    assert collector._ahead == {}
+
+
+def test_trim_stops_at_the_first_buffered_result(fake_redis: fakeredis.FakeRedis, tmp_path: Path) -> None:
+    ids = enqueue(fake_redis, 10)
+    for job_id in ids[:5] + ids[6:]:
+        complete(fake_redis, job_id)
+    entries = {f[b"id"].decode(): e.decode() for e, f in fake_redis.xrange(KEYS.results)}
+    collector = Collector(fake_redis)
+    checks: list[tuple[int, bytes | None]] = []
+
+    def between_rounds() -> bool:
+        checks.append((fake_redis.xlen(KEYS.results), fake_redis.hget(KEYS.meta, META_RESULTS_TRIMMED)))
+        if len(checks) == 1:
+            complete(fake_redis, "j5")
+        return False
+
+    out = tmp_path / "out.jsonl"
+    report = collector.collect(out, poll_s=0.01, timeout_s=10, should_stop=between_rounds, trim=True)
+    # j0..j4 written and trimmed; j6..j9 wait behind j5 and stay in the stream.
+    assert checks[0] == (4, entries["j6"].encode())
+    assert report.missing == [] and [row["id"] for row in rows(out)] == ids
+    assert fake_redis.xlen(KEYS.results) == 0
+    # Per-id bookkeeping is never trimmed.
+    assert fake_redis.hlen(KEYS.done) == 10 and fake_redis.llen(KEYS.order) == 10
+
+
+def test_results_trimmed_by_an_earlier_collect_are_reported_not_awaited(
+    fake_redis: fakeredis.FakeRedis, tmp_path: Path
+) -> None:
+    ids = enqueue(fake_redis, 6)
+    for job_id in ids[:4]:
+        complete(fake_redis, job_id)
+    Collector(fake_redis).collect(tmp_path / "first.jsonl", wait=False, trim=True)
+    complete(fake_redis, "j4")
+    # A second output file: j0..j3 were written to the first and trimmed; j4 is there; j5 not done.
+    report = Collector(fake_redis).collect(tmp_path / "second.jsonl", wait=True, timeout_s=1, poll_s=0.01)
+    assert report.trimmed == ids[:4]
+    assert report.missing == ["j0", "j1", "j2", "j3", "j5"]
+    assert [row["id"] for row in rows(tmp_path / "second.jsonl")] == ["j4"]
+    # With every job done, the collect ends at once instead of waiting for trimmed results.
+    complete(fake_redis, "j5")
+    third = Collector(fake_redis).collect(tmp_path / "third.jsonl", wait=True, poll_s=0.01)
+    assert third.trimmed == ids[:4] and third.written == 2
+
+
+def test_requeued_dead_letter_row_is_replaced_in_place(
+    fake_redis: fakeredis.FakeRedis, tmp_path: Path
+) -> None:
+    ids = enqueue(fake_redis, 4)
+    complete(fake_redis, "j0")
+    complete(fake_redis, "j1", error="dead_letter")
+    complete(fake_redis, "j2", error="dead_letter")
+    complete(fake_redis, "j3")
+    out = tmp_path / "out.jsonl"
+    first = Collector(fake_redis).collect(out, wait=False)
+    assert (first.written, first.failed) == (4, 2)
+    client = Client(fake_redis)
+    assert sorted(client.requeue_dead(["j1", "j2"])) == ["j1", "j2"]
+    assert fake_redis.hgetall(KEYS.requeued) == {b"j1": b"1", b"j2": b"1"}
+    # While the requeued jobs run, a resumed collect waits for them (their rows are superseded).
+    waiting = Collector(fake_redis).collect(out, wait=True, timeout_s=0.2, poll_s=0.01)
+    assert (waiting.written, waiting.replaced, sorted(waiting.missing)) == (0, 0, ["j1", "j2"])
+    complete(fake_redis, "j1")  # succeeds this time
+    complete(fake_redis, "j2", error="dead_letter")  # dead-lettered again
+    resumed = Collector(fake_redis).collect(out, wait=True, timeout_s=5, poll_s=0.01)
+    assert (resumed.written, resumed.replaced, resumed.missing, resumed.failed) == (0, 1, [], 1)
+    final = rows(out)
+    assert [row["id"] for row in final] == ids
+    assert final[1]["error"] is None and final[1]["choices"][0]["text"] == "text j1"
+    assert final[2]["error"]["code"] == "dead_letter"
+    again = Collector(fake_redis).collect(out, wait=True, timeout_s=5, poll_s=0.01)
+    assert (again.written, again.replaced, again.missing) == (0, 0, [])
+    assert rows(out) == final
+
+
+def test_lost_queue_is_detected_by_a_running_collector(
+    fake_redis: fakeredis.FakeRedis, tmp_path: Path
+) -> None:
+    ids = enqueue(fake_redis, 5)
+    complete(fake_redis, "j0")
+    collector = Collector(fake_redis)
+
+    def lose_everything() -> bool:
+        fake_redis.flushall()  # Redis restarted without its data
+        return False
+
+    out = tmp_path / "out.jsonl"
+    report = collector.collect(out, wait=True, poll_s=0.01, timeout_s=5, should_stop=lose_everything)
+    assert report.lost is not None and "no longer knows this queue" in report.lost
+    assert report.missing == ids[1:] and [row["id"] for row in rows(out)] == ["j0"]
+
+
+def test_shorter_order_list_is_a_loss(fake_redis: fakeredis.FakeRedis, tmp_path: Path) -> None:
+    enqueue(fake_redis, 5)
+    collector = Collector(fake_redis)
+
+    def lose_last_writes() -> bool:
+        fake_redis.rpop(KEYS.order, 2)  # an AOF that lost its last second of writes
+        return False
+
+    report = collector.collect(tmp_path / "o.jsonl", poll_s=0.01, timeout_s=5, should_stop=lose_last_writes)
+    assert report.lost is not None and "from 5 to 3 ids" in report.lost
+
+
+def test_unknown_queue_raises_and_creates_no_file(fake_redis: fakeredis.FakeRedis, tmp_path: Path) -> None:
+    enqueue(fake_redis, 1)
+    out = tmp_path / "o.jsonl"
+    with pytest.raises(UnknownQueueError, match="unknown queue 'other'"):
+        Collector(fake_redis, "other").collect(out)
+    assert not out.exists()
+    # A consumer group recreated by a worker after a loss does not make the queue known.
+    Client(fake_redis, "other").redis.xgroup_create(QueueKeys("other").jobs, "workers", mkstream=True)
+    with pytest.raises(UnknownQueueError):
+        Client(fake_redis, "other").status()
+
+
+def test_resumed_collect_on_a_queue_redis_lost_is_a_loss(
+    fake_redis: fakeredis.FakeRedis, tmp_path: Path
+) -> None:
+    enqueue(fake_redis, 3)
+    complete(fake_redis, "j0")
+    complete(fake_redis, "j1")
+    out = tmp_path / "out.jsonl"
+    Collector(fake_redis).collect(out, wait=False)
+    entry = newest_entries(fake_redis)["j2"]
+    fake_redis.flushall()
+    # After the restart a worker's outbox delivers j2's result into the empty Redis.
+    result = encode(error_result("j2", "internal", "x"))
+    fake_redis.xadd(KEYS.results, {FIELD_ID: "j2", FIELD_ENTRY: entry, FIELD_RESULT: result})
+    fake_redis.hset(KEYS.done, "j2", entry)
+    report = Collector(fake_redis).collect(out, wait=True, timeout_s=5)
+    assert report.lost is not None and "output already holds 2 rows" in report.lost
