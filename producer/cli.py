@@ -76,16 +76,20 @@ def expected_errors(url: str) -> Iterator[None]:
 
     from producer.client import UnknownQueueError
     from producer.outfile import OutputFileError
-    from producer.retry import RedisUnavailable, explain
+    from producer.redis_errors import describe
+    from producer.retry import RedisUnavailable
 
     try:
         yield
     except (UnknownQueueError, OutputFileError) as exc:
         fail(str(exc), exits.USAGE)
     except RedisUnavailable as exc:
-        fail(f"{explain(exc.cause, url)} (unavailable for {exc.waited_s:.0f} s)", exits.USAGE)
+        fail(
+            describe(exc.cause, url) + (f" (unavailable for {exc.waited_s:.0f} s)" if exc.waited_s else ""),
+            exits.USAGE,
+        )
     except redis.RedisError as exc:
-        fail(explain(exc, url), exits.USAGE)
+        fail(describe(exc, url), exits.USAGE)
     except OSError as exc:
         fail(f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": "), exits.USAGE)
 
@@ -114,8 +118,7 @@ def enqueue(
     enqueued); 2: Redis unavailable or refusing (prints how many went in; run it again)."""
     from producer.client import EnqueueStopped
     from producer.jsonl import read_jobs
-    from producer.redis_errors import classify
-    from producer.retry import explain
+    from producer.redis_errors import classify, describe
 
     url = resolve_redis_url(redis_url)
     with expected_errors(url):
@@ -136,7 +139,7 @@ def enqueue(
         )
         fail(
             f"enqueued {len(done.enqueued)} ({len(done.skipped)} already enqueued) of {len(parsed.jobs)} "
-            f"valid jobs{maybe}, then stopped: {explain(stop.cause, url)}; {then} to continue "
+            f"valid jobs{maybe}, then stopped: {describe(stop.cause, url)}; {then} to continue "
             "(ids already enqueued are skipped)",
             exits.USAGE,
         )

@@ -8,6 +8,8 @@ from typing import Any
 
 import msgspec
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from producer.epoch import create_epoch
 from producer.keys import (
@@ -19,7 +21,8 @@ from producer.keys import (
     META_EPOCH,
     QueueKeys,
 )
-from producer.retry import Backoff, RedisUnavailable, url_of
+from producer.redis_errors import url_of
+from producer.retry import Backoff, RedisUnavailable
 from producer.schema import Job, encode_job
 from producer.status import QueueStatus, now_ms, read_status
 
@@ -65,9 +68,17 @@ class DeadLetter:
 
 
 def connect(url: str) -> redis.Redis:
-    """A client with the timeouts radixq expects (bytes replies, health checks)."""
+    """A client with the timeouts radixq expects (bytes replies, health checks).
+
+    NOTE: no retries inside redis-py (its default backs off for seconds and re-sends a
+    MULTI/EXEC whose reply was lost): every caller retries at its own level, knowing what a
+    repeated step means."""
     return redis.Redis.from_url(
-        url, socket_connect_timeout=5, socket_keepalive=True, health_check_interval=30
+        url,
+        socket_connect_timeout=5,
+        socket_keepalive=True,
+        health_check_interval=30,
+        retry=Retry(NoBackoff(), 0),
     )
 
 

@@ -36,9 +36,9 @@ from producer.keys import (
     QueueKeys,
 )
 from producer.outfile import OutputFile, result_line
-from producer.redis_errors import classify
+from producer.redis_errors import classify, describe, url_of
 from producer.resume import done_marks, superseded_rows
-from producer.retry import Backoff, RedisUnavailable, explain, url_of
+from producer.retry import Backoff, RedisUnavailable
 
 _READ_COUNT = 2000
 EntryId = tuple[int, int]
@@ -170,11 +170,13 @@ class Collector:
         try:
             self.backoff.call(step, deadline)
         except RedisUnavailable as exc:
-            return f"{explain(exc.cause, self.backoff.url)} (unavailable for {exc.waited_s:.0f} s)"
+            return describe(exc.cause, self.backoff.url) + (
+                f" (unavailable for {exc.waited_s:.0f} s)" if exc.waited_s else ""
+            )
         except redis.RedisError as exc:
             if classify(exc) == "other":
                 raise
-            return explain(exc, self.backoff.url)
+            return describe(exc, self.backoff.url)
         return None
 
     def _round(self, run: _Pass, block_ms: int, trim: bool) -> None:

@@ -69,10 +69,26 @@ def redact(url: str) -> str:
     return re.sub(r"(//[^:/@]*:)[^@/]*@", r"\1***@", url)
 
 
+def url_of(client: redis.Redis) -> str:
+    """The client's address as a URL without its password, for messages."""
+    kwargs = client.connection_pool.connection_kwargs
+    if "path" in kwargs:
+        return f"unix://{kwargs['path']}"
+    scheme = "rediss" if "ssl_cert_reqs" in kwargs else "redis"
+    user = f"{kwargs['username']}@" if kwargs.get("username") else ""
+    return (
+        f"{scheme}://{user}{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}"
+    )
+
+
+# redis-py prefixes an error inside a pipeline with the command, payload bytes included
+_PIPELINE_NOTE = re.compile(r"^Command # \d+ \(.*\) of pipeline caused error: ", re.DOTALL)
+
+
 def describe(exc: BaseException, url: str) -> str:
     """One line: what went wrong, where, and what to do about it."""
     where = redact(url)
-    text = " ".join(str(exc).split()) or type(exc).__name__
+    text = " ".join(_PIPELINE_NOTE.sub("", str(exc)).split()) or type(exc).__name__
     if isinstance(
         exc, (redis.AuthenticationError, redis.exceptions.AuthenticationWrongNumberOfArgsError)
     ) or any(word in text for word in ("NOAUTH", "WRONGPASS")):

@@ -2,13 +2,13 @@
 
 A ``Backoff`` runs one Redis step; a transient error (producer.redis_errors.classify) is
 retried with exponential backoff until ``give_up_s`` pass without a successful step, then
-``RedisUnavailable`` is raised with the last error. Fatal and other errors propagate at once.
+``RedisUnavailable`` is raised with the last error; a Redis that never answered (a wrong URL,
+a server not started) is reported at once. Fatal and other errors propagate at once.
 The outage is reported once through ``say`` when it starts and once when Redis answers again.
 """
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -19,8 +19,6 @@ from producer.redis_errors import classify, describe
 
 T = TypeVar("T")
 
-_PIPELINE_NOTE = re.compile(r"^Command # \d+ \(.*\) of pipeline caused error: ", re.DOTALL)
-
 
 class RedisUnavailable(Exception):
     """Redis stayed unavailable (transient errors only) for longer than the retry timeout."""
@@ -29,31 +27,6 @@ class RedisUnavailable(Exception):
         super().__init__(str(cause))
         self.cause = cause
         self.waited_s = waited_s
-
-
-def explain(exc: BaseException, url: str) -> str:
-    """``describe`` without redis-py's pipeline annotation (which quotes the command, payload
-    bytes included): one line, what, where and what to do."""
-    text = str(exc)
-    plain = _PIPELINE_NOTE.sub("", text)
-    if plain != text:
-        try:
-            exc = type(exc)(plain)
-        except TypeError:  # an exception class with another signature: keep the annotation
-            pass
-    return describe(exc, url)
-
-
-def url_of(client: redis.Redis) -> str:
-    """The client's address as a URL without its password, for messages."""
-    kwargs = client.connection_pool.connection_kwargs
-    if "path" in kwargs:
-        return f"unix://{kwargs['path']}"
-    scheme = "rediss" if "ssl_cert_reqs" in kwargs else "redis"
-    user = f"{kwargs['username']}@" if kwargs.get("username") else ""
-    return (
-        f"{scheme}://{user}{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}"
-    )
 
 
 class Backoff:
@@ -74,6 +47,7 @@ class Backoff:
         self.first_wait_s = first_wait_s
         self.max_wait_s = max_wait_s
         self.outages = 0
+        self.reached = False  # whether Redis ever answered: before that, "refused" is a wrong URL
         self._down_since: float | None = None  # monotonic time of the first failure of this outage
         self._wait_s = first_wait_s
 
@@ -98,11 +72,17 @@ class Backoff:
         """Note a transient failure and sleep before the next try; raises RedisUnavailable when
         the outage has lasted ``give_up_s`` (or ``deadline`` has passed)."""
         now = time.monotonic()
+        if (
+            not self.reached
+            and isinstance(exc, redis.ConnectionError)
+            and not isinstance(exc, redis.BusyLoadingError)
+        ):
+            raise RedisUnavailable(exc, 0.0) from exc  # never reached: say so now, not after give_up_s
         if self._down_since is None:
             self._down_since = now
             self.outages += 1
             if self.say is not None and self.give_up_s > 0:
-                self.say(f"waiting for Redis (up to {self.give_up_s:g} s): {explain(exc, self.url)}")
+                self.say(f"waiting for Redis (up to {self.give_up_s:g} s): {describe(exc, self.url)}")
         waited_s = now - self._down_since
         if waited_s >= self.give_up_s or (deadline is not None and now >= deadline):
             raise RedisUnavailable(exc, waited_s) from exc
@@ -114,6 +94,7 @@ class Backoff:
 
     def recovered(self) -> None:
         """A step succeeded: the no-progress clock starts again at the next failure."""
+        self.reached = True
         if self._down_since is not None and self.say is not None and self.give_up_s > 0:
             self.say(f"Redis answers again after {time.monotonic() - self._down_since:.1f} s")
         self._down_since = None

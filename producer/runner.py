@@ -31,7 +31,7 @@ import msgspec
 import redis
 
 from producer import exits
-from producer.client import Client
+from producer.client import Client, EnqueueStopped
 from producer.collector import Collector
 from producer.jsonl import InputFile, read_jobs, written_ids
 from producer.lifetime import start_child
@@ -198,7 +198,14 @@ def _run_jobs(
         outcome.redis_url = redis_url
         client = Client.from_url(redis_url, options.queue)
         stack.callback(client.close)
-        report = client.enqueue(jobs)
+        try:
+            report = client.enqueue(jobs)
+        except EnqueueStopped as stop:
+            why = describe(stop.cause, redis_url)
+            went_in = len(stop.report.enqueued)
+            raise RunError(
+                f"enqueued {went_in} of {len(jobs)} jobs, then stopped: {why}" if went_in else why
+            ) from None
         outcome.enqueued, outcome.skipped = len(report.enqueued), len(report.skipped)
         say(
             f"enqueued {outcome.enqueued}, skipped {outcome.skipped} (already enqueued), "

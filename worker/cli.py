@@ -93,7 +93,6 @@ def worker(
         consumer_config = ConsumerConfig(
             queue=queue,
             name=name or default_worker_name(),
-            redis_url=url,
             min_idle_s=min_idle_s,
             max_attempts=max_attempts,
             drain_timeout_s=drain_timeout_s,

@@ -10,7 +10,6 @@ import msgspec
 import pytest
 
 from producer.client import Client
-from producer.epoch import create_epoch
 from producer.keys import FIELD_ID, FIELD_JOB, QueueKeys
 from producer.schema import Job, Result, encode_job
 from producer.status import decode_heartbeat
@@ -152,7 +151,6 @@ def test_redis_losing_the_queue_is_reported(
 ) -> None:
     client = Client(fake_redis)
     client.enqueue(make_jobs(2))
-    create_epoch(fake_redis, KEYS)
     consumer = consumer_for(fake_redis, FakeBackend(), heartbeat_s=0.0)
     step_until([consumer], 2, fake_redis)
     assert consumer.data_losses == 0
@@ -163,6 +161,5 @@ def test_redis_losing_the_queue_is_reported(
     assert consumer.data_losses == 1
     assert "DATA LOSS" in caplog.text and "Re-enqueue the input file" in caplog.text
     client.enqueue(make_jobs(2, prefix="k"))  # a new epoch: no second report
-    create_epoch(fake_redis, KEYS)
     step_until([consumer], 2, fake_redis)
     assert consumer.data_losses == 1

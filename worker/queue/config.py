@@ -17,7 +17,6 @@ def default_worker_name() -> str:
 class ConsumerConfig:
     queue: str = DEFAULT_QUEUE
     name: str = field(default_factory=default_worker_name)
-    redis_url: str = ""  # only for messages (shown without its password)
     block_s: float = 1.0  # longest XREADGROUP wait while nothing is held
     poll_s: float = 0.02  # longest wait for backend results while jobs are held
     read_batch: int = 256  # most entries one XREADGROUP returns

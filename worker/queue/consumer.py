@@ -30,7 +30,7 @@ import redis
 from producer.client import ensure_group
 from producer.epoch import EpochWatch
 from producer.keys import FIELD_ID, FIELD_JOB, META_EPOCH, QueueKeys
-from producer.redis_errors import FatalRedisError, classify, describe
+from producer.redis_errors import FatalRedisError, classify, describe, url_of
 from producer.schema import Job, JobError, Result, Timings, error_result
 from producer.status import Heartbeat, now_ms
 from worker.queue.backend import ENGINE_CRASH, BackendUnavailable, GenerationBackend
@@ -139,7 +139,7 @@ class Consumer:
         except redis.RedisError as exc:
             kind = classify(exc)
             if kind == "fatal":
-                raise FatalRedisError(describe(exc, self.config.redis_url)) from None
+                raise FatalRedisError(describe(exc, url_of(self.redis))) from None
             if "NOGROUP" in str(exc):
                 log.error(
                     "the consumer group of %s is gone (Redis lost the queue's data, or it was deleted); "
@@ -154,7 +154,7 @@ class Consumer:
                     self._outage_since = self.clock()
                     log.warning(
                         "redis unavailable (%s); %d results wait in the outbox, retrying",
-                        describe(exc, self.config.redis_url),
+                        describe(exc, url_of(self.redis)),
                         len(self.outbox),
                     )
             else:
