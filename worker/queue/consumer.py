@@ -8,11 +8,10 @@ jobs another worker could run. Every few seconds it trims acknowledged entries a
 consumers that died holding nothing.
 
 Failure belongs to the job: anything that goes wrong with one stream entry becomes that
-entry's error result. Redis errors are classified (producer.redis_errors): a transient one
-(connection lost, LOADING, OOM at maxmemory, READONLY) pauses the loop with backoff while held
-jobs keep running and their results wait in the outbox; a fatal one (password, ACL, TLS)
-raises FatalRedisError with one line to show. A Redis that comes back without the queue's
-epoch, or with fewer jobs-stream entries than were read, is reported as data loss.
+entry's error result, and a job that crashes the engine alone collects attempts until it is
+dead-lettered. A failed step is judged by worker.queue.guard (a transient Redis error pauses
+the loop while held jobs keep running and their results wait in the outbox); worker.queue.watch
+reports a Redis that lost the queue's data.
 """
 
 from __future__ import annotations
@@ -28,21 +27,20 @@ import msgspec
 import redis
 
 from producer.client import ensure_group
-from producer.epoch import EpochWatch
-from producer.keys import FIELD_ID, FIELD_JOB, META_EPOCH, QueueKeys
-from producer.redis_errors import FatalRedisError, classify, describe, url_of
+from producer.keys import FIELD_ID, FIELD_JOB, QueueKeys
+from producer.redis_errors import url_of
 from producer.schema import Job, JobError, Result, Timings, error_result
 from producer.status import Heartbeat, now_ms
 from worker.queue.backend import ENGINE_CRASH, BackendUnavailable, GenerationBackend
 from worker.queue.config import ConsumerConfig
 from worker.queue.entries import Entry, decode_entry, read_entry
+from worker.queue.guard import Guard
 from worker.queue.outbox import Completion, DeadLetter, Outbox
 from worker.queue.reclaimer import Reclaimer
 from worker.queue.retention import ConsumerJanitor, trim_acked_jobs
+from worker.queue.watch import QueueWatch
 
 log = logging.getLogger("radixq.worker")
-
-_MAX_UNEXPECTED = 5  # unexplained errors in a row before the worker gives up
 
 
 @dataclass
@@ -56,11 +54,6 @@ class _Held:
     duplicates: list[str] = field(default_factory=list)
     crashes: int = 0  # times it crashed the engine while it ran alone
     crash: Result | None = None  # the last such crash, until settled
-
-
-def _entry_key(entry_id: str) -> tuple[int, int]:
-    ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq or 0)
 
 
 class Consumer:
@@ -80,18 +73,16 @@ class Consumer:
         self.outbox = Outbox(self.keys)
         self.reclaimer = Reclaimer(self.keys, self.name, config.min_idle_ms)
         self.janitor = ConsumerJanitor(self.keys, self.name, config.dead_after_ms)
-        self.epoch = EpochWatch(self.keys)
+        self.watch = QueueWatch(self.keys, self.name)
+        self.guard = Guard(
+            url_of(client), config.max_backoff_s, self._wait, self._group_lost, self._recovered, clock
+        )
         self.completed = 0
-        self.stream_losses = 0
         self._held: dict[str, _Held] = {}
         self._crashed: deque[_Held] = deque()
         self._stop_requested = False
         self._force_stop = False
-        self._backoff_s = 0.0
-        self._unexpected = 0
-        self._outage_since: float | None = None
         self._verify_stream = False
-        self._last_read = (0, 0)  # highest jobs-stream entry id received
         self._next_heartbeat = 0.0
         self._next_renew = clock() + config.renew_every_s
         self._next_reclaim = 0.0
@@ -104,7 +95,7 @@ class Consumer:
 
     @property
     def data_losses(self) -> int:
-        return self.epoch.losses + self.stream_losses
+        return self.watch.losses
 
     def request_stop(self) -> None:
         """Stop reading and drain (safe from a signal handler); a second call stops draining."""
@@ -132,60 +123,15 @@ class Consumer:
     # ---- errors ----------------------------------------------------------------------------
 
     def guarded(self, action: Callable[[], object], limit_s: float | None = None) -> bool:
-        """Run ``action``; a transient Redis error or an unexplained one backs off (at most
-        ``limit_s``) and returns False. Fatal Redis errors and BackendUnavailable propagate."""
-        try:
-            action()
-        except redis.RedisError as exc:
-            kind = classify(exc)
-            if kind == "fatal":
-                raise FatalRedisError(describe(exc, url_of(self.redis))) from None
-            if "NOGROUP" in str(exc):
-                log.error(
-                    "the consumer group of %s is gone (Redis lost the queue's data, or it was deleted); "
-                    "creating it again",
-                    self.keys.jobs,
-                )
-                self._group_ready = False
-                self._verify_stream = True
-                return False
-            if kind == "transient":
-                if self._outage_since is None:
-                    self._outage_since = self.clock()
-                    log.warning(
-                        "redis unavailable (%s); %d results wait in the outbox, retrying",
-                        describe(exc, url_of(self.redis)),
-                        len(self.outbox),
-                    )
-            else:
-                self._unexpected_error()
-            self._back_off(limit_s)
-            return False
-        except (BackendUnavailable, FatalRedisError):
-            raise
-        except Exception:
-            self._unexpected_error()
-            self._back_off(limit_s)
-            return False
-        if self._outage_since is not None:
-            log.warning("redis is back after %.1f s", self.clock() - self._outage_since)
-            self._outage_since = None
-            self._verify_stream = True
-        self._backoff_s = 0.0
-        self._unexpected = 0
-        return True
+        """Run ``action``; False after a failure it waited out (see worker.queue.guard)."""
+        return self.guard.run(action, limit_s, backlog=len(self.outbox))
 
-    def _unexpected_error(self) -> None:
-        self._unexpected += 1
-        log.exception("unexpected error in the worker loop (%d in a row)", self._unexpected)
-        if self._unexpected >= _MAX_UNEXPECTED:
-            raise RuntimeError(
-                f"{self._unexpected} unexpected errors in a row in the worker loop; see the log"
-            )
+    def _group_lost(self) -> None:
+        self._group_ready = False
+        self._verify_stream = True
 
-    def _back_off(self, limit_s: float | None) -> None:
-        self._backoff_s = min(self.config.max_backoff_s, max(0.05, self._backoff_s * 2))
-        self._wait(self._backoff_s if limit_s is None else max(0.0, min(self._backoff_s, limit_s)))
+    def _recovered(self) -> None:
+        self._verify_stream = True
 
     def _wait(self, seconds: float) -> None:
         """Sleep, but keep taking finished results from the backend meanwhile."""
@@ -231,7 +177,7 @@ class Consumer:
             )
             entries = [read_entry(entry_id, fields) for entry_id, fields in reply[0][1]] if reply else []
             if entries:
-                self._last_read = max(self._last_read, _entry_key(entries[-1].entry_id))
+                self.watch.saw(entries[-1].entry_id)
             got = self._intake(entries, [1] * len(entries))
         if self._held and not got:
             self._take_results(self.backend.poll(self.config.poll_s))
@@ -391,37 +337,14 @@ class Consumer:
             interval_s=self.config.heartbeat_s,
             engine_restarts=self.backend.restarts,
             unattributed_crashes=self.backend.unattributed_crashes,
-            data_losses=self.data_losses,
+            data_losses=self.watch.losses,
         )
-        with self.redis.pipeline(transaction=False) as pipe:
-            pipe.hset(self.keys.workers, self.name, msgspec.msgpack.encode(beat))
-            pipe.hget(self.keys.meta, META_EPOCH)
-            _, epoch = pipe.execute()
-        lost = self.epoch.observe(epoch.decode() if epoch is not None else None)
-        if lost is not None:
-            log.error("DATA LOSS: %s", lost)
+        self.watch.beat(self.redis, beat)
 
     def _check_stream(self) -> None:
-        """After an outage: entries we read must still be there (a Redis restarted from an
-        older AOF, or without its data, has forgotten them)."""
         self._verify_stream = False
-        if self._last_read == (0, 0):
-            return
-        try:
-            last = _entry_key(self.redis.xinfo_stream(self.keys.jobs)["last-generated-id"].decode())
-        except redis.ResponseError:  # no such key
-            last = (0, 0)
-        if last < self._last_read:
-            self.stream_losses += 1
-            log.error(
-                "DATA LOSS: queue %r: Redis answers with jobs up to entry %d-%d, but this worker had read "
-                "entry %d-%d: it lost recent writes (restarted without its data, or from an older AOF). "
-                "Re-enqueue the input file and collect again into the same output.",
-                self.keys.queue,
-                *last,
-                *self._last_read,
-            )
-        self._heartbeat("running")
+        self.watch.check_stream(self.redis)
+        self._heartbeat("running")  # and the epoch, at once
 
     def _housekeeping(self) -> None:
         self._next_housekeeping = self.clock() + self.config.housekeeping_s
