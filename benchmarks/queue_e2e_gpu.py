@@ -89,6 +89,9 @@ def main() -> None:
         "--repeat", type=int, default=3, help="timed runs, fresh prompt ids each (the median counts)"
     )
     parser.add_argument("--out", default=None, help="write the figures as JSON here")
+    parser.add_argument(
+        "--worker-args", default="", help="more `radixq worker` arguments, e.g. '--read-window 512'"
+    )
     args = parser.parse_args()
 
     from producer.client import Client
@@ -102,6 +105,7 @@ def main() -> None:
     config.write_text(f'[engine]\nmodel = "{Path(args.model).resolve()}"\nload_format = "dummy"\n')
     with LocalRedis(use_server=True, fsync="everysec") as redis_server:
         extra = ["--config", str(config)] + (["--device", args.device] if args.device else [])
+        extra += args.worker_args.split()
         worker = subprocess.Popen(worker_command("e2e", "e2e-0", extra), env=worker_env(redis_server.url))
         try:
             client = Client.from_url(redis_server.url, "e2e")
@@ -128,6 +132,7 @@ def main() -> None:
                 worker.kill()
     result = {
         "model": args.model,
+        "worker_args": args.worker_args,
         "requests": len(jobs),
         "output_tokens": tokens,
         "startup_and_warmup_s": warm_s,

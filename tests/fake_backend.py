@@ -41,6 +41,7 @@ class FakeBackend:
 
     def __init__(self, capacity: int = 64, latency_s: float = 0.0, max_completion_tokens: int = 8) -> None:
         self.capacity = capacity
+        self.slots = capacity
         self.latency_s = latency_s
         self.max_completion_tokens = max_completion_tokens
         self.max_held = 0

@@ -42,7 +42,8 @@ def _poll_all(backend, count: int, timeout_s: float = 60) -> dict:
 def test_jobs_round_trip_and_bad_ones_fail_alone(model_dir: Path) -> None:
     backend = create_backend({"model": str(model_dir), "device": "cpu", "max_running_reqs": 4})
     try:
-        assert backend.free_capacity() == 4  # no more than the engine can run at once
+        assert backend.slots == 4  # the consumer's default read window
+        assert backend.free_capacity() == 8 * 4
         greedy = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
         backend.submit(Job(id="a", input_ids=[5, 6, 7, 8], sampling=greedy, metadata={"row": 1}))
         backend.submit(Job(id="text", prompt="no tokenizer here", sampling=greedy))
@@ -58,7 +59,7 @@ def test_jobs_round_trip_and_bad_ones_fail_alone(model_dir: Path) -> None:
         assert "no tokenizer" in results["text"].error.message
         assert results["long"].error is not None and results["long"].error.code == "prompt_too_long"
         assert "'long'" in results["long"].error.message
-        assert backend.free_capacity() == 4
+        assert backend.free_capacity() == 8 * 4
     finally:
         backend.close()
 

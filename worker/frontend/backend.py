@@ -36,6 +36,7 @@ log = logging.getLogger("radixq.engine")
 # Waits before starting a scheduler again: after a crash, then after each failed start in a row;
 # when they run out, the engine is given up (BackendUnavailable).
 RESTART_DELAYS_S = (0.0, 1.0, 5.0, 15.0, 30.0)
+MAX_HELD_PER_SLOT = 8  # the most it accepts: a read window beyond that holds no more
 
 
 def _now_ms() -> int:
@@ -74,7 +75,7 @@ class EngineBackend:
             self._proc.stop(0)
             raise
         self.model_name = ready.model_name or config.model
-        self.max_running = ready.max_running_reqs
+        self.slots = ready.max_running_reqs
         self._tokenizer = load_tokenizer_or_none(ready.model_path)
         self._uids = itertools.count()
         self._inflight: dict[str, _Entry] = {}  # sent to the current scheduler process
@@ -98,7 +99,8 @@ class EngineBackend:
     def free_capacity(self) -> int:
         if self._proc is None or self._proc.ready is None or self.isolating:
             return 0
-        return max(0, self.max_running - len(self._inflight) - len(self._waiting))
+        held = len(self._inflight) + len(self._waiting)
+        return max(0, MAX_HELD_PER_SLOT * self.slots - held)
 
     def submit(self, job: Job) -> None:
         started_at_ms = _now_ms()

@@ -18,8 +18,10 @@ class GenerationBackend(Protocol):
     """A front end to an engine, as the queue consumer drives it.
 
     Contract:
-    - ``free_capacity()`` says how many more jobs ``submit`` will take now; the consumer
-      reads no more than that from Redis (backpressure).
+    - ``slots`` is how many jobs it runs at once: by default the consumer holds no more than
+      that (its read window), so a worker does not take jobs a sibling could start now.
+    - ``free_capacity()`` says how many more jobs ``submit`` will take now (0 while it cannot
+      take any, e.g. restarting its engine); the consumer never submits more (backpressure).
     - ``submit(job)`` never raises for a bad job: it reports an error Result through
       ``poll`` instead (e.g. a prompt longer than the context), so one job cannot stop others.
     - ``poll(timeout_s)`` returns the Results finished since the last call, waiting up to
@@ -35,6 +37,7 @@ class GenerationBackend(Protocol):
     """
 
     model_name: str
+    slots: int
     restarts: int
     unattributed_crashes: int
 

@@ -20,7 +20,7 @@ class ConsumerConfig:
     block_s: float = 1.0  # longest XREADGROUP wait while nothing is held
     poll_s: float = 0.02  # longest wait for backend results while jobs are held
     read_batch: int = 256  # most entries one XREADGROUP returns
-    read_window: int = 0  # most jobs held at once; 0: as many as the backend can run now
+    read_window: int = 0  # most jobs held at once; 0: as many as the backend runs at once (its slots)
     min_idle_s: float = 60.0  # an entry pending this long without renewal is reclaimed
     max_attempts: int = 3  # deliveries (or crashes when run alone) before the dead-letter stream
     heartbeat_s: float = 2.0

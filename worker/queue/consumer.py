@@ -185,10 +185,10 @@ class Consumer:
             self._wait(self.config.poll_s)
 
     def _room(self) -> int:
-        room = self.backend.free_capacity()
-        if self.config.read_window:
-            room = min(room, self.config.read_window - len(self._held))
-        return room
+        """How many entries to read now: up to the read window (default: the backend's slots),
+        never more than the backend takes."""
+        window = self.config.read_window or self.backend.slots
+        return min(window - len(self._held), self.backend.free_capacity())
 
     def _intake(self, entries: list[Entry], deliveries: list[int]) -> int:
         """Hand new entries to the backend; returns how many were submitted."""
@@ -329,7 +329,7 @@ class Consumer:
             name=self.name,
             pid=os.getpid(),
             model=self.backend.model_name,
-            capacity=self.backend.free_capacity() + len(self._held),
+            capacity=self.config.read_window or self.backend.slots,
             in_flight=len(self._held),
             completed=self.completed,
             state=state,
