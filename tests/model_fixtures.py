@@ -31,6 +31,26 @@ TINY_SHAPE = dict(
 )
 
 
+def hf_greedy(model: torch.nn.Module, prompt: list[int], max_new_tokens: int) -> list[int]:
+    """transformers' greedy ``generate`` on one prompt: the oracle for radixq's greedy tokens."""
+    with torch.inference_mode():
+        out = model.generate(  # type: ignore[operator]
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=0,
+        )
+    return out[0, len(prompt) :].tolist()
+
+
+def hf_from_dir(path: Path) -> torch.nn.Module:
+    """The transformers model saved in ``path`` (float32, eval mode)."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
 def tiny_hf_model(kind: str = "llama", *, spread: float = 0.0, **overrides: object) -> torch.nn.Module:
     """A tiny random transformers model of ``kind`` ("llama", "qwen2", "qwen3"), in eval mode.
 

@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from producer.client import Client
 from producer.collector import Collector
@@ -22,7 +21,7 @@ from producer.keys import QueueKeys
 from producer.schema import Job, SamplingParams
 from producer.status import Heartbeat, decode_heartbeat
 from tests.integration.procs import REPO_ROOT, children, is_alive, radixq, subprocess_env
-from tests.model_fixtures import tiny_hf_model
+from tests.model_fixtures import hf_from_dir, hf_greedy, tiny_hf_model
 
 pytestmark = pytest.mark.integration
 
@@ -35,17 +34,6 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("faults-llama")
     tiny_hf_model("llama", spread=0.2, max_position_embeddings=256).save_pretrained(path)
     return path
-
-
-def hf_greedy(model_dir: Path, prompt: list[int], max_new_tokens: int) -> list[int]:
-    from transformers import LlamaForCausalLM
-
-    model = LlamaForCausalLM.from_pretrained(model_dir).eval()
-    with torch.inference_mode():
-        out = model.generate(
-            torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0
-        )
-    return out[0, len(prompt) :].tolist()
 
 
 def start_engine_worker(
@@ -158,7 +146,7 @@ def test_ctrl_c_mid_run_drains_writes_results_and_gives_the_rest_back(
     assert all(c["name"] != b"eng" for c in client.redis.xinfo_consumers(KEYS.jobs, KEYS.group))
     out = tmp_path / "out.jsonl"
     Collector(client.redis).collect(out, wait=False)
-    expected = hf_greedy(model_dir, work[0].input_ids or [], 40)
+    expected = hf_greedy(hf_from_dir(model_dir), work[0].input_ids or [], 40)
     rows = {row["id"]: row for row in map(json.loads, out.read_text().splitlines())}
     assert rows["j0"]["choices"][0]["token_ids"] == expected
 
@@ -210,7 +198,9 @@ def test_a_job_that_crashes_the_engine_is_dead_lettered_alone(
     rows = {row["id"]: row for row in map(json.loads, out.read_text().splitlines())}
     for job in innocents:
         assert rows[job.id]["error"] is None
-        assert rows[job.id]["choices"][0]["token_ids"] == hf_greedy(model_dir, job.input_ids or [], 6)
+        assert rows[job.id]["choices"][0]["token_ids"] == hf_greedy(
+            hf_from_dir(model_dir), job.input_ids or [], 6
+        )
     assert rows["poison"]["error"]["code"] == "dead_letter"
     message = rows["poison"]["error"]["message"]
     assert "crashed the engine 2 times when it ran alone (max_attempts=2); last: InjectedFault" in message

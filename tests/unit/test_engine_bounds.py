@@ -19,7 +19,7 @@ from producer.schema import (
     MIN_TOP_P,
     SamplingParams,
 )
-from tests.model_fixtures import TINY_SHAPE, tiny_hf_model
+from tests.model_fixtures import TINY_SHAPE, hf_greedy, tiny_hf_model
 from worker.engine.config import EngineConfig
 from worker.llm import LLM
 from worker.scheduler import InMemoryIO, build_scheduler
@@ -82,18 +82,6 @@ def test_requests_at_every_bound_finish(hf_and_dir) -> None:
     assert len(finished["max_tokens_max"].choices[0].token_ids) == 48 - prompt_len  # clamped to the context
 
 
-def _hf_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
-    with torch.no_grad():
-        out = model.generate(
-            torch.tensor([prompt]),
-            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            pad_token_id=0,
-        )
-    return out[0, len(prompt) :].tolist()
-
-
 def test_temperatures_below_epsilon_are_greedy(hf_and_dir) -> None:
     """Regression (issue 8, point 7): temperature 1e-45 gave garbage (logits / 1e-45 overflow)."""
     model, path = hf_and_dir
@@ -102,4 +90,4 @@ def test_temperatures_below_epsilon_are_greedy(hf_and_dir) -> None:
     for temperature in (0.0, 1e-45, 5e-6):
         sampling = msgspec.structs.replace(base, temperature=temperature, seed=7)
         results = llm.generate(PROMPTS, sampling)
-        assert [r.choices[0].token_ids for r in results] == [_hf_greedy(model, p, 10) for p in PROMPTS]
+        assert [r.choices[0].token_ids for r in results] == [hf_greedy(model, p, 10) for p in PROMPTS]

@@ -10,10 +10,9 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from producer.schema import Job, Result, SamplingParams
-from tests.model_fixtures import tiny_hf_model
+from tests.model_fixtures import hf_from_dir, hf_greedy, tiny_hf_model
 from worker.engine.config import EngineConfig
 from worker.frontend import EngineBackend, EngineStartError
 from worker.queue.backend import ENGINE_CRASH, BackendUnavailable
@@ -32,15 +31,8 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def expected(model_dir: Path) -> dict[str, list[int]]:
-    from transformers import LlamaForCausalLM
-
-    model = LlamaForCausalLM.from_pretrained(model_dir).eval()
-    tokens = {}
-    with torch.inference_mode():
-        for job_id, prompt in PROMPTS.items():
-            out = model.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False, pad_token_id=0)
-            tokens[job_id] = out[0, len(prompt) :].tolist()
-    return tokens
+    model = hf_from_dir(model_dir)
+    return {job_id: hf_greedy(model, prompt, 6) for job_id, prompt in PROMPTS.items()}
 
 
 def backend_with(model_dir: Path, monkeypatch: pytest.MonkeyPatch, fault: str | None) -> EngineBackend:

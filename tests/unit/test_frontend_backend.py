@@ -6,10 +6,9 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from producer.schema import Job, SamplingParams
-from tests.model_fixtures import tiny_hf_model
+from tests.model_fixtures import hf_from_dir, hf_greedy, tiny_hf_model
 from worker.frontend import create_backend
 
 
@@ -19,15 +18,6 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("frontend-llama")
     tiny_hf_model("llama", max_position_embeddings=128).save_pretrained(path)
     return path
-
-
-def _hf_greedy(model_dir: Path, input_ids: list[int], max_new_tokens: int) -> list[int]:
-    from transformers import LlamaForCausalLM
-
-    model = LlamaForCausalLM.from_pretrained(model_dir).eval()
-    with torch.inference_mode():
-        out = model.generate(torch.tensor([input_ids]), max_new_tokens=max_new_tokens, do_sample=False)
-    return out[0, len(input_ids) :].tolist()
 
 
 def _poll_all(backend, count: int, timeout_s: float = 60) -> dict:
@@ -51,8 +41,8 @@ def test_jobs_round_trip_and_bad_ones_fail_alone(model_dir: Path) -> None:
         backend.submit(Job(id="b", input_ids=[9, 10], sampling=greedy))
         results = _poll_all(backend, 4)
         assert set(results) == {"a", "text", "long", "b"}
-        assert results["a"].choices[0].token_ids == _hf_greedy(model_dir, [5, 6, 7, 8], 6)
-        assert results["b"].choices[0].token_ids == _hf_greedy(model_dir, [9, 10], 6)
+        assert results["a"].choices[0].token_ids == hf_greedy(hf_from_dir(model_dir), [5, 6, 7, 8], 6)
+        assert results["b"].choices[0].token_ids == hf_greedy(hf_from_dir(model_dir), [9, 10], 6)
         assert results["a"].metadata == {"row": 1}
         assert results["a"].usage.prompt_tokens == 4 and results["a"].usage.completion_tokens == 6
         assert results["text"].error is not None and results["text"].error.code == "invalid_job"

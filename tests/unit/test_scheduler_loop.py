@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from producer.schema import SamplingParams
-from tests.model_fixtures import tiny_hf_model
+from tests.model_fixtures import hf_greedy, tiny_hf_model
 from worker.engine.config import EngineConfig
 from worker.scheduler import InMemoryIO, build_scheduler, run_scheduler
 from worker.scheduler.messages import (
@@ -31,18 +31,6 @@ def hf_and_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("loop-llama")
     model.save_pretrained(path)
     return model, path
-
-
-def _hf_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
-    with torch.no_grad():
-        out = model.generate(
-            torch.tensor([prompt]),
-            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            pad_token_id=0,
-        )
-    return out[0, len(prompt) :].tolist()
 
 
 def _config(path: Path, **options) -> EngineConfig:
@@ -66,7 +54,7 @@ def test_run_scheduler_ready_results_shutdown(hf_and_dir) -> None:
     assert isinstance(received[0], SchedulerReady) and received[0].page_size == 4
     finished = {m.uid: m for m in received if isinstance(m, RequestFinished)}
     for i, prompt in enumerate(PROMPTS):
-        assert finished[f"job-{i}"].choices[0].token_ids == _hf_greedy(model, prompt, 6)
+        assert finished[f"job-{i}"].choices[0].token_ids == hf_greedy(model, prompt, 6)
 
 
 @pytest.mark.parametrize("overlap", [True, False])
@@ -99,7 +87,7 @@ def test_every_step_keeps_pages_consistent(hf_and_dir, overlap: bool) -> None:
     assert scheduler.cache.num_private_pages == 0
     finished = {m.uid: m for m in io.take_all()}
     for uid, (prompt, sampling) in jobs.items():
-        expected = _hf_greedy(model, prompt, sampling.max_tokens)
+        expected = hf_greedy(model, prompt, sampling.max_tokens)
         assert [c.token_ids for c in finished[uid].choices] == [expected] * sampling.n
 
 
@@ -154,6 +142,6 @@ def test_decode_short_of_pages_drops_a_half_prefilled_prompt(hf_and_dir) -> None
         if last is None and scheduler.idle:
             break
     finished = {m.uid: m for m in io.take_all()}
-    assert finished["a"].choices[0].token_ids == _hf_greedy(model, PROMPTS[0], 12)
-    assert finished["b"].choices[0].token_ids == _hf_greedy(model, PROMPTS[3], 12)
+    assert finished["a"].choices[0].token_ids == hf_greedy(model, PROMPTS[0], 12)
+    assert finished["b"].choices[0].token_ids == hf_greedy(model, PROMPTS[3], 12)
     assert scheduler.idle and scheduler.cache.num_private_pages == 0
