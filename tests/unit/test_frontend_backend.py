@@ -29,7 +29,16 @@ def _poll_all(backend, count: int, timeout_s: float = 60) -> dict:
     return results
 
 
-def test_jobs_round_trip_and_bad_ones_fail_alone(model_dir: Path) -> None:
+def test_jobs_round_trip_and_bad_ones_fail_alone(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import worker.frontend.backend as backend_module
+
+    def build_result(job_id, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if job_id == "unbuildable":
+            raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "a detokenizer surprise")
+        return real_build_result(job_id, *args, **kwargs)
+
+    real_build_result = backend_module.build_result
+    monkeypatch.setattr(backend_module, "build_result", build_result)
     backend = create_backend({"model": str(model_dir), "device": "cpu", "max_running_reqs": 4})
     try:
         assert backend.slots == 4  # the consumer's default read window
@@ -39,8 +48,12 @@ def test_jobs_round_trip_and_bad_ones_fail_alone(model_dir: Path) -> None:
         backend.submit(Job(id="text", prompt="no tokenizer here", sampling=greedy))
         backend.submit(Job(id="long", input_ids=[3] * 200, sampling=greedy))
         backend.submit(Job(id="b", input_ids=[9, 10], sampling=greedy))
-        results = _poll_all(backend, 4)
-        assert set(results) == {"a", "text", "long", "b"}
+        backend.submit(Job(id="unbuildable", input_ids=[11, 12], sampling=greedy))
+        results = _poll_all(backend, 5)
+        assert set(results) == {"a", "text", "long", "b", "unbuildable"}
+        unbuildable = results["unbuildable"].error
+        assert unbuildable is not None and unbuildable.code == "internal"
+        assert "could not be built: UnicodeDecodeError" in unbuildable.message
         assert results["a"].choices[0].token_ids == hf_greedy(hf_from_dir(model_dir), [5, 6, 7, 8], 6)
         assert results["b"].choices[0].token_ids == hf_greedy(hf_from_dir(model_dir), [9, 10], 6)
         assert results["a"].metadata == {"row": 1}

@@ -140,8 +140,14 @@ class EngineBackend:
         for message in self._proc.receive(timeout_s):
             if isinstance(message, RequestFinished):
                 entry = self._inflight.pop(message.uid, None)
-                if entry is not None:
+                if entry is None:
+                    continue
+                try:
                     self._finished(entry, message)
+                except Exception as exc:  # e.g. detokenizing: this job's error, not the loop's
+                    log.exception("the result of job %s could not be built", entry.job.id)
+                    why = f"its result could not be built: {type(exc).__name__}: {exc}"
+                    self._done.append(self._error(entry.job, "internal", why))
 
     def _supervise(self) -> None:
         """Notice a dead process, start a new one when due, notice when it is ready."""
