@@ -30,7 +30,7 @@ from producer.collector import Collector  # noqa: E402
 from producer.jsonl import read_jobs  # noqa: E402
 from producer.local_redis import LocalRedis  # noqa: E402
 
-FAKE_BACKEND = "tests.fake_backend:create_backend"
+FAKE_GENERATOR = "tests.fake_generator:create_generator"
 
 
 def write_input(path: Path, count: int) -> None:
@@ -60,7 +60,7 @@ def run_workers(
     for i in range(count):
         log = open(log_dir / f"worker-{queue}-{i}.log", "wb")  # noqa: SIM115
         cmd = [sys.executable, "-m", "producer.cli", "worker", "--redis-url", url, "--queue", queue]
-        cmd += ["--name", f"bench-{i}", "--backend", FAKE_BACKEND]
+        cmd += ["--name", f"bench-{i}", "--backend", FAKE_GENERATOR]
         procs.append(subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
         log.close()
     return procs

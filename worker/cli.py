@@ -78,12 +78,14 @@ def worker(
     configuration or Redis connection errors (wrong password, ACL, TLS)."""
     from producer import exits
     from producer.client import connect
-    from producer.redis_errors import FatalRedisError, classify, describe
+    from producer.redis_errors import classify, describe
     from worker.frontend.process import EngineStartError
-    from worker.queue.backend import BackendUnavailable
     from worker.queue.config import ConsumerConfig, default_worker_name
     from worker.queue.consumer import Consumer
-    from worker.queue.factory import BackendOptions, create_backend
+    from worker.queue.factory import GeneratorOptions, create_generator
+    from worker.queue.generator import GeneratorUnavailable
+    from worker.queue.jobqueue import QueueRefused
+    from worker.queue.streams import RedisJobQueue
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if config is not None and not config.is_file():
@@ -110,23 +112,26 @@ def worker(
         logging.getLogger("radixq.worker").warning(
             "%s; the worker retries once it has started", describe(exc, url)
         )
-    options = BackendOptions(
+    options = GeneratorOptions(
         model=model, device=device, config=str(config) if config else None, worker_name=consumer_config.name
     )
     try:
-        generation = create_backend(backend, options)
+        generator = create_generator(backend, options)
     except (EngineStartError, ValueError, TypeError, ImportError) as exc:
         fail(str(exc), exits.USAGE)
     except KeyboardInterrupt:
         fail("interrupted while the engine was starting", exits.JOBS_FAILED)
-    consumer = Consumer(client, generation, consumer_config)
+    queue_side = RedisJobQueue(
+        client, queue, consumer_config.name, consumer_config.min_idle_ms, consumer_config.dead_after_ms
+    )
+    consumer = Consumer(queue_side, generator, consumer_config)
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: consumer.request_stop())
     try:
         consumer.run()
-    except FatalRedisError as exc:
+    except QueueRefused as exc:
         fail(str(exc), exits.USAGE)
-    except BackendUnavailable as exc:
+    except GeneratorUnavailable as exc:
         fail(f"the engine could not be kept running: {exc}", exits.JOBS_FAILED)
 
 

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-FAKE_BACKEND = "tests.fake_backend:create_backend"
+FAKE_GENERATOR = "tests.fake_generator:create_generator"
 
 
 def subprocess_env(**extra: str) -> dict[str, str]:
@@ -40,7 +40,7 @@ def start_worker(
     with open(log_path, "ab") as log:
         return subprocess.Popen(
             [sys.executable, "-m", "producer.cli", "worker", "--redis-url", redis_url, "--name", name]
-            + ["--backend", FAKE_BACKEND, *args],
+            + ["--backend", FAKE_GENERATOR, *args],
             cwd=REPO_ROOT,
             env=subprocess_env(**env),
             stdin=subprocess.DEVNULL,

@@ -14,7 +14,7 @@ import redis
 
 from producer.keys import FIELD_ID, FIELD_JOB, QueueKeys
 from producer.schema import MAX_JOB_BYTES
-from tests.fake_backend import fake_text
+from tests.fake_generator import fake_text
 from tests.integration.procs import radixq, start_worker
 
 pytestmark = pytest.mark.integration

@@ -23,7 +23,7 @@ from producer.local_redis import LocalRedis
 from producer.redis_errors import classify
 from producer.schema import Job
 from tests.conftest import require_redis_server
-from tests.fake_backend import fake_text
+from tests.fake_generator import fake_text
 from tests.integration.procs import REPO_ROOT, radixq, start_worker, subprocess_env
 
 pytestmark = pytest.mark.integration

@@ -17,7 +17,7 @@ from producer.keys import QueueKeys
 from producer.local_redis import LocalRedis
 from producer.schema import Job
 from tests.conftest import require_redis_server
-from tests.fake_backend import fake_text
+from tests.fake_generator import fake_text
 from tests.integration.procs import start_worker
 
 pytestmark = pytest.mark.integration
@@ -63,7 +63,7 @@ def test_redis_restart_loses_nothing(tmp_path: Path) -> None:
     assert [row["id"] for row in rows] == [job.id for job in jobs]
     assert all(row["error"] is None and row["choices"][0]["text"] == fake_text(row["id"]) for row in rows)
     logs = "".join((tmp_path / f"w{i}.log").read_text() for i in range(2))
-    assert "redis unavailable" in logs  # the workers did see the outage
+    assert "queue unavailable" in logs  # the workers did see the outage
 
 
 def test_private_redis_restart_keeps_stream_and_group(tmp_path: Path) -> None:

@@ -28,8 +28,8 @@ from redis.retry import Retry
 from producer.keys import QueueKeys
 from producer.local_redis import LocalRedis
 from tests.conftest import require_redis_server
-from tests.fake_backend import fake_text
-from tests.integration.procs import FAKE_BACKEND, REPO_ROOT, radixq, subprocess_env
+from tests.fake_generator import fake_text
+from tests.integration.procs import FAKE_GENERATOR, REPO_ROOT, radixq, subprocess_env
 
 pytestmark = pytest.mark.integration
 
@@ -62,7 +62,7 @@ def start_run(tmp_path: Path, source: Path, out: Path, *args: str, **env: str) -
                 "-o",
                 str(out),
                 "--backend",
-                FAKE_BACKEND,
+                FAKE_GENERATOR,
             ]
             + list(args),
             cwd=REPO_ROOT,
@@ -230,7 +230,9 @@ def test_signal_mid_run_drains_writes_what_finished_and_cleans_up(
         assert client.xinfo_consumers(KEYS.jobs, KEYS.group) == []
     client.close()
 
-    again = radixq("run", str(source), "-o", str(out), *shared, "--backend", FAKE_BACKEND, "--timeout", "60")
+    again = radixq(
+        "run", str(source), "-o", str(out), *shared, "--backend", FAKE_GENERATOR, "--timeout", "60"
+    )
     assert again.returncode == 0, again.stderr
     assert read_output(out) == ids  # every id exactly once, in input order
 
@@ -309,7 +311,7 @@ def test_kill_9_of_run_takes_its_children_and_a_later_run_removes_the_folder(
     wait_for(lambda: not still_running(children), 5, "the run's redis-server and workers to die with it")
     assert folder.is_dir()  # nobody was left to remove it
 
-    again = radixq("run", str(source), "-o", str(out), "--backend", FAKE_BACKEND, "--timeout", "60")
+    again = radixq("run", str(source), "-o", str(out), "--backend", FAKE_GENERATOR, "--timeout", "60")
     assert again.returncode == 0, again.stderr
     assert read_output(out) == ids
     assert not folder.exists()

@@ -13,7 +13,7 @@ from producer.client import Client
 from producer.collector import Collector
 from producer.keys import QueueKeys
 from producer.schema import Job, SamplingParams
-from tests.fake_backend import fake_text
+from tests.fake_generator import fake_text
 from tests.integration.procs import start_worker
 
 pytestmark = pytest.mark.integration

@@ -17,7 +17,7 @@ from producer.local_redis import LocalRedis
 from producer.schema import Job
 from tests.conftest import require_redis_server
 from tests.integration.procs import start_worker
-from worker.queue.retention import trim_acked_jobs
+from worker.queue.streams.retention import trim_acked_jobs
 
 pytestmark = pytest.mark.integration
 KEYS = QueueKeys()
@@ -82,7 +82,7 @@ def test_full_redis_keeps_results_in_the_outbox_until_there_is_room(redis_url: s
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(timeout=30) == 0, (tmp_path / "w.log").read_text()[-3000:]
     assert admin.xpending(KEYS.jobs, KEYS.group)["pending"] == 0
-    assert "redis is back" in (tmp_path / "w.log").read_text()
+    assert "queue is back" in (tmp_path / "w.log").read_text()
 
 
 def test_redis_restarted_without_its_data_is_reported_by_the_worker(tmp_path: Path) -> None:

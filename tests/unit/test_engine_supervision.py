@@ -14,8 +14,8 @@ import pytest
 from producer.schema import Job, Result, SamplingParams
 from tests.model_fixtures import hf_from_dir, hf_greedy, tiny_hf_model
 from worker.engine.config import EngineConfig
-from worker.frontend import EngineBackend, EngineStartError
-from worker.queue.backend import ENGINE_CRASH, BackendUnavailable
+from worker.frontend import EngineGenerator, EngineStartError
+from worker.queue.generator import ENGINE_CRASH, GeneratorUnavailable
 
 POISON = 77  # the token id the injected faults react to
 PROMPTS = {"a": [5, 6, 7, 8], "b": [9, 10], "c": [11, 12, 13], "d": [20, 21, 22, 23, 24]}
@@ -35,16 +35,16 @@ def expected(model_dir: Path) -> dict[str, list[int]]:
     return {job_id: hf_greedy(model, prompt, 6) for job_id, prompt in PROMPTS.items()}
 
 
-def backend_with(model_dir: Path, monkeypatch: pytest.MonkeyPatch, fault: str | None) -> EngineBackend:
+def backend_with(model_dir: Path, monkeypatch: pytest.MonkeyPatch, fault: str | None) -> EngineGenerator:
     if fault is None:
         monkeypatch.delenv("RADIXQ_FAULT", raising=False)
     else:
         monkeypatch.setenv("RADIXQ_FAULT", fault)
     config = EngineConfig(model=str(model_dir), device="cpu", max_running_reqs=4)
-    return EngineBackend(config, restart_delays_s=(0.0, 0.1, 0.1))
+    return EngineGenerator(config, restart_delays_s=(0.0, 0.1, 0.1))
 
 
-def collect(backend: EngineBackend, count: int, timeout_s: float = 120) -> dict[str, Result]:
+def collect(backend: EngineGenerator, count: int, timeout_s: float = 120) -> dict[str, Result]:
     results: dict[str, Result] = {}
     deadline = time.monotonic() + timeout_s
     while len(results) < count:
@@ -55,7 +55,7 @@ def collect(backend: EngineBackend, count: int, timeout_s: float = 120) -> dict[
     return results
 
 
-def submit_all(backend: EngineBackend, poison: bool) -> None:
+def submit_all(backend: EngineGenerator, poison: bool) -> None:
     """The poison (first, so that it runs beside others) and the innocent jobs."""
     if poison:
         backend.submit(Job(id="poison", input_ids=[3, POISON, 4], sampling=GREEDY))
@@ -63,7 +63,7 @@ def submit_all(backend: EngineBackend, poison: bool) -> None:
         backend.submit(Job(id=job_id, input_ids=prompt, sampling=GREEDY))
 
 
-def settle(backend: EngineBackend, timeout_s: float = 60) -> None:
+def settle(backend: EngineGenerator, timeout_s: float = 60) -> None:
     """Poll until the backend takes jobs again (a restart after the last crash has finished)."""
     deadline = time.monotonic() + timeout_s
     while backend.free_capacity() == 0:
@@ -137,7 +137,7 @@ def test_scheduler_killed_from_outside_is_restarted_and_loses_nothing(
 def test_a_model_that_cannot_load_is_one_line(tmp_path: Path) -> None:
     missing = tmp_path / "no-such-model"
     with pytest.raises(EngineStartError) as info:
-        EngineBackend(EngineConfig(model=str(missing), device="cpu"))
+        EngineGenerator(EngineConfig(model=str(missing), device="cpu"))
     message = str(info.value)
     assert "\n" not in message and "no-such-model" in message and "could not start" in message
 
@@ -148,12 +148,12 @@ def test_engine_that_cannot_restart_is_given_up(
     moved = tmp_path / "model"
     moved.symlink_to(model_dir)
     monkeypatch.delenv("RADIXQ_FAULT", raising=False)
-    backend = EngineBackend(EngineConfig(model=str(moved), device="cpu"), restart_delays_s=(0.0, 0.1))
+    backend = EngineGenerator(EngineConfig(model=str(moved), device="cpu"), restart_delays_s=(0.0, 0.1))
     try:
         moved.unlink()  # the next start cannot find the model
         os.kill(backend._proc.pid, signal.SIGKILL)  # type: ignore[union-attr]
         deadline = time.monotonic() + 120
-        with pytest.raises(BackendUnavailable, match="could not start again"):
+        with pytest.raises(GeneratorUnavailable, match="could not start again"):
             while time.monotonic() < deadline:
                 backend.poll(0.2)
     finally:

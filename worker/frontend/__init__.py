@@ -1,6 +1,6 @@
 """The worker's front end: tokenization, the supervised scheduler process, Results."""
 
-from worker.frontend.backend import EngineBackend, create_backend
+from worker.frontend.generator import EngineGenerator, create_generator
 from worker.frontend.process import EngineStartError
 
-__all__ = ["EngineBackend", "EngineStartError", "create_backend"]
+__all__ = ["EngineGenerator", "EngineStartError", "create_generator"]

@@ -1,17 +1,20 @@
-"""The queue consumer: Redis Streams in, a GenerationBackend in the middle, results out.
+"""The consumer: the policy of a worker between its queue and its generator.
 
-One thread runs the loop. Each step: take finished results, renew leases on held entries,
-write results (result + done mark + ack in one transaction), heartbeat, settle jobs that
+    queue --read/reclaim--> Consumer --submit--> Generator (the engine)
+    queue <--complete------ Consumer <--poll---- results
+
+One thread runs the loop. Each step: take finished results, renew the leases of held entries,
+write results (through the outbox: all or nothing per batch), heartbeat, settle jobs that
 crashed the engine, then, only once every result is written, reclaim entries of dead consumers
-and read new entries - never more than the backend has room for, so a worker does not hoard
-jobs another worker could run. Every few seconds it trims acknowledged entries and forgets
-consumers that died holding nothing.
+and read new entries, never more than the read window (by default the generator's slots), so a
+worker does not take jobs a sibling could start now. Every few seconds the queue trims
+acknowledged entries and forgets consumers that died holding nothing.
 
-Failure belongs to the job: anything that goes wrong with one stream entry becomes that
-entry's error result, and a job that crashes the engine alone collects attempts until it is
-dead-lettered. A failed step is judged by worker.queue.guard (a transient Redis error pauses
-the loop while held jobs keep running and their results wait in the outbox); worker.queue.watch
-reports a Redis that lost the queue's data.
+Failure belongs to the job: anything that goes wrong with one entry becomes that entry's error
+result, and a job that crashes the engine alone collects attempts until it is dead-lettered.
+A failed step is judged by worker.queue.guard (an unavailable queue pauses the loop while held
+jobs keep running and their results wait in the outbox); worker.queue.watch reports a queue
+that lost its data. The queue itself is behind worker.queue.jobqueue.JobQueue.
 """
 
 from __future__ import annotations
@@ -24,20 +27,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import msgspec
-import redis
 
-from producer.client import ensure_group
-from producer.keys import FIELD_ID, FIELD_JOB, QueueKeys
-from producer.redis_errors import url_of
 from producer.schema import Job, JobError, Result, Timings, error_result
 from producer.status import Heartbeat, now_ms
-from worker.queue.backend import ENGINE_CRASH, BackendUnavailable, GenerationBackend
 from worker.queue.config import ConsumerConfig
-from worker.queue.entries import Entry, decode_entry, read_entry
+from worker.queue.generator import ENGINE_CRASH, Generator, GeneratorUnavailable
 from worker.queue.guard import Guard
-from worker.queue.outbox import Completion, DeadLetter, Outbox
-from worker.queue.reclaimer import Reclaimer
-from worker.queue.retention import ConsumerJanitor, trim_acked_jobs
+from worker.queue.jobqueue import Completion, DeadLetter, Delivery, JobQueue, Release, decode_entry
+from worker.queue.outbox import Outbox
 from worker.queue.watch import QueueWatch
 
 log = logging.getLogger("radixq.worker")
@@ -45,7 +42,7 @@ log = logging.getLogger("radixq.worker")
 
 @dataclass
 class _Held:
-    """A job the backend is running, and the stream entries it answers."""
+    """A job the generator is running, and the entries it answers."""
 
     job: Job
     entry_id: str
@@ -59,24 +56,19 @@ class _Held:
 class Consumer:
     def __init__(
         self,
-        client: redis.Redis,
-        backend: GenerationBackend,
+        queue: JobQueue,
+        generator: Generator,
         config: ConsumerConfig,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.redis = client
-        self.backend = backend
+        self.queue = queue
+        self.generator = generator
         self.config = config
-        self.keys = QueueKeys(config.queue)
-        self.name = config.name
+        self.name = queue.name
         self.clock = clock
-        self.outbox = Outbox(self.keys)
-        self.reclaimer = Reclaimer(self.keys, self.name, config.min_idle_ms)
-        self.janitor = ConsumerJanitor(self.keys, self.name, config.dead_after_ms)
-        self.watch = QueueWatch(self.keys, self.name)
-        self.guard = Guard(
-            url_of(client), config.max_backoff_s, self._wait, self._group_lost, self._recovered, clock
-        )
+        self.outbox = Outbox()
+        self.watch = QueueWatch(config.queue)
+        self.guard = Guard(config.max_backoff_s, self._wait, self._group_lost, self._recovered, clock)
         self.completed = 0
         self._held: dict[str, _Held] = {}
         self._crashed: deque[_Held] = deque()
@@ -87,7 +79,7 @@ class Consumer:
         self._next_renew = clock() + config.renew_every_s
         self._next_reclaim = 0.0
         self._next_housekeeping = clock() + config.housekeeping_s
-        self._group_ready = False
+        self._prepared = False
 
     @property
     def held(self) -> int:
@@ -104,19 +96,19 @@ class Consumer:
         self._stop_requested = True
 
     def run(self) -> None:
-        """Consume until request_stop(), then drain. Raises FatalRedisError (a Redis that will
-        not let us work) and BackendUnavailable (after giving the held jobs back)."""
-        log.info("worker %s consuming %s (backend %s)", self.name, self.keys.jobs, self.backend.model_name)
+        """Consume until request_stop(), then drain. Raises QueueRefused (a queue that will not
+        let us work) and GeneratorUnavailable (after giving the held jobs back)."""
+        log.info("worker %s consuming queue %r (%s)", self.name, self.config.queue, self.generator.model_name)
         try:
             while not self._stop_requested:
                 self.guarded(self.step)
-        except BackendUnavailable as exc:
+        except GeneratorUnavailable as exc:
             log.error("the engine is gone for good: %s; giving %d jobs back", exc, len(self._held))
             self._force_stop = True
             self.drain()
             raise
         except BaseException:
-            self.backend.close(0)
+            self.generator.close(0)
             raise
         self.drain()
 
@@ -127,99 +119,100 @@ class Consumer:
         return self.guard.run(action, limit_s, backlog=len(self.outbox))
 
     def _group_lost(self) -> None:
-        self._group_ready = False
+        self._prepared = False
         self._verify_stream = True
 
     def _recovered(self) -> None:
         self._verify_stream = True
 
     def _wait(self, seconds: float) -> None:
-        """Sleep, but keep taking finished results from the backend meanwhile."""
+        """Sleep, but keep taking finished results from the generator meanwhile."""
         end = self.clock() + seconds
         while (remaining := end - self.clock()) > 0:
             if self._held:
-                self._take_results(self.backend.poll(remaining))
+                self._take_results(self.generator.poll(remaining))
             else:
                 time.sleep(remaining)
 
     # ---- the loop --------------------------------------------------------------------------
 
     def step(self) -> None:
-        """One round of the loop (raises redis errors; ``guarded`` handles them)."""
-        if not self._group_ready:
-            ensure_group(self.redis, self.keys)
-            self._group_ready = True
-        self._take_results(self.backend.poll(0))
+        """One round of the loop (raises what the queue raises; ``guarded`` judges it)."""
+        if not self._prepared:
+            self.queue.prepare()
+            self._prepared = True
+        self._take_results(self.generator.poll(0))
         now = self.clock()
         if now >= self._next_renew:  # NOTE: before the writes, which fail first when Redis is full
             self._renew()
-        self.outbox.flush(self.redis)
+        self.outbox.flush(self.queue)
         if now >= self._next_heartbeat:
             self._heartbeat("running")
         if self._verify_stream:
-            self._check_stream()
+            self._verify_stream = False
+            self.watch.check_stream(self.queue)
+            self._heartbeat("running")  # and the epoch, at once
         if self._crashed:
             self._settle_crashes()
         if now >= self._next_housekeeping:
-            self._housekeeping()
+            self._next_housekeeping = now + self.config.housekeeping_s
+            forgotten = self.queue.housekeeping(self.config.trim_jobs)
+            if forgotten:
+                log.info("forgot %d dead consumers holding nothing: %s", len(forgotten), ", ".join(forgotten))
         room = self._room()
         if room > 0 and now >= self._next_reclaim:
-            room -= self._reclaim(room)
+            self._next_reclaim = now + self.config.reclaim_every_s
+            claimed = self.queue.reclaim(room)
+            if claimed:
+                log.info("reclaimed %d pending entries from stopped consumers", len(claimed))
+            room -= self._intake(claimed)
         got = 0
         if room > 0:
-            block_ms = None if (self._held or len(self.outbox)) else int(self.config.block_s * 1000)
-            reply = self.redis.xreadgroup(
-                self.keys.group,
-                self.name,
-                {self.keys.jobs: ">"},
-                count=min(room, self.config.read_batch),
-                block=block_ms,
-            )
-            entries = [read_entry(entry_id, fields) for entry_id, fields in reply[0][1]] if reply else []
-            if entries:
-                self.watch.saw(entries[-1].entry_id)
-            got = self._intake(entries, [1] * len(entries))
+            block_s = None if (self._held or len(self.outbox)) else self.config.block_s
+            fresh = self.queue.read(min(room, self.config.read_batch), block_s)
+            if fresh:
+                self.watch.saw(fresh[-1].entry.entry_id)
+            got = self._intake(fresh)
         if self._held and not got:
-            self._take_results(self.backend.poll(self.config.poll_s))
+            self._take_results(self.generator.poll(self.config.poll_s))
         elif not self._held and room <= 0:
             self._wait(self.config.poll_s)
 
     def _room(self) -> int:
-        """How many entries to read now: up to the read window (default: the backend's slots),
-        never more than the backend takes."""
-        window = self.config.read_window or self.backend.slots
-        return min(window - len(self._held), self.backend.free_capacity())
+        """How many entries to take now: up to the read window (default: the generator's
+        slots), never more than the generator takes."""
+        window = self.config.read_window or self.generator.slots
+        return min(window - len(self._held), self.generator.free_capacity())
 
-    def _intake(self, entries: list[Entry], deliveries: list[int]) -> int:
-        """Hand new entries to the backend; returns how many were submitted."""
-        if not entries:
+    def _intake(self, deliveries: list[Delivery]) -> int:
+        """Hand new entries to the generator; returns how many were submitted."""
+        if not deliveries:
             return 0
-        marks = self.redis.hmget(self.keys.done, [entry.job_id for entry in entries])
+        done = self.queue.completed([d.entry.job_id for d in deliveries])
         submitted = 0
-        for entry, mark, attempts in zip(entries, marks, deliveries, strict=True):
+        for delivery, is_done in zip(deliveries, done, strict=True):
+            entry = delivery.entry
             try:
-                submitted += self._take_in(entry, mark is not None, attempts)
+                submitted += self._take_in(delivery, is_done)
             except Exception as exc:  # a surprise in one entry is that entry's error
                 log.exception("entry %s (job %s) could not be taken in", entry.entry_id, entry.job_id)
                 self._held.pop(entry.job_id, None)
                 message = f"the worker could not take entry {entry.entry_id} in: {type(exc).__name__}: {exc}"
-                self.outbox.add(
-                    Completion(
-                        error_result(entry.job_id, "internal", message, worker=self.name), entry.entry_id
-                    )
-                )
+                result = error_result(entry.job_id, "internal", message, worker=self.name)
+                self.outbox.add(Completion(result, entry.entry_id))
         return submitted
 
-    def _take_in(self, entry: Entry, done: bool, attempts: int) -> int:
+    def _take_in(self, delivery: Delivery, done: bool) -> int:
+        entry = delivery.entry
         if done:
             self.outbox.ack(entry.entry_id)  # completed before: idempotent by job id
             return 0
-        if attempts > self.config.max_attempts:
+        if delivery.deliveries > self.config.max_attempts:
             reason = (
-                f"delivered {attempts} times (max_attempts={self.config.max_attempts}); "
+                f"delivered {delivery.deliveries} times (max_attempts={self.config.max_attempts}); "
                 "the workers holding it stopped responding"
             )
-            self._dead_letter(entry.job_id, entry.entry_id, entry.data, reason, attempts)
+            self._dead_letter(entry.job_id, entry.entry_id, entry.data, reason, delivery.deliveries)
             return 0
         try:
             job = decode_entry(entry)
@@ -232,11 +225,13 @@ class Consumer:
             return 0
         self._held[job.id] = _Held(job, entry.entry_id, entry.data, now_ms())
         try:
-            self.backend.submit(job)
+            self.generator.submit(job)
         except Exception as exc:  # the contract says submit never raises; one job must not stop others
-            log.exception("backend.submit failed for job %s", job.id)
+            log.exception("generator.submit failed for job %s", job.id)
             del self._held[job.id]
-            result = error_result(job.id, "internal", f"backend rejected the job: {exc}", worker=self.name)
+            result = error_result(
+                job.id, "internal", f"the generator rejected the job: {exc}", worker=self.name
+            )
             self.outbox.add(Completion(result, entry.entry_id))
             return 0
         return 1
@@ -258,7 +253,9 @@ class Consumer:
         for result in results:
             held = self._held.get(result.id)
             if held is None:
-                log.error("backend returned a result for %r, which this worker does not hold", result.id)
+                log.error(
+                    "the generator returned a result for %r, which this worker does not hold", result.id
+                )
                 continue
             if result.error is not None and result.error.code == ENGINE_CRASH:
                 held.crash = result  # stays held (its lease renewed) until the attempt is counted
@@ -273,7 +270,7 @@ class Consumer:
                 result,
                 metadata=result.metadata or job.metadata,
                 worker=result.worker or self.name,
-                model=result.model or self.backend.model_name,
+                model=result.model or self.generator.model_name,
                 timings=timings,
             )
             self.outbox.add(Completion(filled, held.entry_id, tuple(held.duplicates)))
@@ -284,7 +281,7 @@ class Consumer:
         dead-letter it."""
         while self._crashed:
             held = self._crashed[0]
-            deliveries = self.reclaimer.count_attempt(self.redis, held.entry_id)
+            deliveries = self.queue.count_attempt(held.entry_id)
             held.crashes += 1
             attempts = deliveries if deliveries is not None else held.crashes + 1
             self._crashed.popleft()
@@ -305,19 +302,11 @@ class Consumer:
                     attempts,
                     self.config.max_attempts,
                 )
-                self.backend.submit(held.job)
-
-    def _reclaim(self, room: int) -> int:
-        self._next_reclaim = self.clock() + self.config.reclaim_every_s
-        claimed = self.reclaimer.claim(self.redis, room)
-        if claimed:
-            log.info("reclaimed %d pending entries from stopped consumers", len(claimed))
-        entries = [read_entry(c.entry_id, c.fields) for c in claimed]
-        return self._intake(entries, [c.deliveries for c in claimed])
+                self.generator.submit(held.job)
 
     def _renew(self) -> None:
         self._next_renew = self.clock() + self.config.renew_every_s
-        lost = self.reclaimer.renew(self.redis, [held.entry_id for held in self._held.values()])
+        lost = self.queue.renew([held.entry_id for held in self._held.values()])
         if lost:
             # NOTE: another consumer took these over (we were away longer than min_idle). Both
             # may finish the job; the first result written counts.
@@ -328,36 +317,23 @@ class Consumer:
         beat = Heartbeat(
             name=self.name,
             pid=os.getpid(),
-            model=self.backend.model_name,
-            capacity=self.config.read_window or self.backend.slots,
+            model=self.generator.model_name,
+            capacity=self.config.read_window or self.generator.slots,
             in_flight=len(self._held),
             completed=self.completed,
             state=state,
             last_seen_ms=now_ms(),
             interval_s=self.config.heartbeat_s,
-            engine_restarts=self.backend.restarts,
-            unattributed_crashes=self.backend.unattributed_crashes,
+            engine_restarts=self.generator.restarts,
+            unattributed_crashes=self.generator.unattributed_crashes,
             data_losses=self.watch.losses,
         )
-        self.watch.beat(self.redis, beat)
-
-    def _check_stream(self) -> None:
-        self._verify_stream = False
-        self.watch.check_stream(self.redis)
-        self._heartbeat("running")  # and the epoch, at once
-
-    def _housekeeping(self) -> None:
-        self._next_housekeeping = self.clock() + self.config.housekeeping_s
-        if self.config.trim_jobs:
-            trim_acked_jobs(self.redis, self.keys)
-        forgotten = self.janitor.sweep(self.redis)
-        if forgotten:
-            log.info("forgot %d dead consumers holding nothing: %s", len(forgotten), ", ".join(forgotten))
+        self.watch.beat(self.queue, beat)
 
     # ---- leaving ---------------------------------------------------------------------------
 
     def drain(self) -> None:
-        """Within drain_timeout_s all told: finish held jobs, give the rest back, stop the backend."""
+        """Within drain_timeout_s all told: finish held jobs, give the rest back, stop the generator."""
         deadline = self.clock() + self.config.drain_timeout_s
         give_back_at = deadline - min(2.0, 0.25 * self.config.drain_timeout_s)
         log.info("draining %d held jobs (up to %.0fs)", len(self._held), self.config.drain_timeout_s)
@@ -365,12 +341,12 @@ class Consumer:
             self.guarded(lambda: self._heartbeat("draining"), limit_s=0.5)
             while self._held and self.clock() < give_back_at and not self._force_stop:
                 try:
-                    self._take_results(self.backend.poll(min(0.1, max(0.0, give_back_at - self.clock()))))
-                except BackendUnavailable:
+                    self._take_results(self.generator.poll(min(0.1, max(0.0, give_back_at - self.clock()))))
+                except GeneratorUnavailable:
                     break
                 limit = max(0.0, give_back_at - self.clock())
                 if (
-                    self.guarded(lambda: self.outbox.flush(self.redis), limit)
+                    self.guarded(lambda: self.outbox.flush(self.queue), limit)
                     and self.clock() >= self._next_renew
                 ):
                     self.guarded(self._renew, limit)
@@ -384,24 +360,15 @@ class Consumer:
                     len(self.outbox),
                 )
         finally:
-            self.backend.close(max(0.0, deadline - self.clock()))
+            self.generator.close(max(0.0, deadline - self.clock()))
 
     def _release_and_leave(self) -> None:
-        # Released jobs go back as new entries (the old ones are acked in the same
-        # transaction), so other workers get them now instead of after min_idle.
-        self.outbox.flush(self.redis)
+        self.outbox.flush(self.queue)
         if self._held:
-            with self.redis.pipeline(transaction=True) as pipe:
-                for held in self._held.values():
-                    pipe.xadd(self.keys.jobs, {FIELD_ID: held.job.id, FIELD_JOB: held.data})
-                    pipe.xack(self.keys.jobs, self.keys.group, held.entry_id, *held.duplicates)
-                pipe.execute()
+            self.queue.release(
+                [Release(h.job.id, h.data, (h.entry_id, *h.duplicates)) for h in self._held.values()]
+            )
             log.info("released %d unfinished jobs back to the queue", len(self._held))
             self._held.clear()
             self._crashed.clear()
-        pending = self.redis.xpending_range(
-            self.keys.jobs, self.keys.group, min="-", max="+", count=1, consumername=self.name
-        )
-        if not pending:
-            self.redis.xgroup_delconsumer(self.keys.jobs, self.keys.group, self.name)
-        self.redis.hdel(self.keys.workers, self.name)
+        self.queue.leave()

@@ -1,40 +1,30 @@
-"""What a worker tells the queue, and what it checks the queue still knows.
+"""What a worker checks the queue still knows.
 
-Every heartbeat writes the worker's Heartbeat and reads the queue's epoch (one round trip):
-an epoch that disappears or changes means Redis lost the queue's data (producer.epoch). After
-an outage or a lost group, the jobs stream must still reach the newest entry this worker read:
-a Redis restarted without its data, or from an AOF that missed the last writes, does not.
-Either is logged as DATA LOSS with what to do, and counted in the heartbeat.
+Every heartbeat returns the queue's epoch: one that disappears or changes means Redis lost the
+queue's data (producer.epoch). After an outage or a lost group, the jobs stream must still
+reach the newest entry this worker read: a Redis restarted without its data, or from an AOF
+that missed the last writes, does not. Either is logged as DATA LOSS with what to do, and
+counted in the heartbeat.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
-
-import msgspec
-import redis
 
 from producer.epoch import EpochWatch
-from producer.keys import META_EPOCH, QueueKeys
+from producer.keys import QueueKeys
 from producer.status import Heartbeat
+from worker.queue.jobqueue import JobQueue, entry_key
 
 log = logging.getLogger("radixq.worker")
 
 
-def entry_key(entry_id: str) -> tuple[int, int]:
-    """A stream entry id as a comparable (ms, seq)."""
-    ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq or 0)
-
-
 class QueueWatch:
-    def __init__(self, keys: QueueKeys, name: str) -> None:
-        self.keys = keys
-        self.name = name
-        self.epoch = EpochWatch(keys)
+    def __init__(self, queue_name: str) -> None:
+        self.queue_name = queue_name
+        self.epoch = EpochWatch(QueueKeys(queue_name))
         self.stream_losses = 0
-        self.last_read = (0, 0)  # the newest jobs-stream entry this worker received
+        self.last_read = (0, 0)  # the newest entry this worker received
 
     @property
     def losses(self) -> int:
@@ -43,33 +33,24 @@ class QueueWatch:
     def saw(self, entry_id: str) -> None:
         self.last_read = max(self.last_read, entry_key(entry_id))
 
-    def beat(self, client: redis.Redis, heartbeat: Heartbeat) -> None:
-        """Write the heartbeat; report a changed epoch."""
-        with client.pipeline(transaction=False) as pipe:
-            pipe.hset(self.keys.workers, self.name, msgspec.msgpack.encode(heartbeat))
-            pipe.hget(self.keys.meta, META_EPOCH)
-            reply: Any = pipe.execute()
-        epoch = reply[1]
-        lost = self.epoch.observe(epoch.decode() if epoch is not None else None)
+    def beat(self, queue: JobQueue, heartbeat: Heartbeat) -> None:
+        """Publish the heartbeat; report a changed epoch."""
+        lost = self.epoch.observe(queue.heartbeat(heartbeat))
         if lost is not None:
             log.error("DATA LOSS: %s", lost)
 
-    def check_stream(self, client: redis.Redis) -> None:
+    def check_stream(self, queue: JobQueue) -> None:
         """Report a jobs stream that no longer reaches the newest entry this worker read."""
         if self.last_read == (0, 0):
             return
-        try:
-            info: Any = client.xinfo_stream(self.keys.jobs)
-            last = entry_key(info["last-generated-id"].decode())
-        except redis.ResponseError:  # no such key
-            last = (0, 0)
-        if last < self.last_read:
+        newest = queue.newest_entry()
+        if newest < self.last_read:
             self.stream_losses += 1
             log.error(
                 "DATA LOSS: queue %r: Redis answers with jobs up to entry %d-%d, but this worker had read "
                 "entry %d-%d: it lost recent writes (restarted without its data, or from an older AOF). "
                 "Re-enqueue the input file and collect again into the same output.",
-                self.keys.queue,
-                *last,
+                self.queue_name,
+                *newest,
                 *self.last_read,
             )

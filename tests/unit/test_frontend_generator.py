@@ -1,4 +1,4 @@
-"""EngineBackend: jobs through a real scheduler process over ZMQ, checked against transformers."""
+"""EngineGenerator: jobs through a real scheduler process over ZMQ, checked against transformers."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from producer.schema import Job, SamplingParams
 from tests.model_fixtures import hf_from_dir, hf_greedy, tiny_hf_model
-from worker.frontend import create_backend
+from worker.frontend import create_generator
 
 
 @pytest.fixture(scope="module")
@@ -30,16 +30,16 @@ def _poll_all(backend, count: int, timeout_s: float = 60) -> dict:
 
 
 def test_jobs_round_trip_and_bad_ones_fail_alone(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import worker.frontend.backend as backend_module
+    import worker.frontend.generator as generator_module
 
     def build_result(job_id, *args, **kwargs):  # type: ignore[no-untyped-def]
         if job_id == "unbuildable":
             raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "a detokenizer surprise")
         return real_build_result(job_id, *args, **kwargs)
 
-    real_build_result = backend_module.build_result
-    monkeypatch.setattr(backend_module, "build_result", build_result)
-    backend = create_backend({"model": str(model_dir), "device": "cpu", "max_running_reqs": 4})
+    real_build_result = generator_module.build_result
+    monkeypatch.setattr(generator_module, "build_result", build_result)
+    backend = create_generator({"model": str(model_dir), "device": "cpu", "max_running_reqs": 4})
     try:
         assert backend.slots == 4  # the consumer's default read window
         assert backend.free_capacity() == 8 * 4
@@ -69,4 +69,4 @@ def test_jobs_round_trip_and_bad_ones_fail_alone(model_dir: Path, monkeypatch: p
 
 def test_unknown_engine_option_is_named() -> None:
     with pytest.raises(TypeError, match="pagesize"):
-        create_backend({"model": "x", "pagesize": 4})
+        create_generator({"model": "x", "pagesize": 4})

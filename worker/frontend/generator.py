@@ -1,4 +1,4 @@
-"""EngineBackend: the queue consumer's GenerationBackend over a supervised scheduler process.
+"""EngineGenerator: the queue consumer's Generator over a supervised scheduler process.
 
     consumer --submit(Job)--> tokenize --ZMQ--> scheduler process (engine, GPU)
     consumer <--poll()------- detokenize, Result <--ZMQ-- RequestFinished
@@ -28,13 +28,13 @@ from worker.frontend.channel import PeerGone
 from worker.frontend.process import SchedulerProcess
 from worker.frontend.results import build_result
 from worker.models.tokenizer import NoTokenizer, load_tokenizer_or_none, prompt_ids
-from worker.queue.backend import ENGINE_CRASH, BackendUnavailable
+from worker.queue.generator import ENGINE_CRASH, GeneratorUnavailable
 from worker.scheduler.messages import GenerateRequest, RequestFinished
 
 log = logging.getLogger("radixq.engine")
 
 # Waits before starting a scheduler again: after a crash, then after each failed start in a row;
-# when they run out, the engine is given up (BackendUnavailable).
+# when they run out, the engine is given up (GeneratorUnavailable).
 RESTART_DELAYS_S = (0.0, 1.0, 5.0, 15.0, 30.0)
 MAX_HELD_PER_SLOT = 8  # the most it accepts: a read window beyond that holds no more
 
@@ -51,8 +51,8 @@ class _Entry:
     started_at_ms: int
 
 
-class EngineBackend:
-    """Runs jobs on a supervised scheduler process; see worker.queue.backend.GenerationBackend."""
+class EngineGenerator:
+    """Runs jobs on a supervised scheduler process; see worker.queue.generator.Generator."""
 
     def __init__(
         self,
@@ -86,7 +86,7 @@ class EngineBackend:
         self._failed_starts = 0
         self._crash_reason: str | None = None  # the unexplained crash suspects are re-run for
 
-    # ---- GenerationBackend -----------------------------------------------------------------
+    # ---- Generator ------------------------------------------------------------------------
 
     @property
     def isolating(self) -> bool:
@@ -177,7 +177,7 @@ class EngineBackend:
         self._proc = None
         self._failed_starts += 1
         if self._failed_starts >= len(self.restart_delays_s):
-            raise BackendUnavailable(f"{why} ({self._failed_starts} tries)")
+            raise GeneratorUnavailable(f"{why} ({self._failed_starts} tries)")
         delay = self.restart_delays_s[self._failed_starts]
         log.error("%s; trying again in %.0f s", why, delay)
         self._start_at = time.monotonic() + delay
@@ -273,12 +273,12 @@ class EngineBackend:
         )
 
 
-def create_backend(options: dict[str, Any]) -> EngineBackend:
-    """Build the engine backend from worker options: ``config`` (a TOML file whose [engine]
+def create_generator(options: dict[str, Any]) -> EngineGenerator:
+    """Build the engine generator from worker options: ``config`` (a TOML file whose [engine]
     table holds EngineConfig fields), ``model`` and any EngineConfig field as overrides,
     ``worker_name``. A None value means "not given"."""
     from worker.frontend.options import engine_config_from
 
     given = {k: v for k, v in options.items() if v is not None}
     worker_name = str(given.pop("worker_name", ""))
-    return EngineBackend(engine_config_from(given), worker_name=worker_name)
+    return EngineGenerator(engine_config_from(given), worker_name=worker_name)

@@ -1,4 +1,4 @@
-"""A GenerationBackend for queue tests and the queue benchmark: deterministic fake completions.
+"""A Generator for queue tests and the queue benchmark: deterministic fake completions.
 
 It answers each job after ``latency_s`` with text and token ids derived from the job id, so
 any test can recompute the expected output independently. Jobs can ask for failure through
@@ -34,7 +34,7 @@ def prompt_tokens(job: Job) -> int:
     return sum(len(message.content.split()) for message in job.messages or [])
 
 
-class FakeBackend:
+class FakeGenerator:
     model_name = "fake-model"
     restarts = 0
     unattributed_crashes = 0
@@ -98,12 +98,12 @@ class FakeBackend:
         self.closed = True
 
 
-def create_backend(options: Mapping[str, Any]) -> FakeBackend:
-    """The factory `radixq worker --backend tests.fake_backend:create_backend` calls.
+def create_generator(options: Mapping[str, Any]) -> FakeGenerator:
+    """The factory `radixq worker --backend tests.fake_generator:create_generator` calls.
 
     Environment: RADIXQ_FAKE_CAPACITY (default 64), RADIXQ_FAKE_LATENCY_S (default 0).
     """
-    return FakeBackend(
+    return FakeGenerator(
         capacity=int(os.environ.get("RADIXQ_FAKE_CAPACITY", "64")),
         latency_s=float(os.environ.get("RADIXQ_FAKE_LATENCY_S", "0")),
     )

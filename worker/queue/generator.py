@@ -1,4 +1,4 @@
-"""The interface between the Redis queue consumer and whatever generates completions."""
+"""The generation side of a worker, as the queue consumer drives it (the engine, or a fake)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from producer.schema import Job, Result
 ENGINE_CRASH = "engine_crash"  # error code: the job crashed the engine while it ran alone
 
 
-class BackendUnavailable(RuntimeError):
-    """The backend cannot run anything any more (its engine could not be restarted); the
+class GeneratorUnavailable(RuntimeError):
+    """The generator cannot run anything any more (its engine could not be restarted); the
     consumer gives its jobs back to the queue and the worker exits."""
 
 
-class GenerationBackend(Protocol):
+class Generator(Protocol):
     """A front end to an engine, as the queue consumer drives it.
 
     Contract:
@@ -29,7 +29,7 @@ class GenerationBackend(Protocol):
       with error code ENGINE_CRASH means the job crashed the engine when it ran alone (its
       message says how the engine failed): the consumer counts an attempt and either submits
       it again or dead-letters it. ``poll``
-      raises BackendUnavailable when the engine is gone for good.
+      raises GeneratorUnavailable when the engine is gone for good.
     - ``close(timeout_s)`` stops within ``timeout_s`` (then kills) and releases processes and
       memory; jobs not yet returned are abandoned (the consumer gives them back to the queue).
     - ``restarts`` and ``unattributed_crashes`` count engine restarts and crashes that no

@@ -33,7 +33,7 @@ return info[1][4] + 1
 """
 
 
-class Reclaimer:
+class Leases:
     def __init__(self, keys: QueueKeys, name: str, min_idle_ms: int) -> None:
         self.keys = keys
         self.name = name

@@ -1,0 +1,135 @@
+"""One consumer-policy test, two queues: the in-memory JobQueue and the Redis one (fakeredis).
+
+A World enqueues jobs, builds consumers on its queue and reads back what the queue holds, in
+the same words for both; tests parametrized over ``world`` check the Consumer's policy, not
+the queue it happens to run on.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Protocol
+
+import fakeredis
+
+from producer.client import Client
+from producer.keys import FIELD_ID, FIELD_JOB, QueueKeys
+from producer.schema import Job, Result, decode_result
+from tests.fake_generator import FakeGenerator
+from worker.queue.config import ConsumerConfig
+from worker.queue.consumer import Consumer
+from worker.queue.jobqueue import QueueUnavailable
+from worker.queue.memory import MemoryStore
+from worker.queue.streams import RedisJobQueue
+
+KEYS = QueueKeys()
+
+
+def config_for(name: str, **settings: Any) -> ConsumerConfig:
+    return ConsumerConfig(**{"name": name, "block_s": 0.01, "poll_s": 0.005, **settings})
+
+
+class World(Protocol):
+    def enqueue(self, jobs: list[Job]) -> None: ...
+    def add_raw(self, job_id: str, data: bytes) -> str: ...
+    def consumer(self, generator: FakeGenerator, name: str = "c1", **settings: Any) -> Consumer: ...
+    def done(self) -> int: ...
+    def failed(self) -> dict[str, str]: ...
+    def pending(self) -> int: ...
+    def results_by_id(self) -> dict[str, list[Result]]: ...
+    def dead(self) -> list[tuple[str, str, int]]: ...
+    def outage(self, on: bool) -> None: ...
+    def lose_everything(self) -> None: ...
+
+
+class MemoryWorld:
+    def __init__(self) -> None:
+        self.store = MemoryStore()
+
+    def enqueue(self, jobs: list[Job]) -> None:
+        self.store.add(jobs)
+
+    def add_raw(self, job_id: str, data: bytes) -> str:
+        return self.store.add_raw(job_id, data).entry_id
+
+    def consumer(self, generator: FakeGenerator, name: str = "c1", **settings: Any) -> Consumer:
+        config = config_for(name, **settings)
+        return Consumer(self.store.queue(name, config.min_idle_s), generator, config)
+
+    def done(self) -> int:
+        return len(self.store.done)
+
+    def failed(self) -> dict[str, str]:
+        return dict(self.store.failed)
+
+    def pending(self) -> int:
+        return len(self.store.pending)
+
+    def results_by_id(self) -> dict[str, list[Result]]:
+        return self.store.results_by_id()
+
+    def dead(self) -> list[tuple[str, str, int]]:
+        return list(self.store.dead)
+
+    def outage(self, on: bool) -> None:
+        self.store.fail_with(QueueUnavailable("the test took the queue away") if on else None)
+
+    def lose_everything(self) -> None:
+        self.store.__init__(self.store.clock)  # type: ignore[misc]
+
+
+class RedisWorld:
+    def __init__(self) -> None:
+        self.server = fakeredis.FakeServer()
+        self.redis = fakeredis.FakeRedis(server=self.server)
+
+    def enqueue(self, jobs: list[Job]) -> None:
+        Client(self.redis).enqueue(jobs)
+
+    def add_raw(self, job_id: str, data: bytes) -> str:
+        return self.redis.xadd(KEYS.jobs, {FIELD_ID: job_id, FIELD_JOB: data}).decode()
+
+    def consumer(self, generator: FakeGenerator, name: str = "c1", **settings: Any) -> Consumer:
+        config = config_for(name, **settings)
+        queue = RedisJobQueue(self.redis, KEYS.queue, name, config.min_idle_ms, config.dead_after_ms)
+        return Consumer(queue, generator, config)
+
+    def done(self) -> int:
+        return int(self.redis.hlen(KEYS.done))
+
+    def failed(self) -> dict[str, str]:
+        return {k.decode(): v.decode() for k, v in self.redis.hgetall(KEYS.failed).items()}
+
+    def pending(self) -> int:
+        return int(self.redis.xpending(KEYS.jobs, KEYS.group)["pending"])
+
+    def results_by_id(self) -> dict[str, list[Result]]:
+        found: dict[str, list[Result]] = {}
+        for _, fields in self.redis.xrange(KEYS.results):
+            result = decode_result(fields[b"result"])
+            found.setdefault(result.id, []).append(result)
+        return found
+
+    def dead(self) -> list[tuple[str, str, int]]:
+        return [
+            (f[b"id"].decode(), f[b"reason"].decode(), int(f[b"attempts"]))
+            for _, f in self.redis.xrange(KEYS.dead)
+        ]
+
+    def outage(self, on: bool) -> None:
+        self.server.connected = not on
+
+    def lose_everything(self) -> None:
+        self.redis.flushall()
+
+
+def make_world(kind: str) -> World:
+    return MemoryWorld() if kind == "memory" else RedisWorld()
+
+
+def step_until(consumers: list[Consumer], done: int, world: World, timeout_s: float = 20) -> None:
+    deadline = time.monotonic() + timeout_s
+    while world.done() < done:
+        assert time.monotonic() < deadline, f"only {world.done()} of {done} done"
+        for consumer in consumers:
+            consumer.guarded(consumer.step)

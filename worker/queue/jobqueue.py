@@ -1,0 +1,150 @@
+"""The queue as a worker sees it: the seam between the consumer's policy and Redis.
+
+The Consumer decides what to read and when, what to renew, what to dead-letter and what to
+give back; a JobQueue carries that out. Two implementations:
+worker.queue.streams.RedisJobQueue (Redis Streams: what workers run on) and
+worker.queue.memory.InMemoryJobQueue (in one process: tests of the policy, embedding).
+
+Errors: an implementation raises QueueUnavailable (nothing was done; try again later),
+QueueLost (the queue's state is gone: its consumer group no longer exists), QueueRefused
+(retrying cannot help: a wrong password, an ACL denial; ``str()`` is the one line to show),
+or anything else for a bug. ``complete`` and ``release`` are all or nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from producer.schema import Job, JobError, Result, decode_job
+from producer.status import Heartbeat
+
+
+class QueueUnavailable(Exception):
+    """The queue cannot be reached or written now (connection lost, OOM, LOADING, READONLY)."""
+
+
+class QueueLost(Exception):
+    """The queue's state is gone (its consumer group does not exist any more)."""
+
+
+class QueueRefused(Exception):
+    """The queue refuses this worker for good (credentials, permissions, TLS); one line."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One delivered entry. ``job_id`` is always printable text, so the entry can be answered and
+    acknowledged whatever it holds; ``problem`` says why its id cannot be trusted."""
+
+    entry_id: str
+    job_id: str
+    data: bytes  # the encoded job, b"" when missing
+    problem: str | None = None
+
+
+@dataclass(frozen=True)
+class Delivery:
+    entry: Entry
+    deliveries: int  # times the queue has handed this entry out, this time included
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    job: bytes
+    reason: str
+    attempts: int
+
+
+@dataclass(frozen=True)
+class Completion:
+    result: Result
+    entry_id: str  # the entry this result answers
+    also_ack: tuple[str, ...] = ()  # further entries of the same job id (duplicates)
+    dead: DeadLetter | None = None
+
+
+@dataclass(frozen=True)
+class Write:
+    """A completion with its result already encoded (worker.queue.outbox does that)."""
+
+    completion: Completion
+    data: bytes
+
+
+@dataclass(frozen=True)
+class Release:
+    """A job given back unfinished: put back as a new entry, its entries acknowledged."""
+
+    job_id: str
+    data: bytes
+    entry_ids: tuple[str, ...]
+
+
+def decode_entry(entry: Entry) -> Job:
+    """The entry's job; JobError when the entry, its payload or the job is not valid."""
+    if entry.problem is not None:
+        raise JobError("id", None, entry.problem)
+    job = decode_job(entry.data)
+    if job.id != entry.job_id:
+        raise JobError(
+            "id", job.id, f"differs from the stream entry's id field {entry.job_id!r}", entry.job_id
+        )
+    return job
+
+
+class JobQueue(Protocol):
+    """What a consumer named ``name`` asks of the queue.
+
+    - ``read(count, block_s)``: up to ``count`` entries never delivered before, waiting up to
+      ``block_s`` for the first (None: do not wait); they are now held by this consumer.
+    - ``reclaim(count)``: up to ``count`` entries held by consumers that stopped renewing them
+      (idle longer than the queue's min-idle time); their delivery count goes up by one.
+    - ``completed(job_ids)``: which of these jobs already have a result that counts.
+    - ``complete(writes, acks)``: for each write, its result, the job's done mark (the first
+      one wins), its error code, its dead letter if any, and the acknowledgement of its
+      entries; plus ``acks`` (entries of jobs already done). All or nothing.
+    - ``renew(entry_ids)``: keep held entries from being reclaimed; returns those no longer
+      held by this consumer.
+    - ``count_attempt(entry_id)``: count one more delivery of a held entry (a job that crashed
+      the engine); its delivery count, or None if it is no longer held by this consumer.
+    - ``release(jobs)``: give unfinished jobs back to every worker at once. All or nothing.
+    - ``leave()``: forget this consumer if it holds nothing, and its heartbeat.
+    - ``heartbeat(beat)``: publish the heartbeat; returns the queue's epoch (None: it has none).
+    - ``newest_entry()``: the id of the newest entry ever added ((0, 0) when none).
+    - ``housekeeping(trim)``: trim acknowledged entries (``trim``) and forget consumers that
+      died holding nothing; returns the names forgotten.
+    """
+
+    name: str
+    where: str  # for messages: the queue's address, no secrets
+
+    def prepare(self) -> None: ...
+
+    def read(self, count: int, block_s: float | None) -> list[Delivery]: ...
+
+    def reclaim(self, count: int) -> list[Delivery]: ...
+
+    def completed(self, job_ids: list[str]) -> list[bool]: ...
+
+    def complete(self, writes: list[Write], acks: list[str]) -> None: ...
+
+    def renew(self, entry_ids: list[str]) -> set[str]: ...
+
+    def count_attempt(self, entry_id: str) -> int | None: ...
+
+    def release(self, jobs: list[Release]) -> None: ...
+
+    def leave(self) -> None: ...
+
+    def heartbeat(self, beat: Heartbeat) -> str | None: ...
+
+    def newest_entry(self) -> tuple[int, int]: ...
+
+    def housekeeping(self, trim: bool) -> list[str]: ...
+
+
+def entry_key(entry_id: str) -> tuple[int, int]:
+    """A stream entry id as a comparable (ms, seq)."""
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)

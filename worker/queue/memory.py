@@ -1,0 +1,171 @@
+"""InMemoryJobQueue: the JobQueue contract in one process (tests of the consumer's policy).
+
+It keeps what a Redis Streams consumer group keeps: entries in order, a pending list of
+(entry -> consumer, deliveries, last touched), the done marks and error codes, results and
+dead letters, heartbeats and an epoch. Time is the given clock (seconds), so a test can make
+entries idle without sleeping. ``add`` plays the producer; ``fail_with`` makes the next calls
+raise, to exercise the consumer's error handling.
+"""
+
+from __future__ import annotations
+
+import itertools
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from producer.schema import Job, Result, decode_result, encode_job
+from producer.status import Heartbeat
+from worker.queue.jobqueue import Delivery, Entry, Release, Write, entry_key
+
+
+@dataclass
+class _Pending:
+    consumer: str
+    deliveries: int
+    touched_s: float
+
+
+class InMemoryJobQueue:
+    """See worker.queue.jobqueue.JobQueue. One instance per consumer, sharing a ``MemoryStore``."""
+
+    def __init__(self, store: MemoryStore, name: str, min_idle_s: float) -> None:
+        self.store = store
+        self.name = name
+        self.where = "memory"
+        self.min_idle_s = min_idle_s
+
+    def _check(self) -> None:
+        if self.store.failure is not None:
+            raise self.store.failure
+
+    def prepare(self) -> None:
+        self._check()
+
+    def read(self, count: int, block_s: float | None) -> list[Delivery]:
+        self._check()
+        store = self.store
+        fresh = store.entries[store.delivered : store.delivered + count]
+        store.delivered += len(fresh)
+        for entry in fresh:
+            store.pending[entry.entry_id] = _Pending(self.name, 1, store.clock())
+        return [Delivery(entry, 1) for entry in fresh]
+
+    def reclaim(self, count: int) -> list[Delivery]:
+        self._check()
+        store, now = self.store, self.store.clock()
+        taken = []
+        for entry_id, held in list(store.pending.items()):
+            if len(taken) == count:
+                break
+            if now - held.touched_s >= self.min_idle_s and entry_id in store.by_id:
+                store.pending[entry_id] = _Pending(self.name, held.deliveries + 1, now)
+                taken.append(Delivery(store.by_id[entry_id], held.deliveries + 1))
+        return taken
+
+    def completed(self, job_ids: list[str]) -> list[bool]:
+        self._check()
+        return [job_id in self.store.done for job_id in job_ids]
+
+    def complete(self, writes: list[Write], acks: list[str]) -> None:
+        self._check()
+        store = self.store
+        for write in writes:
+            completion, result = write.completion, write.completion.result
+            store.results.append((completion.entry_id, write.data))
+            store.done.setdefault(result.id, completion.entry_id)
+            if result.error is not None:
+                store.failed[result.id] = result.error.code
+            if completion.dead is not None:
+                store.dead.append((result.id, completion.dead.reason, completion.dead.attempts))
+            acks = [*acks, completion.entry_id, *completion.also_ack]
+        for entry_id in acks:
+            store.pending.pop(entry_id, None)
+
+    def renew(self, entry_ids: list[str]) -> set[str]:
+        self._check()
+        lost = set()
+        for entry_id in entry_ids:
+            held = self.store.pending.get(entry_id)
+            if held is None or held.consumer != self.name:
+                lost.add(entry_id)
+            else:
+                held.touched_s = self.store.clock()
+        return lost
+
+    def count_attempt(self, entry_id: str) -> int | None:
+        self._check()
+        held = self.store.pending.get(entry_id)
+        if held is None or held.consumer != self.name:
+            return None
+        held.deliveries += 1
+        held.touched_s = self.store.clock()
+        return held.deliveries
+
+    def release(self, jobs: list[Release]) -> None:
+        self._check()
+        for job in jobs:
+            self.store.add_raw(job.job_id, job.data)
+            for entry_id in job.entry_ids:
+                self.store.pending.pop(entry_id, None)
+
+    def leave(self) -> None:
+        self._check()
+        self.store.heartbeats.pop(self.name, None)
+
+    def heartbeat(self, beat: Heartbeat) -> str | None:
+        self._check()
+        self.store.heartbeats[self.name] = beat
+        return self.store.epoch
+
+    def newest_entry(self) -> tuple[int, int]:
+        self._check()
+        return entry_key(self.store.entries[-1].entry_id) if self.store.entries else (0, 0)
+
+    def housekeeping(self, trim: bool) -> list[str]:
+        self._check()
+        return []
+
+
+class MemoryStore:
+    """What the queue holds, shared by the InMemoryJobQueues of several consumers."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.entries: list[Entry] = []
+        self.by_id: dict[str, Entry] = {}
+        self.delivered = 0  # entries[:delivered] were handed out
+        self.pending: dict[str, _Pending] = {}
+        self.done: dict[str, str] = {}
+        self.failed: dict[str, str] = {}
+        self.results: list[tuple[str, bytes]] = []
+        self.dead: list[tuple[str, str, int]] = []
+        self.heartbeats: dict[str, Heartbeat] = {}
+        self.epoch: str | None = secrets.token_hex(8)
+        self.failure: Exception | None = None
+        self._ids = itertools.count(1)
+
+    def add(self, jobs: list[Job]) -> None:
+        for job in jobs:
+            self.add_raw(job.id, encode_job(job))
+
+    def add_raw(self, job_id: str, data: bytes, problem: str | None = None) -> Entry:
+        entry = Entry(f"{int(time.time() * 1000)}-{next(self._ids)}", job_id, data, problem)
+        self.entries.append(entry)
+        self.by_id[entry.entry_id] = entry
+        return entry
+
+    def results_by_id(self) -> dict[str, list[Result]]:
+        found: dict[str, list[Result]] = {}
+        for _, data in self.results:
+            result = decode_result(data)
+            found.setdefault(result.id, []).append(result)
+        return found
+
+    def fail_with(self, failure: Exception | None) -> None:
+        """Every call of every queue on this store raises ``failure`` until it is set to None."""
+        self.failure = failure
+
+    def queue(self, name: str, min_idle_s: float = 60.0) -> InMemoryJobQueue:
+        return InMemoryJobQueue(self, name, min_idle_s)
