@@ -1,13 +1,12 @@
-"""The radixq command line (typer). ``main`` is the console script.
+"""The radixq command line (typer): the client commands (enqueue, collect, status, dlq) and
+what every command shares (the app, the queue and Redis options, one-line errors).
 
-Client commands live here (enqueue, collect, status, dlq); the worker-side commands (worker,
-run) come from worker.cli and are registered lazily in ``main``, so this module imports
-neither the worker package nor torch.
+The console script is worker.cli:main, which adds the worker-side commands (worker, run) to
+this app: producer never imports worker (the layering tests check it).
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -317,11 +316,5 @@ def dlq_requeue(
         fail(f"no dead letter for {len(absent)} ids: {', '.join(absent)}", exits.JOBS_FAILED)
 
 
-def main() -> None:
-    """Console script: register the worker-side commands, then run the app."""
-    importlib.import_module("worker.cli").register(app)
-    app()
-
-
 if __name__ == "__main__":
-    main()
+    app()

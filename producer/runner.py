@@ -1,6 +1,6 @@
 """``radixq run``: one file in, one file out - enqueue, start workers, collect, shut down.
 
-Workers are ``radixq worker`` subprocesses (``python -m producer.cli worker``) in sessions of
+Workers are ``radixq worker`` subprocesses (``python -m worker.cli worker``) in sessions of
 their own (producer.lifetime), so a Ctrl-C in the terminal reaches ``run`` alone and ``run``
 decides how they stop. With no Redis URL a private Redis is started for the run (LocalRedis:
 loopback only, a random password) and removed afterwards. Workers get the URL through their
@@ -90,7 +90,7 @@ class RunError(Exception):
 
 def worker_command(queue: str, name: str, extra: list[str]) -> list[str]:
     """One ``radixq worker`` command line; its Redis URL goes in its environment (worker_env)."""
-    return [sys.executable, "-m", "producer.cli", "worker", "--queue", queue, "--name", name, *extra]
+    return [sys.executable, "-m", "worker.cli", "worker", "--queue", queue, "--name", name, *extra]
 
 
 def worker_env(redis_url: str) -> dict[str, str]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from collections.abc import Mapping
 from typing import Any
 
 from producer.schema import Choice, Job, Result, Usage, error_result
@@ -98,7 +97,7 @@ class FakeGenerator:
         self.closed = True
 
 
-def create_generator(options: Mapping[str, Any]) -> FakeGenerator:
+def create_generator(config: Any) -> FakeGenerator:
     """The factory `radixq worker --backend tests.fake_generator:create_generator` calls.
 
     Environment: RADIXQ_FAKE_CAPACITY (default 64), RADIXQ_FAKE_LATENCY_S (default 0).

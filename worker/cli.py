@@ -1,4 +1,4 @@
-"""The worker-side CLI commands, registered into the radixq app by producer.cli.main.
+"""The console script ``radixq`` (``main``): producer.cli's app plus the worker-side commands.
 
 Nothing heavy is imported here at module level: the backend (and with it torch) loads only
 when a worker starts.
@@ -9,100 +9,90 @@ from __future__ import annotations
 import logging
 import signal
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from producer.cli import QueueOption, RedisUrlOption, fail, resolve_redis_url
+from producer.cli import QueueOption, RedisUrlOption, app, fail
 
-BackendOption = Annotated[
-    str,
-    typer.Option("--backend", envvar="RADIXQ_BACKEND", help="'engine' or a module:callable backend factory."),
+ModelOption = Annotated[
+    str | None, typer.Option("--model", "-m", help="Model: alias, directory, .gguf file or hub id.")
 ]
-ModelOption = Annotated[str | None, typer.Option("--model", "-m", help="Model directory or hub id.")]
-DeviceOption = Annotated[
-    str | None, typer.Option("--device", help="auto | cpu | cuda (default: the config's, else auto)")
+DeviceOption = Annotated[str | None, typer.Option("--device", help="auto | cpu | cuda.")]
+ConfigOption = Annotated[
+    Path | None, typer.Option("--config", help="Worker TOML file: [worker], [queue], [engine].")
 ]
-ConfigOption = Annotated[Path | None, typer.Option("--config", help="Worker TOML config file.")]
-MinIdleOption = Annotated[
-    float,
-    typer.Option(
-        "--min-idle-s", envvar="RADIXQ_MIN_IDLE_S", help="Reclaim entries idle this long (dead consumer)."
-    ),
-]
-MaxAttemptsOption = Annotated[
-    int,
-    typer.Option("--max-attempts", envvar="RADIXQ_MAX_ATTEMPTS", help="Deliveries before dead-lettering."),
-]
-DrainOption = Annotated[
-    float, typer.Option("--drain-timeout-s", envvar="RADIXQ_DRAIN_TIMEOUT_S", help="Graceful drain limit.")
+GeneratorOption = Annotated[
+    str | None,
+    typer.Option("--generator", "--backend", help="'engine', or a module:callable generator factory."),
 ]
 
 
-ReadWindowOption = Annotated[
-    int,
-    typer.Option(
-        "--read-window",
-        envvar="RADIXQ_READ_WINDOW",
-        help="Most jobs held at once (0: as many as the engine can run now).",
-    ),
-]
-TrimJobsOption = Annotated[
-    bool,
-    typer.Option(
-        "--trim-jobs/--keep-jobs",
-        envvar="RADIXQ_TRIM_JOBS",
-        help="Trim acknowledged entries from the jobs stream (results and dead letters keep what counts).",
-    ),
-]
+def _flag(name: str, help_text: str, kind: type = float) -> Any:
+    return Annotated[kind | None, typer.Option(name, help=help_text)]
 
 
 def worker(
-    queue: QueueOption = "default",
-    redis_url: RedisUrlOption = None,
+    config: ConfigOption = None,
+    queue: Annotated[str | None, typer.Option("--queue", "-q", help="Queue name.")] = None,
+    redis_url: Annotated[str | None, typer.Option("--redis-url", help="Redis URL.")] = None,
+    name: Annotated[str | None, typer.Option("--name", help="Consumer name (default hostname-pid).")] = None,
+    generator: GeneratorOption = None,
     model: ModelOption = None,
     device: DeviceOption = None,
-    config: ConfigOption = None,
-    name: Annotated[str | None, typer.Option("--name", help="Consumer name (default host-pid).")] = None,
-    backend: BackendOption = "engine",
-    min_idle_s: MinIdleOption = 60.0,
-    max_attempts: MaxAttemptsOption = 3,
-    drain_timeout_s: DrainOption = 30.0,
-    read_window: ReadWindowOption = 0,
-    trim_jobs: TrimJobsOption = True,
-    log_level: Annotated[str, typer.Option("--log-level", envvar="RADIXQ_LOG_LEVEL")] = "INFO",
+    min_idle_s: _flag("--min-idle-s", "Reclaim entries idle this long (their worker died).") = None,
+    max_attempts: _flag(
+        "--max-attempts", "Deliveries (or engine crashes alone) before dead-lettering.", int
+    ) = None,
+    drain_timeout_s: _flag("--drain-timeout-s", "SIGTERM to exit, all of it.") = None,
+    read_window: _flag("--read-window", "Most jobs held at once (0: the engine's slots).", int) = None,
+    trim_jobs: Annotated[
+        bool | None,
+        typer.Option("--trim-jobs/--keep-jobs", help="Trim acknowledged entries from the jobs stream."),
+    ] = None,
+    log_level: Annotated[str | None, typer.Option("--log-level", help="DEBUG, INFO, WARNING, ERROR.")] = None,
 ) -> None:
-    """Consume jobs until SIGINT/SIGTERM, then drain (within --drain-timeout-s) and exit 0.
+    """Consume jobs until SIGINT/SIGTERM, then drain (within the drain timeout) and exit 0.
 
+    Settings come from --config's [worker], [queue] and [engine] tables, then RADIXQ_*
+    environment variables, then these flags (README: "Worker settings").
     Exit codes: 0 after a drain; 1 when the engine could not be kept running; 2 for usage,
     configuration or Redis connection errors (wrong password, ACL, TLS)."""
+    import os
+
     from producer import exits
     from producer.client import connect
     from producer.redis_errors import classify, describe
+    from worker.config import ConfigError, load_worker_config
     from worker.frontend.process import EngineStartError
-    from worker.queue.config import ConsumerConfig, default_worker_name
     from worker.queue.consumer import Consumer
-    from worker.queue.factory import GeneratorOptions, create_generator
+    from worker.queue.factory import create_generator
     from worker.queue.generator import GeneratorUnavailable
     from worker.queue.jobqueue import QueueRefused
     from worker.queue.streams import RedisJobQueue
 
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if config is not None and not config.is_file():
-        fail(f"--config {config}: no such file", exits.USAGE)
-    url = resolve_redis_url(redis_url)
+    flags = {
+        "worker.queue": queue,
+        "worker.redis_url": redis_url,
+        "worker.name": name,
+        "worker.generator": generator,
+        "worker.log_level": log_level,
+        "engine.model": model,
+        "engine.device": device,
+        "queue.min_idle_s": min_idle_s,
+        "queue.max_attempts": max_attempts,
+        "queue.drain_timeout_s": drain_timeout_s,
+        "queue.read_window": read_window,
+        "queue.trim_jobs": trim_jobs,
+    }
     try:
-        consumer_config = ConsumerConfig(
-            queue=queue,
-            name=name or default_worker_name(),
-            min_idle_s=min_idle_s,
-            max_attempts=max_attempts,
-            drain_timeout_s=drain_timeout_s,
-            read_window=read_window,
-            trim_jobs=trim_jobs,
-        )
-    except ValueError as exc:
+        settings = load_worker_config(config, os.environ, flags)
+    except ConfigError as exc:
         fail(str(exc), exits.USAGE)
+    logging.basicConfig(
+        level=settings.worker.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    url = settings.worker.redis_url
     client = connect(url)
     try:  # before loading a model for minutes: a Redis that will never let us in
         client.ping()
@@ -112,19 +102,21 @@ def worker(
         logging.getLogger("radixq.worker").warning(
             "%s; the worker retries once it has started", describe(exc, url)
         )
-    options = GeneratorOptions(
-        model=model, device=device, config=str(config) if config else None, worker_name=consumer_config.name
-    )
     try:
-        generator = create_generator(backend, options)
+        generation = create_generator(settings)
     except (EngineStartError, ValueError, TypeError, ImportError) as exc:
         fail(str(exc), exits.USAGE)
     except KeyboardInterrupt:
         fail("interrupted while the engine was starting", exits.JOBS_FAILED)
+    consumer_config = settings.queue
     queue_side = RedisJobQueue(
-        client, queue, consumer_config.name, consumer_config.min_idle_ms, consumer_config.dead_after_ms
+        client,
+        consumer_config.queue,
+        consumer_config.name,
+        consumer_config.min_idle_ms,
+        consumer_config.dead_after_ms,
     )
-    consumer = Consumer(queue_side, generator, consumer_config)
+    consumer = Consumer(queue_side, generation, consumer_config)
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: consumer.request_stop())
     try:
@@ -152,17 +144,10 @@ def run(
     model: ModelOption = None,
     workers: Annotated[int, typer.Option("--workers", "-w", min=1, help="Worker processes.")] = 1,
     queue: QueueOption = "default",
-    redis_url: Annotated[
-        str | None,
-        typer.Option(
-            "--redis-url",
-            envvar="RADIXQ_REDIS_URL",
-            help="Use this Redis (not read from the generic REDIS_URL). Default: a private one for the run.",
-        ),
-    ] = None,
+    redis_url: RedisUrlOption = None,
     device: DeviceOption = None,
     config: ConfigOption = None,
-    backend: BackendOption = "engine",
+    generator: GeneratorOption = None,
     timeout_s: Annotated[
         float | None, typer.Option("--timeout", help="Give up after this many seconds.")
     ] = None,
@@ -177,7 +162,7 @@ def run(
     from producer import exits
     from producer.runner import RunError, RunOptions, run_file
 
-    worker_args = ["--backend", backend]
+    worker_args = ["--generator", generator] if generator else []
     if device:
         worker_args += ["--device", device]
     if model:
@@ -216,6 +201,12 @@ def run(
     raise typer.Exit(report.exit_code())
 
 
-def register(app: typer.Typer) -> None:
+def main() -> None:
+    """The console script ``radixq``: the client commands of producer.cli plus worker and run."""
     app.command("worker")(worker)
     app.command("run")(run)
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -22,9 +22,9 @@ def subprocess_env(**extra: str) -> dict[str, str]:
 def radixq(
     *args: str, env: dict[str, str] | None = None, timeout_s: float = 120
 ) -> subprocess.CompletedProcess[str]:
-    """Run the radixq CLI (producer.cli:main, the console script's target) to completion."""
+    """Run the radixq CLI (worker.cli:main, the console script's target) to completion."""
     return subprocess.run(
-        [sys.executable, "-m", "producer.cli", *args],
+        [sys.executable, "-m", "worker.cli", *args],
         cwd=REPO_ROOT,
         env=env or subprocess_env(),
         capture_output=True,
@@ -39,7 +39,7 @@ def start_worker(
     """A `radixq worker` subprocess with the fake backend, logging to ``log_path``."""
     with open(log_path, "ab") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", "producer.cli", "worker", "--redis-url", redis_url, "--name", name]
+            [sys.executable, "-m", "worker.cli", "worker", "--redis-url", redis_url, "--name", name]
             + ["--backend", FAKE_GENERATOR, *args],
             cwd=REPO_ROOT,
             env=subprocess_env(**env),

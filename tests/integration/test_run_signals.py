@@ -56,7 +56,7 @@ def start_run(tmp_path: Path, source: Path, out: Path, *args: str, **env: str) -
             [
                 sys.executable,
                 "-m",
-                "producer.cli",
+                "worker.cli",
                 "run",
                 str(source),
                 "-o",
@@ -130,9 +130,7 @@ def run_children(
         found.clear()
         for pid in descendants(run.pid):
             text = cmdline(pid)
-            kind = (
-                "redis" if "redis-server" in text else "worker" if "producer.cli worker" in text else "other"
-            )
+            kind = "redis" if "redis-server" in text else "worker" if "worker.cli worker" in text else "other"
             found.setdefault(kind, []).append(pid)
         return len(found.get("redis", [])) == num_servers and len(found.get("worker", [])) == num_workers
 

@@ -9,7 +9,8 @@ import pytest
 
 from producer.schema import Job, SamplingParams
 from tests.model_fixtures import hf_from_dir, hf_greedy, tiny_hf_model
-from worker.frontend import create_generator
+from worker.engine.config import EngineConfig
+from worker.frontend import EngineGenerator
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +40,7 @@ def test_jobs_round_trip_and_bad_ones_fail_alone(model_dir: Path, monkeypatch: p
 
     real_build_result = generator_module.build_result
     monkeypatch.setattr(generator_module, "build_result", build_result)
-    backend = create_generator({"model": str(model_dir), "device": "cpu", "max_running_reqs": 4})
+    backend = EngineGenerator(EngineConfig(model=str(model_dir), device="cpu", max_running_reqs=4))
     try:
         assert backend.slots == 4  # the consumer's default read window
         assert backend.free_capacity() == 8 * 4
@@ -69,4 +70,4 @@ def test_jobs_round_trip_and_bad_ones_fail_alone(model_dir: Path, monkeypatch: p
 
 def test_unknown_engine_option_is_named() -> None:
     with pytest.raises(TypeError, match="pagesize"):
-        create_generator({"model": "x", "pagesize": 4})
+        EngineConfig.from_options("x", pagesize=4)

@@ -40,7 +40,7 @@ def test_worker_cli_imports_no_torch() -> None:
 
 def test_main_registers_worker_commands() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "producer.cli", "--help"],
+        [sys.executable, "-m", "worker.cli", "--help"],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
@@ -48,3 +48,30 @@ def test_main_registers_worker_commands() -> None:
     )
     for command in ("enqueue", "collect", "status", "dlq", "worker", "run"):
         assert command in out.stdout
+
+
+def test_producer_source_names_no_worker_module() -> None:
+    """The layering, read from the source (lazy and importlib imports included): producer
+    never imports worker; the console script (worker.cli) is where the two meet. (runner.py
+    starts `python -m worker.cli worker` processes: a process boundary, not an import.)"""
+    import ast
+
+    for path in sorted((REPO_ROOT / "producer").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) in (
+                "import_module",
+                "__import__",
+                "find_spec",
+            ):
+                names = [
+                    a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)
+                ]
+            else:
+                continue
+            offending = [n for n in names if n == "worker" or n.startswith("worker.")]
+            assert offending == [], f"{path.name} names {offending}"

