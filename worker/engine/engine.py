@@ -154,9 +154,9 @@ class Engine:
         next_tokens_gpu = self.sampler.sample(logits[: fi.batch_size], fi.sampling).to(torch.int32)
         self.token_pool[fi.write_slots, fi.write_pos] = next_tokens_gpu
         if self.device.type != "cuda":
-            return ForwardOutput(next_tokens_gpu, next_tokens_gpu.clone(), None)
+            return ForwardOutput(next_tokens_gpu.cpu(), None)
         next_tokens_cpu = torch.empty(next_tokens_gpu.shape, dtype=torch.int32, pin_memory=True)
         next_tokens_cpu.copy_(next_tokens_gpu, non_blocking=True)
         copy_done = torch.cuda.Event()
         copy_done.record()
-        return ForwardOutput(next_tokens_gpu, next_tokens_cpu, copy_done)
+        return ForwardOutput(next_tokens_cpu, copy_done)
