@@ -8,14 +8,16 @@ Eager pass (any batch)::
         meta = backend.plan(layout)               # once per pass, never per layer
         ...model forward: each layer calls backend.forward(q, layer_id, meta)
 
-CUDA-graph decode::
+CUDA-graph decode (the graph hooks of worker.attention.base.AttentionBackend, driven by
+worker.engine.graph.GraphRunner; the engine captures the sizes of
+worker.engine.graph.graph_batch_sizes: 1, 2, 4, 8, then every multiple of 16 up to its
+largest batch)::
 
-    backend.init_cuda_graphs([1, 2, 4, 8, 16, 24, ..., 256])   # fixed buffers, one wrapper a size
-    for bs in reversed(backend.graph_batch_sizes):
+    backend.init_cuda_graphs(sizes, max_seq_len)  # fixed buffers, one wrapper a size
+    for bs in reversed(sizes):
         meta = backend.capture_meta(bs)   # bs dummy 1-token requests reading page 0
         ...warm up, then capture the model forward with attn_meta=meta
-    per decode step (layout.is_decode, B requests):
-        bs = backend.graph_batch_size(B)          # smallest captured size >= B, or None
+    per decode step (layout.is_decode, B requests, bs the smallest captured size >= B):
         backend.plan_for_replay(layout, bs)       # rewrites the fixed buffers, re-plans
         graphs[bs].replay()
 
@@ -40,7 +42,6 @@ Invariants:
 
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,7 +64,6 @@ class FlashInferMeta:
 
     wrapper: Any  # a planned FlashInfer wrapper
     num_rows: int  # query rows (tokens) the plan expects, padding included
-    is_decode: bool
 
 
 def _num_q_heads(model_config: Any) -> int:
@@ -76,6 +76,8 @@ def _num_q_heads(model_config: Any) -> int:
 
 class FlashInferBackend(AttentionBackend):
     """Paged prefill (ragged, causal) and decode attention through FlashInfer, bf16/fp16 KV."""
+
+    supports_cuda_graphs = True
 
     def __init__(
         self,
@@ -149,7 +151,7 @@ class FlashInferBackend(AttentionBackend):
         if layout.is_decode:
             wrapper = self._decode[self.decode_uses_tensor_cores(layout.batch_size)]
             self._plan_decode(wrapper, lens, indices_gpu)
-            return FlashInferMeta(wrapper, layout.batch_size, True)
+            return FlashInferMeta(wrapper, layout.batch_size)
         qo_indptr_cpu = self._empty_host(layout.batch_size + 1)
         qo_indptr_cpu[0] = 0
         torch.cumsum(layout.extend_lens_cpu, 0, out=qo_indptr_cpu[1:])
@@ -169,7 +171,7 @@ class FlashInferBackend(AttentionBackend):
             seq_lens=lens.seq_lens_cpu,
             non_blocking=True,
         )
-        return FlashInferMeta(self._prefill, layout.num_tokens, False)
+        return FlashInferMeta(self._prefill, layout.num_tokens)
 
     def decode_uses_tensor_cores(self, batch_size: int) -> bool:
         """Which decode kernel a batch of this many requests runs (module docstring)."""
@@ -184,19 +186,15 @@ class FlashInferBackend(AttentionBackend):
 
     # ---- CUDA-graph decode ------------------------------------------------------------
 
-    def init_cuda_graphs(self, batch_sizes: list[int], max_seq_len: int | None = None) -> None:
-        """Allocate the fixed index buffers and one graph-mode decode wrapper per batch size.
-
-        max_seq_len bounds every request's length (default: the page table's row length).
-        """
+    def init_cuda_graphs(self, batch_sizes: list[int], max_seq_len: int) -> None:
+        """Allocate the fixed index buffers and one graph-mode decode wrapper per batch size."""
         if self._graph_wrappers:
             raise RuntimeError("init_cuda_graphs was already called")
         sizes = sorted(set(batch_sizes))
         if not sizes or sizes[0] < 1:
             raise ValueError(f"batch sizes must be positive, got {batch_sizes}")
         max_bs = sizes[-1]
-        seq_len = max_seq_len or int(self.page_table.shape[1])
-        max_pages = max_bs * (-(-seq_len // self.page_size))
+        max_pages = max_bs * (-(-max_seq_len // self.page_size))
         self._graph_indptr = torch.zeros(max_bs + 1, dtype=torch.int32, device=self.device)
         self._graph_indices = torch.zeros(max_pages, dtype=torch.int32, device=self.device)
         self._graph_last_page_len = torch.ones(max_bs, dtype=torch.int32, device=self.device)
@@ -212,16 +210,11 @@ class FlashInferBackend(AttentionBackend):
                 backend="fa2",
             )
             self._graph_wrappers[bs] = self._adopt(wrapper)
-            self._graph_metas[bs] = FlashInferMeta(wrapper, bs, True)
+            self._graph_metas[bs] = FlashInferMeta(wrapper, bs)
         self.graph_batch_sizes = sizes
 
-    def graph_batch_size(self, batch_size: int) -> int | None:
-        """The smallest captured batch size that holds batch_size requests, or None."""
-        i = bisect.bisect_left(self.graph_batch_sizes, batch_size)
-        return self.graph_batch_sizes[i] if i < len(self.graph_batch_sizes) else None
-
     def capture_meta(self, bs: int) -> FlashInferMeta:
-        """Plan the bs wrapper on bs dummy one-token requests (page 0), for warm-up and capture."""
+        """Plan the bs wrapper on bs dummy one-token requests reading page 0."""
         wrapper = self._graph_wrapper(bs)
         ones_cpu = self._host(torch.ones(bs, dtype=torch.int32))
         lens = _Lengths(
@@ -235,7 +228,7 @@ class FlashInferBackend(AttentionBackend):
         return self._graph_metas[bs]
 
     def plan_for_replay(self, layout: BatchLayout, bs: int) -> FlashInferMeta:
-        """Re-plan the captured bs wrapper for a decode layout of at most bs requests."""
+        """Re-plan the captured bs wrapper; padding rows read the first page of row 0."""
         if not layout.is_decode:
             raise ValueError("CUDA-graph replay is for decode batches (every extend_len == 1)")
         batch_size = layout.batch_size

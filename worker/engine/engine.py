@@ -91,12 +91,10 @@ class Engine:
             self._setup_cuda(config)
 
     def _setup_cuda(self, config: EngineConfig) -> None:
-        from worker.attention.registry import resolve_backend_name
-
         if config.overlap:
             self.stream = torch.cuda.Stream(self.device)
             self.scheduler_stream = torch.cuda.Stream(self.device)
-        if config.cuda_graph and resolve_backend_name(config.attention, self.device) == "flashinfer":
+        if config.cuda_graph and self.backend.supports_cuda_graphs:
             from worker.engine.graph import GraphRunner, graph_batch_sizes
 
             max_bs = min(config.cuda_graph_max_bs, config.max_running_reqs)
@@ -135,10 +133,9 @@ class Engine:
 
     def _forward(self, fi: ForwardInput) -> ForwardOutput:
         if fi.graph_bs is not None:
-            self.backend.plan_for_replay(fi.layout, fi.graph_bs)  # type: ignore[attr-defined]
+            self.backend.plan_for_replay(fi.layout, fi.graph_bs)
             logits = self.graph_runner.run(fi)
         else:
-            attn_meta = fi.attn_meta if fi.attn_meta is not None else self.backend.plan(fi.layout)
             input_ids = self.token_pool[fi.load_slots, fi.positions].to(torch.int64)
             batch = ForwardBatch(
                 input_ids=input_ids,
@@ -147,7 +144,7 @@ class Engine:
                 sample_idx=fi.sample_idx,
                 layout=fi.layout,
                 backend=self.backend,
-                attn_meta=attn_meta,
+                attn_meta=self.backend.plan(fi.layout),
                 kv=self.kv,
             )
             logits = self.model(batch)

@@ -21,7 +21,6 @@ class ForwardInput:
     """
 
     layout: BatchLayout
-    attn_meta: Any
     load_slots: torch.Tensor  # int64 [T]
     positions: torch.Tensor  # int64 [T]
     out_loc: torch.Tensor  # int64 [T] KV locations written this pass
@@ -31,7 +30,7 @@ class ForwardInput:
     sampling: Any  # worker.engine.sampler.SamplingTensors
     # A decode pass replayed by the CUDA graph of this batch size: load_slots, positions and
     # out_loc are then padded to graph_bs entries (dummy slot, position 0, the dummy KV
-    # location); attn_meta None means the engine plans on its own stream.
+    # location). Attention is planned by the engine, on its own stream.
     graph_bs: int | None = None
 
     @property

@@ -2,8 +2,8 @@
 
 Per pass the host does O(B) list work, builds two packed pinned tensors (int64 and float32)
 and issues two host-to-device copies on the current (scheduler) stream; every ForwardInput
-tensor is a view of those. Attention is left unplanned (``attn_meta=None``): the engine plans
-on its own stream, where FlashInfer's shared plan buffers are safe to overwrite.
+tensor is a view of those. Attention is left unplanned: the engine plans on its own stream,
+where FlashInfer's shared plan buffers are safe to overwrite.
 
 Decode batches that fit a captured CUDA graph are padded to its batch size with the dummy
 request (dummy slot, position 0, the dummy KV location), so replays never touch real KV.
@@ -132,7 +132,6 @@ class BatchPreparer:
         )
         return ForwardInput(
             layout=layout,
-            attn_meta=None,
             load_slots=i_views[0],
             positions=i_views[1],
             out_loc=i_views[2],
