@@ -7,6 +7,7 @@ from typing import Any
 
 from producer.schema import ChatMessage, Result, SamplingParams, error_result
 from worker.engine.config import EngineConfig
+from worker.models.registry import DEFAULT_MODEL
 from worker.models.tokenizer import NoTokenizer, load_tokenizer_or_none
 from worker.scheduler.io import InMemoryIO
 from worker.scheduler.messages import GenerateRequest, RequestFinished
@@ -31,7 +32,7 @@ class LLM:
     keyword. ``generate`` returns one producer.schema.Result per prompt, in order.
     """
 
-    def __init__(self, model: str = "smollm2-135m", **engine_options: Any) -> None:
+    def __init__(self, model: str = DEFAULT_MODEL, **engine_options: Any) -> None:
         self.config = EngineConfig.from_options(model, **engine_options).resolved()
         self.io = InMemoryIO()
         self.scheduler = build_scheduler(self.config, self.io, detokenize=self._detokenize)

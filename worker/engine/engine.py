@@ -11,16 +11,6 @@ from worker.engine.forward import ForwardBatch, ForwardOutput
 from worker.engine.input import ForwardInput
 from worker.engine.kv_pool import KVPool
 
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if name not in _DTYPES:
-        raise ValueError(f"dtype={name!r}: expected one of {['auto', *_DTYPES]}")
-    return _DTYPES[name]
-
 
 class Engine:
     """Runs one forward pass per ForwardInput and returns the sampled tokens.
@@ -40,6 +30,7 @@ class Engine:
         from worker.attention.registry import create_backend
         from worker.engine.sampler import Sampler
         from worker.models import load_model
+        from worker.models.loader import resolve_dtype
 
         config = config.resolved()
         self.config = config
