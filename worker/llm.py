@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from producer.schema import ChatMessage, Result, SamplingParams, error_result
 from worker.engine.config import EngineConfig
@@ -55,7 +55,7 @@ class LLM:
             if isinstance(prompt, str):
                 return prompt_ids(self.tokenizer, prompt=prompt)
             return prompt_ids(self.tokenizer, messages=list(prompt))
-        return [int(t) for t in prompt]
+        return [int(t) for t in cast("Sequence[int]", prompt)]  # token ids (or none at all)
 
     def generate(
         self,
@@ -65,7 +65,7 @@ class LLM:
         """Generate for every prompt; ``sampling`` is one SamplingParams for all or one per prompt."""
         from worker.frontend.results import build_result
 
-        batch = [prompts] if _is_single(prompts) else list(prompts)  # type: ignore[list-item]
+        batch = [cast(Prompt, prompts)] if _is_single(prompts) else list(cast("Sequence[Prompt]", prompts))
         if sampling is None or isinstance(sampling, SamplingParams):
             params = [sampling or SamplingParams()] * len(batch)
         else:

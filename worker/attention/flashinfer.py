@@ -66,14 +66,6 @@ class FlashInferMeta:
     num_rows: int  # query rows (tokens) the plan expects, padding included
 
 
-def _num_q_heads(model_config: Any) -> int:
-    for name in ("num_q_heads", "num_qo_heads", "num_attention_heads"):
-        value = getattr(model_config, name, None)
-        if value is not None:
-            return int(value)
-    raise ValueError(f"model_config {type(model_config).__name__} has no number of attention heads")
-
-
 class FlashInferBackend(AttentionBackend):
     """Paged prefill (ragged, causal) and decode attention through FlashInfer, bf16/fp16 KV."""
 
@@ -101,7 +93,7 @@ class FlashInferBackend(AttentionBackend):
         self.page_table = page_table
         self.page_size = page_size
         self.device = torch.device(device)
-        self.num_qo_heads = _num_q_heads(model_config)
+        self.num_qo_heads = int(model_config.num_q_heads)
         self.num_kv_heads = kv.num_kv_heads
         self.head_dim = kv.head_dim
         if self.num_qo_heads % self.num_kv_heads:
@@ -155,22 +147,7 @@ class FlashInferBackend(AttentionBackend):
         qo_indptr_cpu = self._empty_host(layout.batch_size + 1)
         qo_indptr_cpu[0] = 0
         torch.cumsum(layout.extend_lens_cpu, 0, out=qo_indptr_cpu[1:])
-        self._stage(self._prefill).plan(
-            qo_indptr_cpu,
-            lens.kv_indptr_cpu,
-            indices_gpu,
-            lens.last_page_len_cpu,
-            self.num_qo_heads,
-            self.num_kv_heads,
-            self.head_dim,
-            self.page_size,
-            causal=True,
-            sm_scale=self.sm_scale,
-            q_data_type=self.kv.dtype,
-            kv_data_type=self.kv.dtype,
-            seq_lens=lens.seq_lens_cpu,
-            non_blocking=True,
-        )
+        self._plan_pages(self._stage(self._prefill), lens, indices_gpu, qo_indptr_cpu, causal=True)
         return FlashInferMeta(self._prefill, layout.num_tokens)
 
     def decode_uses_tensor_cores(self, batch_size: int) -> bool:
@@ -278,7 +255,21 @@ class FlashInferBackend(AttentionBackend):
         if wrapper.use_tensor_cores and getattr(wrapper, "_cached_module", None) is not None:
             self._replan_tensor_cores(wrapper, lens, indices_gpu)
             return
+        self._plan_pages(wrapper, lens, indices_gpu)
+
+    def _plan_pages(
+        self,
+        wrapper: Any,
+        lens: _Lengths,
+        indices_gpu: torch.Tensor,
+        qo_indptr_cpu: torch.Tensor | None = None,
+        **kw: Any,
+    ) -> None:
+        """FlashInfer's own plan over these pages. Its prefill and decode plans take the same
+        arguments, but for the prefill's leading query offsets (and its ``causal`` in ``kw``)."""
+        queries = () if qo_indptr_cpu is None else (qo_indptr_cpu,)
         wrapper.plan(
+            *queries,
             lens.kv_indptr_cpu,
             indices_gpu,
             lens.last_page_len_cpu,
@@ -291,6 +282,7 @@ class FlashInferBackend(AttentionBackend):
             kv_data_type=self.kv.dtype,
             seq_lens=lens.seq_lens_cpu,
             non_blocking=True,
+            **kw,
         )
 
     def _replan_tensor_cores(self, wrapper: Any, lens: _Lengths, indices_gpu: torch.Tensor) -> None:

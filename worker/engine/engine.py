@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -10,6 +10,9 @@ from worker.engine.config import EngineConfig
 from worker.engine.forward import ForwardBatch, ForwardOutput
 from worker.engine.input import ForwardInput
 from worker.engine.kv_pool import KVPool
+
+if TYPE_CHECKING:
+    from worker.engine.graph import GraphRunner
 
 
 class Engine:
@@ -75,9 +78,10 @@ class Engine:
             device=self.device,
         )
         self.sampler = Sampler()
-        self.stream: Any = None  # CUDA + overlap: the engine stream
-        self.scheduler_stream: Any = None  # CUDA + overlap: where batch metadata is copied
-        self.graph_runner: Any = None  # CUDA graphs: replays captured decode batch sizes
+        # NOTE: both streams are set (CUDA + overlap) or both None; typed Any for that reason.
+        self.stream: Any = None  # the engine stream, where passes run
+        self.scheduler_stream: Any = None  # where the scheduler copies batch metadata
+        self.graph_runner: GraphRunner | None = None  # CUDA graphs: replays captured decode batch sizes
         if self.device.type == "cuda":
             self._setup_cuda(config)
 
@@ -123,7 +127,7 @@ class Engine:
             return self._forward(fi)
 
     def _forward(self, fi: ForwardInput) -> ForwardOutput:
-        if fi.graph_bs is not None:
+        if fi.graph_bs is not None and self.graph_runner is not None:
             self.backend.plan_for_replay(fi.layout, fi.graph_bs)
             logits = self.graph_runner.run(fi)
         else:

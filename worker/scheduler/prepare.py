@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 ROWS = "rows"  # one entry per computed token, padding rows included
 REQUESTS = "requests"  # one entry per request
+Column = torch.Tensor | Sequence[int] | Sequence[float] | Sequence[bool]  # one field's host values
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,7 @@ class Packed:
 
     def pack(
         self,
-        columns: Mapping[str, torch.Tensor | Sequence[int] | Sequence[float]],
+        columns: Mapping[str, Column],
         num_rows: int,
         batch_size: int,
         device: torch.device,
@@ -110,13 +111,13 @@ def sampling_row(params: SamplingParams, seed: int, vocab_size: int) -> Sampling
     return SamplingRow(seed, temperature, params.top_p, params.top_k_for(vocab_size), params.min_p, greedy)
 
 
-def _sampling_columns(rows: Sequence[SamplingRow], steps: list[int]) -> dict[str, Sequence]:
-    columns: dict[str, Sequence] = dict(zip(SamplingRow._fields, zip(*rows, strict=True), strict=True))
+def _sampling_columns(rows: Sequence[SamplingRow], steps: list[int]) -> dict[str, Column]:
+    columns: dict[str, Column] = dict(zip(SamplingRow._fields, zip(*rows, strict=True), strict=True))
     columns["steps"] = steps
     return columns
 
 
-def _sampling_tensors(views: Mapping[str, torch.Tensor], columns: Mapping[str, Sequence]) -> SamplingTensors:
+def _sampling_tensors(views: Mapping[str, torch.Tensor], columns: Mapping[str, Column]) -> SamplingTensors:
     """SamplingTensors over packed device views; the flags come from the host columns.
 
     A filter runs when a sampled (not greedy) row uses it: top_k > 0, top_p < 1, min_p > 0."""

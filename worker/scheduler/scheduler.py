@@ -253,10 +253,11 @@ class Scheduler:
         newest running requests."""
         running = list(self.decode.running)
         while running and not self.cache.can_allocate(running):
-            chunked = [p for p in self.prefill.pending if p.chunk is not None]
+            chunked = [(p, p.chunk) for p in self.prefill.pending if p.chunk is not None]
             if chunked:
-                self._release(chunked[0].chunk)
-                chunked[0].chunk = None
+                pending, chunk = chunked[0]
+                self._release(chunk)
+                pending.chunk = None
             elif len(running) > 1:
                 self._retract(running.pop())
             else:
