@@ -127,7 +127,8 @@ class Engine:
             return self._forward(fi)
 
     def _forward(self, fi: ForwardInput) -> ForwardOutput:
-        if fi.graph_bs is not None and self.graph_runner is not None:
+        if fi.graph_bs is not None:
+            assert self.graph_runner is not None, "a graph batch size without captured graphs"
             self.backend.plan_for_replay(fi.layout, fi.graph_bs)
             logits = self.graph_runner.run(fi)
         else:
@@ -143,12 +144,12 @@ class Engine:
                 kv=self.kv,
             )
             logits = self.model(batch)
-        next_tokens_gpu = self.sampler.sample(logits[: fi.batch_size], fi.sampling).to(torch.int32)
-        self.token_pool[fi.write_slots, fi.write_pos] = next_tokens_gpu
+        next_tokens = self.sampler.sample(logits[: fi.batch_size], fi.sampling).to(torch.int32)
+        self.token_pool[fi.write_slots, fi.write_pos] = next_tokens
         if self.device.type != "cuda":
-            return ForwardOutput(next_tokens_gpu.cpu(), None)
-        next_tokens_cpu = torch.empty(next_tokens_gpu.shape, dtype=torch.int32, pin_memory=True)
-        next_tokens_cpu.copy_(next_tokens_gpu, non_blocking=True)
+            return ForwardOutput(next_tokens, None)  # already on the host
+        next_tokens_cpu = torch.empty(next_tokens.shape, dtype=torch.int32, pin_memory=True)
+        next_tokens_cpu.copy_(next_tokens, non_blocking=True)
         copy_done = torch.cuda.Event()
         copy_done.record()
         return ForwardOutput(next_tokens_cpu, copy_done)
