@@ -22,6 +22,7 @@ import torch  # noqa: E402
 
 from producer.schema import SamplingParams  # noqa: E402
 from worker.llm import LLM  # noqa: E402
+from worker.models.registry import DEFAULT_MODEL  # noqa: E402
 
 TOPICS = ["the ocean", "a robot", "bread", "the moon", "trains", "music", "winter", "a library"]
 
@@ -60,7 +61,7 @@ def run_hf(model_dir: str, prompt_ids: list[list[int]], max_tokens: int) -> tupl
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--model", default=DEFAULT_MODEL)
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--page-size", type=int, default=16)

@@ -129,7 +129,7 @@ def run_engine(args: argparse.Namespace) -> dict:
     from worker.attention.base import BatchLayout
     from worker.engine.config import EngineConfig
     from worker.engine.engine import Engine
-    from worker.engine.sampler import SamplingTensors
+    from worker.scheduler.prepare import sampling_tensors
 
     workload = standard_workload()
     prompt_lens = [len(p) for p in workload.prompts]
@@ -158,7 +158,7 @@ def run_engine(args: argparse.Namespace) -> dict:
             extend_lens_cpu=torch.ones(batch, dtype=torch.int32).pin_memory(),
         )
         params = [SamplingParams(max_tokens=16, temperature=0.6)] * batch
-        sampling = SamplingTensors.build(params, [t] * batch, engine.device, seeds=list(range(batch)))
+        sampling = sampling_tensors(params, [t] * batch, engine.device, seeds=list(range(batch)))
         engine.backend.plan_for_replay(layout, bs)
         inputs = runner._inputs  # NOTE: the benchmark drives the graph's static rows directly
         inputs[0].fill_(engine.page_table.shape[0] - 1)

@@ -13,7 +13,7 @@ Engine switches (``--no-overlap``, ``--no-cuda-graph``, ``--cache naive``, ``--a
 ``--page-size``) are EngineConfig options passed to ``worker.LLM``; ``RADIXQ_TRITON=0`` turns
 the fused kernels off. ``--variants default,no-overlap,no-cuda-graph,naive`` runs several
 configurations one after another in this process (a table at the end); ``--profile-steps``
-records host time per step phase and CUDA-event time per pass (worker.engine.profile) and
+records host time per step phase and CUDA-event time per pass (worker.scheduler.profile) and
 prints percentiles. ``--peer hf`` runs transformers' continuous batching on the same requests
 after radixq, in the same process, for a side-by-side ratio.
 """
@@ -118,7 +118,7 @@ def run_radixq(args: argparse.Namespace, workload: Workload, variant: str = "def
     generate(warmup_workload())
     profiler = None
     if args.profile_steps:
-        from worker.engine.profile import StepProfiler
+        from worker.scheduler.profile import StepProfiler
 
         profiler = StepProfiler.install(llm.scheduler)
     runs_s = []

@@ -20,6 +20,7 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from producer.schema import SamplingParams  # noqa: E402
 from worker.llm import LLM  # noqa: E402
+from worker.models.registry import DEFAULT_MODEL  # noqa: E402
 
 SYSTEM_TEXT = (
     "You are a careful assistant for a shipping company. Follow the policy below exactly. "
@@ -55,7 +56,7 @@ def run(cache: str, args: argparse.Namespace) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--model", default=DEFAULT_MODEL)
     parser.add_argument("--jobs", type=int, default=64)
     parser.add_argument("--system-tokens", type=int, default=512)
     parser.add_argument("--max-tokens", type=int, default=8)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from producer.schema import ChatMessage, Result, SamplingParams, error_result
 from worker.engine.config import EngineConfig
+from worker.models.registry import DEFAULT_MODEL
 from worker.models.tokenizer import NoTokenizer, load_tokenizer_or_none
 from worker.scheduler.io import InMemoryIO
 from worker.scheduler.messages import GenerateRequest, RequestFinished
@@ -31,7 +32,7 @@ class LLM:
     keyword. ``generate`` returns one producer.schema.Result per prompt, in order.
     """
 
-    def __init__(self, model: str = "smollm2-135m", **engine_options: Any) -> None:
+    def __init__(self, model: str = DEFAULT_MODEL, **engine_options: Any) -> None:
         self.config = EngineConfig.from_options(model, **engine_options).resolved()
         self.io = InMemoryIO()
         self.scheduler = build_scheduler(self.config, self.io, detokenize=self._detokenize)
@@ -54,7 +55,7 @@ class LLM:
             if isinstance(prompt, str):
                 return prompt_ids(self.tokenizer, prompt=prompt)
             return prompt_ids(self.tokenizer, messages=list(prompt))
-        return [int(t) for t in prompt]
+        return [int(t) for t in cast("Sequence[int]", prompt)]  # token ids (or none at all)
 
     def generate(
         self,
@@ -64,7 +65,7 @@ class LLM:
         """Generate for every prompt; ``sampling`` is one SamplingParams for all or one per prompt."""
         from worker.frontend.results import build_result
 
-        batch = [prompts] if _is_single(prompts) else list(prompts)  # type: ignore[list-item]
+        batch = [cast(Prompt, prompts)] if _is_single(prompts) else list(cast("Sequence[Prompt]", prompts))
         if sampling is None or isinstance(sampling, SamplingParams):
             params = [sampling or SamplingParams()] * len(batch)
         else:

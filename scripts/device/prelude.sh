@@ -1,10 +1,13 @@
 # Source at the start of every device command, from the repository root:
 #   source scripts/device/prelude.sh || exit 1
-# with carry: [".whl", ".fi_cache", ".redis"]. It
-#   1. installs the carried cp312 wheels (.whl/) into /tmp/site and puts it and the repo on PYTHONPATH;
-#   2. unpacks the FlashInfer JIT cache (.fi_cache/flashinfer_cache.tgz) into ~/.cache/flashinfer;
-#      ninja rebuilds a module when an input is newer than the output's mtime *recorded in its
-#      build log*, so the freshly installed headers under /tmp/site are dated back to 2000;
+# with carry: [".whl", ".fi_cache", ".redis"] (gpu_tests.sh and bench.sh do it for you). It
+#   1. installs the carried cp312 wheels (.whl/: flashinfer-python, apache-tvm-ffi and the other
+#      dependencies the device image lacks) into /tmp/site and puts it and the repo on PYTHONPATH;
+#   2. unpacks the FlashInfer JIT cache (.fi_cache/flashinfer_cache.tgz, built by
+#      scripts/device/warm_flashinfer.py --pack) into ~/.cache/flashinfer; without it FlashInfer
+#      compiles its modules on first use (about 40-60 s). ninja rebuilds a module when an input is
+#      newer than the output's mtime *recorded in its build log*, so the freshly installed headers
+#      under /tmp/site are dated back to 2000;
 #   3. puts redis-server / redis-cli (Debian binaries from .redis/root) on PATH through wrappers that
 #      set LD_LIBRARY_PATH for redis alone (never for Python).
 _RADIXQ_ROOT=$(pwd)

@@ -124,7 +124,8 @@ def test_fused_kernels_match_torch_on_cuda():
 def test_fused_sampler_draws_what_the_torch_sampler_draws():
     """Temperature-only rows: the CUDA kernel against the torch inverse-CDF path on CPU."""
     from producer.schema import SamplingParams
-    from worker.engine.sampler import Sampler, SamplingTensors
+    from worker.engine.sampler import Sampler
+    from worker.scheduler.prepare import sampling_tensors
 
     gen = torch.Generator().manual_seed(5)
     logits = torch.randn(64, 151936, generator=gen) * 3
@@ -136,7 +137,7 @@ def test_fused_sampler_draws_what_the_torch_sampler_draws():
         for i in range(64)
     ]
     steps = list(range(64))
-    expected = Sampler().sample(logits, SamplingTensors.build(params, steps, "cpu"))
-    got = Sampler().sample(logits.cuda(), SamplingTensors.build(params, steps, "cuda"))
+    expected = Sampler().sample(logits, sampling_tensors(params, steps, "cpu"))
+    got = Sampler().sample(logits.cuda(), sampling_tensors(params, steps, "cuda"))
     assert got.dtype == torch.int32
     assert got.cpu().tolist() == expected.tolist()

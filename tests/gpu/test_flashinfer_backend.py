@@ -17,6 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from worker.attention.base import BatchLayout  # noqa: E402
+from worker.engine.graph import fitting_batch_size  # noqa: E402
 from worker.engine.kv_pool import KVPool  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -204,9 +205,10 @@ def test_cuda_graph_replay_matches_dense_oracle(
     case = Case(decode_specs(16, seed=7), 16, 8, page_size, device, seed=7)
     backend = make_backend(case, device, use_tensor_cores=use_tensor_cores)
     backend.init_cuda_graphs([8, 4], max_seq_len=MAX_SEQ_LEN)
-    assert backend.graph_batch_sizes == [4, 8]
-    assert backend.graph_batch_size(1) == 4 and backend.graph_batch_size(5) == 8
-    assert backend.graph_batch_size(9) is None
+    assert backend.supports_cuda_graphs and backend.graph_batch_sizes == [4, 8]
+    assert fitting_batch_size(backend.graph_batch_sizes, 1) == 4
+    assert fitting_batch_size(backend.graph_batch_sizes, 5) == 8
+    assert fitting_batch_size(backend.graph_batch_sizes, 9) is None
     graphs = {}
     for bs in (8, 4):
         q_static = torch.zeros(bs, 16, HEAD_DIM, dtype=torch.bfloat16, device=device)
@@ -222,7 +224,7 @@ def test_cuda_graph_replay_matches_dense_oracle(
         graphs[bs] = (graph, q_static, outs)
     for requests in ([0, 3, 5, 9, 12], list(range(8, 16)), [15, 2, 7], [4]):
         batch = case.batch(requests)
-        bs = backend.graph_batch_size(batch.layout.batch_size)
+        bs = fitting_batch_size(backend.graph_batch_sizes, batch.layout.batch_size)
         graph, q_static, outs = graphs[bs]
         backend.plan_for_replay(batch.layout, bs)
         q_static.zero_()

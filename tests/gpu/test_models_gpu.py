@@ -13,8 +13,9 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 from producer.schema import SamplingParams  # noqa: E402
 from tests.model_fixtures import PagedRunner, tiny_hf_model  # noqa: E402
-from worker.engine.sampler import Sampler, SamplingTensors  # noqa: E402
+from worker.engine.sampler import Sampler  # noqa: E402
 from worker.models import load_model  # noqa: E402
+from worker.scheduler.prepare import sampling_tensors  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 PROMPTS = [[5, 17, 33, 2, 90, 41, 7], [3, 11], list(range(20, 61))]
@@ -67,7 +68,7 @@ def test_forward_and_sampler_capture_in_cuda_graph(tiny_dir):
     first = runner.step([(slot, 0, p) for slot, p in enumerate(PROMPTS)]).argmax(-1).tolist()
     eager = runner.step([(slot, lens[slot], [first[slot]]) for slot in range(len(PROMPTS))])
     batch = runner.last_batch
-    sampling = SamplingTensors.build(
+    sampling = sampling_tensors(
         [SamplingParams(seed=1, top_p=0.9), SamplingParams(temperature=0.0), SamplingParams(top_k=5)],
         [1, 1, 1],
         "cuda",
@@ -98,8 +99,8 @@ def test_sampler_cuda_matches_cpu():
         for i in range(16)
     ]
     steps = list(range(16))
-    cpu = Sampler().sample(logits, SamplingTensors.build(params, steps, "cpu"))
-    gpu = Sampler().sample(logits.cuda(), SamplingTensors.build(params, steps, "cuda"))
+    cpu = Sampler().sample(logits, sampling_tensors(params, steps, "cpu"))
+    gpu = Sampler().sample(logits.cuda(), sampling_tensors(params, steps, "cuda"))
     assert gpu.dtype == torch.int32 and gpu.device.type == "cuda"
     assert torch.equal(cpu, gpu.cpu())
 

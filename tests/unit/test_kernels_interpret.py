@@ -73,8 +73,9 @@ def test_silu_and_mul(ops):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fused_sampling_draws_what_the_torch_sampler_draws(ops, dtype):
     from producer.schema import SamplingParams
-    from worker.engine.sampler import Sampler, SamplingTensors
+    from worker.engine.sampler import Sampler
     from worker.kernels.sampling import sample_unfiltered
+    from worker.scheduler.prepare import sampling_tensors
 
     gen = torch.Generator().manual_seed(4)
     logits = (torch.randn(24, 9000, generator=gen) * 4).to(dtype)  # the model's dtype
@@ -85,7 +86,7 @@ def test_fused_sampling_draws_what_the_torch_sampler_draws(ops, dtype):
         )
         for i in range(24)
     ]
-    t = SamplingTensors.build(params, [1000 + 37 * i for i in range(24)], "cpu")
+    t = sampling_tensors(params, [1000 + 37 * i for i in range(24)], "cpu")
     expected = Sampler().sample(logits, t)
     got = sample_unfiltered(logits, t.temperature, t.seeds, t.steps, t.greedy)
     assert got is not None and got.dtype == torch.int32

@@ -6,13 +6,14 @@ import pytest
 import torch
 
 from producer.schema import MAX_TOP_K, SamplingParams
-from worker.engine.sampler import Sampler, SamplingTensors, row_uniforms
+from worker.engine.sampler import Sampler, row_uniforms
+from worker.scheduler.prepare import sampling_tensors
 
 VOCAB = 64
 
 
 def _sample(logits: torch.Tensor, params: list[SamplingParams], steps: list[int]) -> torch.Tensor:
-    return Sampler().sample(logits, SamplingTensors.build(params, steps, logits.device))
+    return Sampler().sample(logits, sampling_tensors(params, steps, logits.device))
 
 
 def test_greedy_is_argmax():
@@ -130,9 +131,9 @@ def test_filters_never_emit_excluded_tokens(params):
     assert len(seen) >= len(allowed) // 2
 
 
-def test_build_rejects_misaligned_inputs():
+def test_sampling_tensors_reject_misaligned_inputs():
     with pytest.raises(ValueError, match="must align"):
-        SamplingTensors.build([SamplingParams()], [0, 1], "cpu")
+        sampling_tensors([SamplingParams()], [0, 1], "cpu")
 
 
 def test_bf16_logits_sample_as_their_float32_upcast():
@@ -156,7 +157,7 @@ def test_temperatures_below_epsilon_are_greedy_rows():
     """One greedy rule (SamplingParams.greedy): 1e-45 would overflow logits / T in float32."""
     logits = torch.randn(3, VOCAB, generator=torch.Generator().manual_seed(6)) * 5
     params = [SamplingParams(temperature=t, seed=i) for i, t in enumerate((1e-45, 9.9e-6, 0.0))]
-    tensors = SamplingTensors.build(params, [0, 0, 0], "cpu")
+    tensors = sampling_tensors(params, [0, 0, 0], "cpu")
     assert tensors.all_greedy and tensors.temperature.tolist() == [1.0, 1.0, 1.0]
     assert torch.equal(Sampler().sample(logits, tensors).long(), logits.argmax(-1))
 
@@ -168,11 +169,11 @@ def test_top_k_covering_the_vocabulary_is_off():
     for top_k in (VOCAB, VOCAB + 1, MAX_TOP_K):
         for step in range(10):
             params = [SamplingParams(top_k=top_k, seed=1)]
-            tensors = SamplingTensors.build(params, [step], "cpu", vocab_size=VOCAB)
+            tensors = sampling_tensors(params, [step], "cpu", vocab_size=VOCAB)
             assert not tensors.use_top_k and tensors.top_k.tolist() == [0]
             off = _sample(logits, [SamplingParams(seed=1)], [step])
             assert torch.equal(Sampler().sample(logits, tensors), off)
-    unclamped = SamplingTensors.build(
+    unclamped = sampling_tensors(
         [SamplingParams(top_k=MAX_TOP_K, seed=s) for s in range(500)], [0] * 500, "cpu"
     )
     assert unclamped.use_top_k

@@ -8,14 +8,16 @@ Eager pass (any batch)::
         meta = backend.plan(layout)               # once per pass, never per layer
         ...model forward: each layer calls backend.forward(q, layer_id, meta)
 
-CUDA-graph decode::
+CUDA-graph decode (the graph hooks of worker.attention.base.AttentionBackend, driven by
+worker.engine.graph.GraphRunner; the engine captures the sizes of
+worker.engine.graph.graph_batch_sizes: 1, 2, 4, 8, then every multiple of 16 up to its
+largest batch)::
 
-    backend.init_cuda_graphs([1, 2, 4, 8, 16, 24, ..., 256])   # fixed buffers, one wrapper a size
-    for bs in reversed(backend.graph_batch_sizes):
+    backend.init_cuda_graphs(sizes, max_seq_len)  # fixed buffers, one wrapper a size
+    for bs in reversed(sizes):
         meta = backend.capture_meta(bs)   # bs dummy 1-token requests reading page 0
         ...warm up, then capture the model forward with attn_meta=meta
-    per decode step (layout.is_decode, B requests):
-        bs = backend.graph_batch_size(B)          # smallest captured size >= B, or None
+    per decode step (layout.is_decode, B requests, bs the smallest captured size >= B):
         backend.plan_for_replay(layout, bs)       # rewrites the fixed buffers, re-plans
         graphs[bs].replay()
 
@@ -40,7 +42,6 @@ Invariants:
 
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,19 +64,12 @@ class FlashInferMeta:
 
     wrapper: Any  # a planned FlashInfer wrapper
     num_rows: int  # query rows (tokens) the plan expects, padding included
-    is_decode: bool
-
-
-def _num_q_heads(model_config: Any) -> int:
-    for name in ("num_q_heads", "num_qo_heads", "num_attention_heads"):
-        value = getattr(model_config, name, None)
-        if value is not None:
-            return int(value)
-    raise ValueError(f"model_config {type(model_config).__name__} has no number of attention heads")
 
 
 class FlashInferBackend(AttentionBackend):
     """Paged prefill (ragged, causal) and decode attention through FlashInfer, bf16/fp16 KV."""
+
+    supports_cuda_graphs = True
 
     def __init__(
         self,
@@ -99,7 +93,7 @@ class FlashInferBackend(AttentionBackend):
         self.page_table = page_table
         self.page_size = page_size
         self.device = torch.device(device)
-        self.num_qo_heads = _num_q_heads(model_config)
+        self.num_qo_heads = int(model_config.num_q_heads)
         self.num_kv_heads = kv.num_kv_heads
         self.head_dim = kv.head_dim
         if self.num_qo_heads % self.num_kv_heads:
@@ -149,27 +143,12 @@ class FlashInferBackend(AttentionBackend):
         if layout.is_decode:
             wrapper = self._decode[self.decode_uses_tensor_cores(layout.batch_size)]
             self._plan_decode(wrapper, lens, indices_gpu)
-            return FlashInferMeta(wrapper, layout.batch_size, True)
+            return FlashInferMeta(wrapper, layout.batch_size)
         qo_indptr_cpu = self._empty_host(layout.batch_size + 1)
         qo_indptr_cpu[0] = 0
         torch.cumsum(layout.extend_lens_cpu, 0, out=qo_indptr_cpu[1:])
-        self._stage(self._prefill).plan(
-            qo_indptr_cpu,
-            lens.kv_indptr_cpu,
-            indices_gpu,
-            lens.last_page_len_cpu,
-            self.num_qo_heads,
-            self.num_kv_heads,
-            self.head_dim,
-            self.page_size,
-            causal=True,
-            sm_scale=self.sm_scale,
-            q_data_type=self.kv.dtype,
-            kv_data_type=self.kv.dtype,
-            seq_lens=lens.seq_lens_cpu,
-            non_blocking=True,
-        )
-        return FlashInferMeta(self._prefill, layout.num_tokens, False)
+        self._plan_pages(self._stage(self._prefill), lens, indices_gpu, qo_indptr_cpu, causal=True)
+        return FlashInferMeta(self._prefill, layout.num_tokens)
 
     def decode_uses_tensor_cores(self, batch_size: int) -> bool:
         """Which decode kernel a batch of this many requests runs (module docstring)."""
@@ -184,19 +163,15 @@ class FlashInferBackend(AttentionBackend):
 
     # ---- CUDA-graph decode ------------------------------------------------------------
 
-    def init_cuda_graphs(self, batch_sizes: list[int], max_seq_len: int | None = None) -> None:
-        """Allocate the fixed index buffers and one graph-mode decode wrapper per batch size.
-
-        max_seq_len bounds every request's length (default: the page table's row length).
-        """
+    def init_cuda_graphs(self, batch_sizes: list[int], max_seq_len: int) -> None:
+        """Allocate the fixed index buffers and one graph-mode decode wrapper per batch size."""
         if self._graph_wrappers:
             raise RuntimeError("init_cuda_graphs was already called")
         sizes = sorted(set(batch_sizes))
         if not sizes or sizes[0] < 1:
             raise ValueError(f"batch sizes must be positive, got {batch_sizes}")
         max_bs = sizes[-1]
-        seq_len = max_seq_len or int(self.page_table.shape[1])
-        max_pages = max_bs * (-(-seq_len // self.page_size))
+        max_pages = max_bs * (-(-max_seq_len // self.page_size))
         self._graph_indptr = torch.zeros(max_bs + 1, dtype=torch.int32, device=self.device)
         self._graph_indices = torch.zeros(max_pages, dtype=torch.int32, device=self.device)
         self._graph_last_page_len = torch.ones(max_bs, dtype=torch.int32, device=self.device)
@@ -212,16 +187,11 @@ class FlashInferBackend(AttentionBackend):
                 backend="fa2",
             )
             self._graph_wrappers[bs] = self._adopt(wrapper)
-            self._graph_metas[bs] = FlashInferMeta(wrapper, bs, True)
+            self._graph_metas[bs] = FlashInferMeta(wrapper, bs)
         self.graph_batch_sizes = sizes
 
-    def graph_batch_size(self, batch_size: int) -> int | None:
-        """The smallest captured batch size that holds batch_size requests, or None."""
-        i = bisect.bisect_left(self.graph_batch_sizes, batch_size)
-        return self.graph_batch_sizes[i] if i < len(self.graph_batch_sizes) else None
-
     def capture_meta(self, bs: int) -> FlashInferMeta:
-        """Plan the bs wrapper on bs dummy one-token requests (page 0), for warm-up and capture."""
+        """Plan the bs wrapper on bs dummy one-token requests reading page 0."""
         wrapper = self._graph_wrapper(bs)
         ones_cpu = self._host(torch.ones(bs, dtype=torch.int32))
         lens = _Lengths(
@@ -235,7 +205,7 @@ class FlashInferBackend(AttentionBackend):
         return self._graph_metas[bs]
 
     def plan_for_replay(self, layout: BatchLayout, bs: int) -> FlashInferMeta:
-        """Re-plan the captured bs wrapper for a decode layout of at most bs requests."""
+        """Re-plan the captured bs wrapper; padding rows read the first page of row 0."""
         if not layout.is_decode:
             raise ValueError("CUDA-graph replay is for decode batches (every extend_len == 1)")
         batch_size = layout.batch_size
@@ -285,7 +255,21 @@ class FlashInferBackend(AttentionBackend):
         if wrapper.use_tensor_cores and getattr(wrapper, "_cached_module", None) is not None:
             self._replan_tensor_cores(wrapper, lens, indices_gpu)
             return
+        self._plan_pages(wrapper, lens, indices_gpu)
+
+    def _plan_pages(
+        self,
+        wrapper: Any,
+        lens: _Lengths,
+        indices_gpu: torch.Tensor,
+        qo_indptr_cpu: torch.Tensor | None = None,
+        **kw: Any,
+    ) -> None:
+        """FlashInfer's own plan over these pages. Its prefill and decode plans take the same
+        arguments, but for the prefill's leading query offsets (and its ``causal`` in ``kw``)."""
+        queries = () if qo_indptr_cpu is None else (qo_indptr_cpu,)
         wrapper.plan(
+            *queries,
             lens.kv_indptr_cpu,
             indices_gpu,
             lens.last_page_len_cpu,
@@ -298,6 +282,7 @@ class FlashInferBackend(AttentionBackend):
             kv_data_type=self.kv.dtype,
             seq_lens=lens.seq_lens_cpu,
             non_blocking=True,
+            **kw,
         )
 
     def _replan_tensor_cores(self, wrapper: Any, lens: _Lengths, indices_gpu: torch.Tensor) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -11,15 +11,8 @@ from worker.engine.forward import ForwardBatch, ForwardOutput
 from worker.engine.input import ForwardInput
 from worker.engine.kv_pool import KVPool
 
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if name not in _DTYPES:
-        raise ValueError(f"dtype={name!r}: expected one of {['auto', *_DTYPES]}")
-    return _DTYPES[name]
+if TYPE_CHECKING:
+    from worker.engine.graph import GraphRunner
 
 
 class Engine:
@@ -40,6 +33,7 @@ class Engine:
         from worker.attention.registry import create_backend
         from worker.engine.sampler import Sampler
         from worker.models import load_model
+        from worker.models.loader import resolve_dtype
 
         config = config.resolved()
         self.config = config
@@ -84,19 +78,18 @@ class Engine:
             device=self.device,
         )
         self.sampler = Sampler()
-        self.stream: Any = None  # CUDA + overlap: the engine stream
-        self.scheduler_stream: Any = None  # CUDA + overlap: where batch metadata is copied
-        self.graph_runner: Any = None  # CUDA graphs: replays captured decode batch sizes
+        # NOTE: both streams are set (CUDA + overlap) or both None; typed Any for that reason.
+        self.stream: Any = None  # the engine stream, where passes run
+        self.scheduler_stream: Any = None  # where the scheduler copies batch metadata
+        self.graph_runner: GraphRunner | None = None  # CUDA graphs: replays captured decode batch sizes
         if self.device.type == "cuda":
             self._setup_cuda(config)
 
     def _setup_cuda(self, config: EngineConfig) -> None:
-        from worker.attention.registry import resolve_backend_name
-
         if config.overlap:
             self.stream = torch.cuda.Stream(self.device)
             self.scheduler_stream = torch.cuda.Stream(self.device)
-        if config.cuda_graph and resolve_backend_name(config.attention, self.device) == "flashinfer":
+        if config.cuda_graph and self.backend.supports_cuda_graphs:
             from worker.engine.graph import GraphRunner, graph_batch_sizes
 
             max_bs = min(config.cuda_graph_max_bs, config.max_running_reqs)
@@ -135,10 +128,10 @@ class Engine:
 
     def _forward(self, fi: ForwardInput) -> ForwardOutput:
         if fi.graph_bs is not None:
-            self.backend.plan_for_replay(fi.layout, fi.graph_bs)  # type: ignore[attr-defined]
+            assert self.graph_runner is not None, "a graph batch size without captured graphs"
+            self.backend.plan_for_replay(fi.layout, fi.graph_bs)
             logits = self.graph_runner.run(fi)
         else:
-            attn_meta = fi.attn_meta if fi.attn_meta is not None else self.backend.plan(fi.layout)
             input_ids = self.token_pool[fi.load_slots, fi.positions].to(torch.int64)
             batch = ForwardBatch(
                 input_ids=input_ids,
@@ -147,16 +140,16 @@ class Engine:
                 sample_idx=fi.sample_idx,
                 layout=fi.layout,
                 backend=self.backend,
-                attn_meta=attn_meta,
+                attn_meta=self.backend.plan(fi.layout),
                 kv=self.kv,
             )
             logits = self.model(batch)
-        next_tokens_gpu = self.sampler.sample(logits[: fi.batch_size], fi.sampling).to(torch.int32)
-        self.token_pool[fi.write_slots, fi.write_pos] = next_tokens_gpu
+        next_tokens = self.sampler.sample(logits[: fi.batch_size], fi.sampling).to(torch.int32)
+        self.token_pool[fi.write_slots, fi.write_pos] = next_tokens
         if self.device.type != "cuda":
-            return ForwardOutput(next_tokens_gpu, next_tokens_gpu.clone(), None)
-        next_tokens_cpu = torch.empty(next_tokens_gpu.shape, dtype=torch.int32, pin_memory=True)
-        next_tokens_cpu.copy_(next_tokens_gpu, non_blocking=True)
+            return ForwardOutput(next_tokens, None)  # already on the host
+        next_tokens_cpu = torch.empty(next_tokens.shape, dtype=torch.int32, pin_memory=True)
+        next_tokens_cpu.copy_(next_tokens, non_blocking=True)
         copy_done = torch.cuda.Event()
         copy_done.record()
-        return ForwardOutput(next_tokens_gpu, next_tokens_cpu, copy_done)
+        return ForwardOutput(next_tokens_cpu, copy_done)

@@ -37,8 +37,10 @@ class ForwardBatch:
 
 
 class ForwardOutput(NamedTuple):
-    """What the engine returns for one pass: sampled tokens on both sides of the copy."""
+    """What the engine returns for one pass: the host copy of its sampled tokens.
 
-    next_tokens_gpu: torch.Tensor  # int32 [B] on the model's device
-    next_tokens_cpu: torch.Tensor  # int32 [B] host copy (valid once copy_done is done)
+    The tokens themselves stay on the device in the engine's token_pool, where the next
+    pass reads them; the host needs them only for stop checks and results."""
+
+    next_tokens_cpu: torch.Tensor  # int32 [B] (valid once copy_done is done)
     copy_done: Any  # torch.cuda.Event on CUDA, None on CPU (copy already complete)

@@ -4,8 +4,9 @@ A captured pass reads three static rows (load slots, positions, out_loc) of ``ma
 entries, gathers its input ids from ``token_pool`` and runs the whole model, logits
 included. Requests are padded to the next captured size with the dummy request (dummy slot,
 position 0, the engine's dummy KV location), so padding rows write only the dummy page and
-their logits are ignored. Attention metadata lives in FlashInfer's fixed graph buffers,
-re-planned per step by ``backend.plan_for_replay`` on the engine stream before ``run``.
+their logits are ignored. Attention metadata lives in the backend's fixed graph buffers
+(the graph hooks of worker.attention.base.AttentionBackend), re-planned per step by
+``backend.plan_for_replay`` on the engine stream before ``run``.
 """
 
 from __future__ import annotations
@@ -33,7 +34,15 @@ def graph_batch_sizes(max_bs: int) -> list[int]:
     return sorted({*sizes, max_bs})
 
 
+def fitting_batch_size(batch_sizes: list[int], batch_size: int) -> int | None:
+    """The smallest of ``batch_sizes`` (sorted) holding ``batch_size`` requests, or None."""
+    i = bisect.bisect_left(batch_sizes, batch_size)
+    return batch_sizes[i] if i < len(batch_sizes) else None
+
+
 class GraphRunner:
+    """The engine's decode passes, one captured graph per batch size (backend permitting)."""
+
     def __init__(self, engine: Engine, batch_sizes: list[int]) -> None:
         self.engine = engine
         self.batch_sizes = sorted(batch_sizes)
@@ -46,14 +55,14 @@ class GraphRunner:
         self._sample_idx = torch.arange(max_bs, dtype=torch.int64, device=device)
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._logits: dict[int, torch.Tensor] = {}
-        engine.backend.init_cuda_graphs(self.batch_sizes, max_seq_len=engine.max_seq_len)  # type: ignore[attr-defined]
+        engine.backend.init_cuda_graphs(self.batch_sizes, max_seq_len=engine.max_seq_len)
         start = time.perf_counter()
         stream = engine.stream if engine.stream is not None else torch.cuda.Stream(device)
         pool = torch.cuda.graph_pool_handle()
         with torch.inference_mode():
             for bs in reversed(self.batch_sizes):
                 with torch.cuda.stream(stream):
-                    meta = engine.backend.capture_meta(bs)  # type: ignore[attr-defined]
+                    meta = engine.backend.capture_meta(bs)
                     for _ in range(2):  # warm-up: Triton compiles, cuBLAS picks its kernels
                         self._pass(bs, meta)
                 stream.synchronize()
@@ -87,8 +96,7 @@ class GraphRunner:
 
     def batch_size_for(self, batch_size: int) -> int | None:
         """The smallest captured size holding ``batch_size`` requests, or None (run eagerly)."""
-        i = bisect.bisect_left(self.batch_sizes, batch_size)
-        return self.batch_sizes[i] if i < len(self.batch_sizes) else None
+        return fitting_batch_size(self.batch_sizes, batch_size)
 
     def run(self, fi: ForwardInput) -> torch.Tensor:
         """Replay the pass of ``fi`` (padded to fi.graph_bs, already planned): logits [B, vocab]."""

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
 
     from worker.attention.base import BatchLayout
+    from worker.engine.sampler import SamplingTensors
 
 
 @dataclass(frozen=True)
@@ -21,17 +22,16 @@ class ForwardInput:
     """
 
     layout: BatchLayout
-    attn_meta: Any
     load_slots: torch.Tensor  # int64 [T]
     positions: torch.Tensor  # int64 [T]
     out_loc: torch.Tensor  # int64 [T] KV locations written this pass
     sample_idx: torch.Tensor  # int64 [B] last new token of each request
     write_slots: torch.Tensor  # int64 [B]
     write_pos: torch.Tensor  # int64 [B]
-    sampling: Any  # worker.engine.sampler.SamplingTensors
+    sampling: SamplingTensors
     # A decode pass replayed by the CUDA graph of this batch size: load_slots, positions and
     # out_loc are then padded to graph_bs entries (dummy slot, position 0, the dummy KV
-    # location); attn_meta None means the engine plans on its own stream.
+    # location). Attention is planned by the engine, on its own stream.
     graph_bs: int | None = None
 
     @property

@@ -11,8 +11,7 @@ class KVPool:
     Location ``loc`` is token ``loc % page_size`` of page ``loc // page_size`` (see
     worker.attention.base). Heads are outermost inside a page (FlashInfer's "HND" layout),
     so one head's keys of a page are one contiguous run of page_size * head_dim values:
-    decode attention reads a head's KV in long runs. With page_size 1 this is the same
-    memory as [num_locations, num_kv_heads, head_dim].
+    decode attention reads a head's KV in long runs.
     """
 
     layout = "HND"
@@ -37,10 +36,6 @@ class KVPool:
         shape = (num_layers, num_pages, num_kv_heads, page_size, head_dim)
         self._k = torch.zeros(shape, dtype=dtype, device=self.device)
         self._v = torch.zeros(shape, dtype=dtype, device=self.device)
-
-    @property
-    def num_locations(self) -> int:
-        return self.num_pages * self.page_size
 
     def k_buffer(self, layer_id: int) -> torch.Tensor:
         """The layer's K pages, [num_pages, num_kv_heads, page_size, head_dim]."""

@@ -14,15 +14,9 @@ below min_p times the largest). Excluded tokens get probability 0 and are never 
 
 from __future__ import annotations
 
-import random
-import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
-
-if TYPE_CHECKING:
-    from producer.schema import SamplingParams
 
 _MASK32 = 0xFFFFFFFF
 # Multipliers stay below 2**31 so products of 32-bit values never overflow int64.
@@ -62,7 +56,8 @@ class SamplingTensors:
     """Per-request sampling parameters as device tensors [B]; flags say which filters run.
 
     ``steps`` is each request's output position (0 for its first generated token);
-    ``top_k`` holds vocab-independent "off" as 0.
+    ``top_k`` holds vocab-independent "off" as 0. Built by the scheduler's batch preparer
+    (worker.scheduler.prepare; ``sampling_tensors`` there for a batch outside a pass).
     """
 
     temperature: torch.Tensor  # float32, 1.0 where greedy (unused there)
@@ -76,50 +71,6 @@ class SamplingTensors:
     use_top_k: bool
     use_top_p: bool
     use_min_p: bool
-
-    @classmethod
-    def build(
-        cls,
-        params: list[SamplingParams],
-        steps: list[int],
-        device: torch.device | str,
-        seeds: list[int] | None = None,
-        vocab_size: int | None = None,
-    ) -> SamplingTensors:
-        """Stack ``params``. A request without a seed gets ``seeds[i]`` if given (the caller
-        picks one per request to keep its draws independent of batching), else fresh randomness.
-        A top_k that keeps all ``vocab_size`` tokens is off (without a vocab_size, only -1/0)."""
-        if len(steps) != len(params) or (seeds is not None and len(seeds) != len(params)):
-            raise ValueError(f"params ({len(params)}), steps ({len(steps)}) and seeds must align")
-        device = torch.device(device)
-        greedy = [p.greedy for p in params]
-        chosen_seeds = [
-            p.seed if p.seed is not None else (seeds[i] if seeds is not None else random.getrandbits(63))
-            for i, p in enumerate(params)
-        ]
-        top_k = [p.top_k_for(vocab_size if vocab_size is not None else sys.maxsize) for p in params]
-        sampled = [not g for g in greedy]
-        pin = device.type == "cuda"
-
-        def put(values: list, dtype: torch.dtype) -> torch.Tensor:
-            host = torch.tensor(values, dtype=dtype)
-            return host.pin_memory().to(device, non_blocking=True) if pin else host.to(device)
-
-        return cls(
-            temperature=put(
-                [1.0 if g else p.temperature for p, g in zip(params, greedy, strict=True)], torch.float32
-            ),
-            top_p=put([p.top_p for p in params], torch.float32),
-            top_k=put(top_k, torch.int64),
-            min_p=put([p.min_p for p in params], torch.float32),
-            seeds=put(chosen_seeds, torch.int64),
-            steps=put(list(steps), torch.int64),
-            greedy=put(greedy, torch.bool),
-            all_greedy=all(greedy),
-            use_top_k=any(k > 0 and s for k, s in zip(top_k, sampled, strict=True)),
-            use_top_p=any(p.top_p < 1.0 and s for p, s in zip(params, sampled, strict=True)),
-            use_min_p=any(p.min_p > 0.0 and s for p, s in zip(params, sampled, strict=True)),
-        )
 
 
 class Sampler:

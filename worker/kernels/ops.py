@@ -7,8 +7,8 @@
 
 The torch paths are the reference semantics (HF's): norms in float32, cast to the model dtype
 before the weight; rope in float32 on neox halves. ``RADIXQ_TRITON=0`` forces the torch paths
-(ablation, debugging); set ``RADIXQ_TRITON_INTERPRET=1`` with triton's interpreter to run the
-kernels on CPU tensors in tests.
+(ablation, debugging); with triton's own ``TRITON_INTERPRET=1`` the kernels run on CPU tensors
+in its interpreter (tests/unit/test_kernels_interpret.py).
 """
 
 from __future__ import annotations

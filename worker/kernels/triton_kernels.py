@@ -150,7 +150,7 @@ def sample_rows_kernel(
     base = logits_ptr + row * stride_row
     cols = tl.arange(0, BLOCK)
     best = float("-inf")
-    best_idx = 0
+    best_idx = tl.zeros((), dtype=tl.int32)
     for off in range(0, vocab, BLOCK):
         x = tl.load(base + off + cols, mask=off + cols < vocab, other=float("-inf")).to(tl.float32)
         block_max = tl.max(x, axis=0)

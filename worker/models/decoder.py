@@ -194,8 +194,10 @@ class CausalLM(nn.Module):
 
     def _shard_sizes(self, fused_name: str) -> tuple[int, ...]:
         module = self.get_submodule(fused_name.rsplit(".", 2)[0])
-        sizes = getattr(module, "qkv_shard_sizes", None) or module.gate_up_shard_sizes
-        return tuple(sizes)
+        if isinstance(module, Attention):
+            return module.qkv_shard_sizes
+        assert isinstance(module, MLP), f"{fused_name} is not a fused projection"
+        return module.gate_up_shard_sizes
 
     def expected_weight_keys(self) -> set[str]:
         """The keys ``load_weights`` must report for a complete checkpoint."""

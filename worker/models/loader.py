@@ -29,8 +29,21 @@ class LoadedModel:
     name: str
 
 
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
 def default_dtype(device: torch.device) -> torch.dtype:
+    """The model dtype when none is asked for: bfloat16 on CUDA, float32 elsewhere."""
     return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """An EngineConfig dtype name ("auto" or one of _DTYPES) as a torch dtype on ``device``."""
+    if name == "auto":
+        return default_dtype(device)
+    if name not in _DTYPES:
+        raise ValueError(f"dtype={name!r}: expected one of {['auto', *_DTYPES]}")
+    return _DTYPES[name]
 
 
 def resolve_model_dir(model: str, load_format: str = "auto") -> tuple[Path, str]:
@@ -112,7 +125,7 @@ def load_model(
 ) -> LoadedModel:
     """Load ``model`` (alias, HF dir, GGUF file, cached hub id; or a config for "dummy").
 
-    dtype defaults to float32 on CPU and bfloat16 on CUDA.
+    dtype None: default_dtype(device).
     """
     device = torch.device(device)
     dtype = dtype or default_dtype(device)

@@ -47,21 +47,9 @@ class CacheManager:
     def unlock(self, match: Match) -> None:
         self.prefix.unlock(match.handle)
 
-    def allocate(self, req: Req) -> None:
-        """Back the request's row with pages up to device_len (evicting cached pages if needed)."""
-        need = self.pages_for(req.device_len) - req.alloc_len // self.page_size
-        if need <= 0:
-            return
-        short = need - self.allocator.num_free_pages
-        if short > 0:
-            self.allocator.free(self.prefix.evict(short * self.page_size))
-        locations = self.allocator.allocate(need)
-        self.tables.write_locations(req.slot, req.alloc_len, locations)
-        req.alloc_len += need * self.page_size
-        self.num_private_pages += need
-
     def allocate_batch(self, reqs: list[Req]) -> None:
-        """``allocate`` for every request of a batch, with one allocator call and one table write."""
+        """Back each request's row with pages up to its device_len (evicting cached pages if
+        needed): one allocator call and one table write for the whole batch."""
         ps = self.page_size
         grown = [(r, n) for r in reqs if (n := self.pages_for(r.device_len) - r.alloc_len // ps) > 0]
         if not grown:
@@ -113,10 +101,6 @@ class CacheManager:
         self.tables.write_locations(req.slot, req.matched_len, match.locations[req.matched_len : existing])
         self.num_private_pages -= (insert_len - req.matched_len) // self.page_size
         req.handle, req.matched_len = match.handle, insert_len
-
-    def release_unstarted(self, match: Match) -> None:
-        """Undo a lock taken for a request that was never admitted."""
-        self.prefix.unlock(match.handle)
 
     def check_integrity(self, running: list[Req] | None = None) -> None:
         """Assert free + cached + private == total with no page in two places.

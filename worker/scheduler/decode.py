@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import math
-
-from worker.scheduler.req import Req
+from worker.scheduler.req import Req, output_reserve
 
 
 class DecodeManager:
@@ -26,4 +24,4 @@ class DecodeManager:
 
     def reserved_tokens(self, ratio: float) -> int:
         """KV tokens the running requests are expected to still need."""
-        return sum(math.ceil(ratio * r.remain_len) for r in self.running)
+        return sum(output_reserve(r.remain_len, ratio) for r in self.running)

@@ -6,6 +6,7 @@ import random
 
 import msgspec
 
+from producer.schema import SamplingParams
 from worker.scheduler.messages import GenerateRequest
 from worker.scheduler.req import PendingReq, RequestGroup
 
@@ -30,11 +31,17 @@ def refusal(msg: GenerateRequest, max_seq_len: int, vocab_size: int) -> tuple[st
     return None
 
 
+def choice_seed(sampling: SamplingParams) -> int:
+    """The seed a choice samples with: its own, else one drawn now (its draws then depend on
+    (seed, step) only, never on the batch it lands in)."""
+    return sampling.seed if sampling.seed is not None else random.getrandbits(63)
+
+
 def make_group(msg: GenerateRequest, max_seq_len: int) -> tuple[RequestGroup, list[PendingReq]]:
     """The group and its n choices. max_tokens is clamped to the context (finish "length").
 
-    Choice i samples with seed + i when a seed is given, else with a seed drawn here, so its
-    draws depend on (seed, step) only, never on the batch it lands in."""
+    Choice i samples with seed + i when a seed is given, else with a seed of its own drawn
+    here (choice_seed)."""
     prompt_len = len(msg.input_ids)
     max_device_len = prompt_len + min(msg.sampling.max_tokens, max_seq_len - prompt_len)
     group = RequestGroup(uid=msg.uid, prompt_len=prompt_len, n=msg.sampling.n)
@@ -43,6 +50,7 @@ def make_group(msg: GenerateRequest, max_seq_len: int) -> tuple[RequestGroup, li
         sampling = msg.sampling
         if sampling.seed is not None and index > 0:
             sampling = msgspec.structs.replace(sampling, seed=(sampling.seed + index) % 2**63)
-        seed = sampling.seed if sampling.seed is not None else random.getrandbits(63)
-        choices.append(PendingReq(group, index, list(msg.input_ids), sampling, max_device_len, seed))
+        choices.append(
+            PendingReq(group, index, list(msg.input_ids), sampling, max_device_len, choice_seed(sampling))
+        )
     return group, choices

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import math
 from collections import deque
 
 from worker.scheduler.cache import CacheManager
-from worker.scheduler.req import ChunkedReq, PendingReq, Req, RequestGroup
+from worker.scheduler.req import ChunkedReq, PendingReq, Req, RequestGroup, output_reserve
 from worker.scheduler.table import TableManager
 
 _SHARE_PROBE_TOKENS = 32
@@ -65,9 +64,6 @@ class PrefillManager:
         gone = [p for p in self.pending if p.group is group]
         self.pending = deque(p for p in self.pending if p.group is not group)
         return gone
-
-    def reserve_tokens(self, remain_len: int) -> int:
-        return math.ceil(self.output_reserve_ratio * remain_len)
 
     def schedule(self, token_budget: int, reserved_tokens: int) -> list[Req]:
         """This step's prefill requests (possibly empty); admitted ones leave the queue."""
@@ -143,7 +139,8 @@ class PrefillManager:
         if self.cache.shares_prefixes and shared.extends(pending.input_ids, match.length):
             return None
         remain = pending.max_device_len - len(pending.input_ids)
-        need = len(pending.input_ids) - match.length + self.reserve_tokens(remain) + self.cache.page_size
+        reserve = output_reserve(remain, self.output_reserve_ratio)
+        need = len(pending.input_ids) - match.length + reserve + self.cache.page_size
         self.cache.lock(match)
         if need + reserved_tokens > self.cache.available_pages * self.cache.page_size:
             self.cache.unlock(match)

@@ -1,41 +1,170 @@
 """BatchPreparer: a pass's ForwardInput from a list of requests, in a few vectorised host steps.
 
-Per pass the host does O(B) list work, builds two packed pinned tensors (int64 and float32)
-and issues two host-to-device copies on the current (scheduler) stream; every ForwardInput
-tensor is a view of those. Attention is left unplanned (``attn_meta=None``): the engine plans
-on its own stream, where FlashInfer's shared plan buffers are safe to overwrite.
+Per pass the host does O(B) list work, packs every per-pass value into two pinned host
+tensors, PASS_INT64 and PASS_FLOAT32 (the tables below name each field, its length and its
+place), and issues two host-to-device copies on the current (scheduler) stream; every
+ForwardInput and SamplingTensors tensor is a view of those. Attention is left unplanned: the
+engine plans on its own stream, where FlashInfer's shared plan buffers are safe to overwrite.
 
 Decode batches that fit a captured CUDA graph are padded to its batch size with the dummy
 request (dummy slot, position 0, the dummy KV location), so replays never touch real KV.
-Layout of the packed int64 tensor (R = padded rows, B = requests):
-
-    load_slots R | positions R | out_loc R | sample_idx B | write_slots B | write_pos B
-    | seeds B | steps B | top_k B | greedy B
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from itertools import compress
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
 from worker.attention.base import BatchLayout
 from worker.engine.input import ForwardInput
 from worker.engine.sampler import SamplingTensors
+from worker.scheduler.intake import choice_seed
 from worker.scheduler.req import PendingReq, Req
 from worker.scheduler.table import TableManager
 
 if TYPE_CHECKING:
+    from producer.schema import SamplingParams
     from worker.engine.engine import Engine
 
-# (seed, temperature, top_p, top_k, min_p, greedy) of one choice; constant while it runs
-_SamplingRow = tuple[int, float, float, int, float, bool]
+ROWS = "rows"  # one entry per computed token, padding rows included
+REQUESTS = "requests"  # one entry per request
+Column = torch.Tensor | Sequence[int] | Sequence[float] | Sequence[bool]  # one field's host values
 
 
-def _sampling_row(pending: PendingReq, vocab_size: int) -> _SamplingRow:
-    p = pending.sampling
-    seed = p.seed if p.seed is not None else pending.seed
-    return (seed, 1.0 if p.greedy else p.temperature, p.top_p, p.top_k_for(vocab_size), p.min_p, p.greedy)
+@dataclass(frozen=True)
+class Packed:
+    """Fields of one dtype laid back to back in one host tensor, copied to the device at once."""
+
+    dtype: torch.dtype
+    fields: tuple[tuple[str, str], ...]  # (name, ROWS or REQUESTS), in packing order
+
+    def sizes(self, num_rows: int, batch_size: int) -> list[int]:
+        return [num_rows if length == ROWS else batch_size for _, length in self.fields]
+
+    def pack(
+        self,
+        columns: Mapping[str, Column],
+        num_rows: int,
+        batch_size: int,
+        device: torch.device,
+    ) -> dict[str, torch.Tensor]:
+        """One device tensor holding ``columns`` in field order; its views by field name.
+
+        On CUDA the host side is pinned and the copy does not wait (current stream)."""
+        parts = [
+            c if isinstance(c, torch.Tensor) else torch.tensor(c, dtype=self.dtype)
+            for c in (columns[name] for name, _ in self.fields)
+        ]
+        sizes = self.sizes(num_rows, batch_size)
+        assert [int(p.numel()) for p in parts] == sizes, f"{self.dtype} columns do not match their lengths"
+        pin = device.type == "cuda"
+        host = torch.empty(sum(sizes), dtype=self.dtype, pin_memory=pin)
+        torch.cat(parts, out=host)
+        packed = host.to(device, non_blocking=True) if pin else host.to(device)
+        return dict(zip((name for name, _ in self.fields), packed.split(sizes), strict=True))
+
+
+# Field names are those of ForwardInput and SamplingTensors (greedy is packed as int64 and
+# viewed as bool); a pass packs all of them, a sampling-only batch the sampling ones.
+SAMPLING_INT64 = Packed(
+    torch.int64, (("seeds", REQUESTS), ("steps", REQUESTS), ("top_k", REQUESTS), ("greedy", REQUESTS))
+)
+SAMPLING_FLOAT32 = Packed(
+    torch.float32, (("temperature", REQUESTS), ("top_p", REQUESTS), ("min_p", REQUESTS))
+)
+PASS_INT64 = Packed(
+    torch.int64,
+    (
+        ("load_slots", ROWS),
+        ("positions", ROWS),
+        ("out_loc", ROWS),
+        ("sample_idx", REQUESTS),
+        ("write_slots", REQUESTS),
+        ("write_pos", REQUESTS),
+        *SAMPLING_INT64.fields,
+    ),
+)
+PASS_FLOAT32 = SAMPLING_FLOAT32
+
+
+class SamplingRow(NamedTuple):
+    """One choice's sampling parameters as the sampler takes them; constant while it runs.
+
+    Each field is the entry of the sampling column of the same name."""
+
+    seeds: int
+    temperature: float  # 1.0 where greedy (unused there)
+    top_p: float
+    top_k: int  # 0 = off
+    min_p: float
+    greedy: bool
+
+
+def sampling_row(params: SamplingParams, seed: int, vocab_size: int) -> SamplingRow:
+    greedy = params.greedy
+    temperature = 1.0 if greedy else params.temperature
+    return SamplingRow(seed, temperature, params.top_p, params.top_k_for(vocab_size), params.min_p, greedy)
+
+
+def _sampling_columns(rows: Sequence[SamplingRow], steps: list[int]) -> dict[str, Column]:
+    columns: dict[str, Column] = dict(zip(SamplingRow._fields, zip(*rows, strict=True), strict=True))
+    columns["steps"] = steps
+    return columns
+
+
+def _sampling_tensors(views: Mapping[str, torch.Tensor], columns: Mapping[str, Column]) -> SamplingTensors:
+    """SamplingTensors over packed device views; the flags come from the host columns.
+
+    A filter runs when a sampled (not greedy) row uses it: top_k > 0, top_p < 1, min_p > 0."""
+    sampled = [not g for g in columns["greedy"]]
+    return SamplingTensors(
+        temperature=views["temperature"],
+        top_p=views["top_p"],
+        top_k=views["top_k"],
+        min_p=views["min_p"],
+        seeds=views["seeds"],
+        steps=views["steps"],
+        greedy=views["greedy"].bool(),
+        all_greedy=not any(sampled),
+        # NOTE: top_k and min_p are never negative, top_p never above 1 (SamplingParams' bounds)
+        use_top_k=any(compress(columns["top_k"], sampled)),
+        use_top_p=min(compress(columns["top_p"], sampled), default=1.0) < 1.0,
+        use_min_p=any(compress(columns["min_p"], sampled)),
+    )
+
+
+def sampling_tensors(
+    params: list[SamplingParams],
+    steps: list[int],
+    device: torch.device | str,
+    seeds: list[int] | None = None,
+    vocab_size: int | None = None,
+) -> SamplingTensors:
+    """The SamplingTensors a pass builds for these requests (for tests and benchmarks).
+
+    ``steps[i]`` is request i's output position. A request without a seed gets ``seeds[i]``
+    if given, else one drawn as at intake. Without ``vocab_size`` only top_k -1/0 is off."""
+    if len(steps) != len(params) or (seeds is not None and len(seeds) != len(params)):
+        raise ValueError(f"params ({len(params)}), steps ({len(steps)}) and seeds must align")
+    vocab = vocab_size if vocab_size is not None else sys.maxsize
+    if seeds is None:
+        seeds = [choice_seed(p) for p in params]
+    rows = [
+        sampling_row(p, p.seed if p.seed is not None else seed, vocab)
+        for p, seed in zip(params, seeds, strict=True)
+    ]
+    columns = _sampling_columns(rows, steps)
+    device = torch.device(device)
+    views = {
+        **SAMPLING_INT64.pack(columns, 0, len(params), device),
+        **SAMPLING_FLOAT32.pack(columns, 0, len(params), device),
+    }
+    return _sampling_tensors(views, columns)
 
 
 class BatchPreparer:
@@ -43,8 +172,7 @@ class BatchPreparer:
         self.engine = engine
         self.tables = tables
         self.device = engine.device
-        self._pin = self.device.type == "cuda"
-        self._rows: dict[PendingReq, _SamplingRow] = {}
+        self._rows: dict[PendingReq, SamplingRow] = {}
 
     def prepare(self, reqs: list[Req]) -> ForwardInput:
         """The pass for ``reqs`` (pages already allocated up to each device_len); its copies are
@@ -90,41 +218,24 @@ class BatchPreparer:
             )
             out_loc = tables.page_table_cpu[load_slots, positions].long()
             sample_idx = ends - 1
-        rows = [self._row(r.pending) for r in reqs]
         produces = [r.produces_token for r in reqs]
-        write_slots = [r.slot if p else tables.dummy_slot for r, p in zip(reqs, produces, strict=True)]
-        write_pos = [d if p else 0 for d, p in zip(device_lens, produces, strict=True)]
-        steps = [max(0, d - r.prompt_len) for d, r in zip(device_lens, reqs, strict=True)]
-        seeds, temperature, top_p, top_k, min_p, greedy = zip(*rows, strict=True)
-        ints = self._pack(
-            [load_slots, positions, out_loc, sample_idx]
-            + [
-                torch.tensor(v, dtype=torch.int64)
-                for v in (write_slots, write_pos, seeds, steps, top_k, greedy)
-            ],
-            torch.int64,
+        columns = _sampling_columns(
+            [self._row(r.pending) for r in reqs],
+            [max(0, d - r.prompt_len) for d, r in zip(device_lens, reqs, strict=True)],
         )
-        floats = self._pack(
-            [torch.tensor(v, dtype=torch.float32) for v in (temperature, top_p, min_p)], torch.float32
+        columns.update(
+            load_slots=load_slots,
+            positions=positions,
+            out_loc=out_loc,
+            sample_idx=sample_idx,
+            write_slots=[r.slot if p else tables.dummy_slot for r, p in zip(reqs, produces, strict=True)],
+            write_pos=[d if p else 0 for d, p in zip(device_lens, produces, strict=True)],
         )
-        r = int(load_slots.numel())
-        b = batch_size
-        i_views = ints.split([r, r, r, b, b, b, b, b, b, b])
-        f_views = floats.split([b, b, b])
-        sampled = [not g for g in greedy]
-        sampling = SamplingTensors(
-            temperature=f_views[0],
-            top_p=f_views[1],
-            top_k=i_views[8],
-            min_p=f_views[2],
-            seeds=i_views[6],
-            steps=i_views[7],
-            greedy=i_views[9].bool(),
-            all_greedy=all(greedy),
-            use_top_k=any(k > 0 and s for k, s in zip(top_k, sampled, strict=True)),
-            use_top_p=any(p < 1.0 and s for p, s in zip(top_p, sampled, strict=True)),
-            use_min_p=any(p > 0.0 and s for p, s in zip(min_p, sampled, strict=True)),
-        )
+        num_rows = int(load_slots.numel())
+        views = {
+            **PASS_INT64.pack(columns, num_rows, batch_size, self.device),
+            **PASS_FLOAT32.pack(columns, num_rows, batch_size, self.device),
+        }
         layout = BatchLayout(
             slots_cpu=slots.to(torch.int32),
             cached_lens_cpu=cached.to(torch.int32),
@@ -132,30 +243,21 @@ class BatchPreparer:
         )
         return ForwardInput(
             layout=layout,
-            attn_meta=None,
-            load_slots=i_views[0],
-            positions=i_views[1],
-            out_loc=i_views[2],
-            sample_idx=i_views[3],
-            write_slots=i_views[4],
-            write_pos=i_views[5],
-            sampling=sampling,
+            load_slots=views["load_slots"],
+            positions=views["positions"],
+            out_loc=views["out_loc"],
+            sample_idx=views["sample_idx"],
+            write_slots=views["write_slots"],
+            write_pos=views["write_pos"],
+            sampling=_sampling_tensors(views, columns),
             graph_bs=graph_bs,
         )
 
-    def _row(self, pending: PendingReq) -> _SamplingRow:
+    def _row(self, pending: PendingReq) -> SamplingRow:
         row = self._rows.get(pending)
         if row is None:
             if len(self._rows) > 4 * self.tables.max_running_reqs:
                 self._rows.clear()  # NOTE: entries of finished requests; rebuilt on demand
-            row = self._rows[pending] = _sampling_row(pending, self.engine.model_config.vocab_size)
+            vocab_size = self.engine.model_config.vocab_size
+            row = self._rows[pending] = sampling_row(pending.sampling, pending.seed, vocab_size)
         return row
-
-    def _pack(self, parts: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
-        """Concatenate ``parts`` into one (pinned) host tensor and start its copy to the device."""
-        total = sum(int(p.numel()) for p in parts)
-        host = torch.empty(total, dtype=dtype, pin_memory=self._pin)
-        torch.cat(parts, out=host)
-        if not self._pin:
-            return host.to(self.device)
-        return host.to(self.device, non_blocking=True)

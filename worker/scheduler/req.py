@@ -12,11 +12,18 @@ appends the token to ``input_ids``. So len(input_ids) may trail device_len by on
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from producer.schema import SamplingParams
 from worker.scheduler.messages import ChoiceOutput
+
+
+def output_reserve(remain_len: int, ratio: float) -> int:
+    """KV tokens held for a request that may still generate ``remain_len`` tokens: ``ratio``
+    of them, rounded up (EngineConfig.output_reserve_ratio)."""
+    return math.ceil(ratio * remain_len)
 
 
 @dataclass(eq=False)

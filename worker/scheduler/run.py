@@ -72,7 +72,7 @@ def run_scheduler(config: EngineConfig, io: SchedulerIO, detokenize: Detokenize 
         raise LoadError(one_line(exc)) from exc
     profiler = None
     if os.environ.get("RADIXQ_STEP_PROFILE") == "1":  # profiling runs only: records every step
-        from worker.engine.profile import StepProfiler
+        from worker.scheduler.profile import StepProfiler
 
         profiler = StepProfiler.install(scheduler)
     # The loop allocates a little every step; a full collection walking the loaded model's and

@@ -24,6 +24,7 @@ from worker.engine.input import ForwardInput
 from worker.scheduler.cache import CacheManager
 from worker.scheduler.decode import DecodeManager
 from worker.scheduler.faults import Fault
+from worker.scheduler.hooks import StepHooks
 from worker.scheduler.intake import make_group, refusal
 from worker.scheduler.messages import (
     AbortRequest,
@@ -78,6 +79,7 @@ class Scheduler:
         self.stats = Stats()
         self.shutdown = False
         self.fault: Fault | None = None  # injected failures (tests only)
+        self.hooks: StepHooks | None = None  # step observer (profiling), worker.scheduler.hooks
         self._launching: list[Req] = []  # NOTE: the requests of the step under way, named if it fails
         self._processing: list[Req] = []
 
@@ -198,6 +200,9 @@ class Scheduler:
     # ---- scheduling -----------------------------------------------------------------------
 
     def _launch(self) -> Step | None:
+        hooks = self.hooks
+        if hooks is not None:
+            hooks.launch_started()
         reserved = self.decode.reserved_tokens(self.config.output_reserve_ratio)
         reqs = self.prefill.schedule(self.config.max_prefill_tokens, reserved)
         is_prefill = bool(reqs)
@@ -210,7 +215,11 @@ class Scheduler:
             self.fault.check([r.pending.input_ids[: r.pending.group.prompt_len] for r in reqs])
         self.cache.allocate_batch(reqs)
         fi = self.preparer.prepare(reqs)
+        if hooks is not None:
+            hooks.forward_started(fi)
         output = self.engine.forward(fi)
+        if hooks is not None:
+            hooks.forward_finished(fi, output)
         for req in reqs:
             req.complete_forward()
         if is_prefill:
@@ -221,7 +230,10 @@ class Scheduler:
         else:
             self.stats.decode_tokens += len(reqs)
         self.stats.steps += 1
-        return Step(reqs, is_prefill, fi, output)
+        step = Step(reqs, is_prefill, fi, output)
+        if hooks is not None:
+            hooks.launch_finished(step)
+        return step
 
     def _cache_prefills(self, reqs: list[Req]) -> None:
         """Put the prompt KV of this pass into the prefix cache as soon as it is launched.
@@ -241,10 +253,11 @@ class Scheduler:
         newest running requests."""
         running = list(self.decode.running)
         while running and not self.cache.can_allocate(running):
-            chunked = [p for p in self.prefill.pending if p.chunk is not None]
+            chunked = [(p, p.chunk) for p in self.prefill.pending if p.chunk is not None]
             if chunked:
-                self._release(chunked[0].chunk)
-                chunked[0].chunk = None
+                pending, chunk = chunked[0]
+                self._release(chunk)
+                pending.chunk = None
             elif len(running) > 1:
                 self._retract(running.pop())
             else:
@@ -279,8 +292,13 @@ class Scheduler:
     def _process(self, step: Step | None) -> None:
         if step is None:
             return
+        hooks = self.hooks
+        if hooks is not None:
+            hooks.process_started(step)
         if step.output.copy_done is not None:
             step.output.copy_done.synchronize()
+        if hooks is not None:
+            hooks.tokens_arrived(step)
         tokens = step.output.next_tokens_cpu.tolist()
         for req, token in zip(step.reqs, tokens, strict=True):
             if not req.produces_token or req.finished:
@@ -289,6 +307,8 @@ class Scheduler:
             stop = check_stop(req, self.engine.eos_token_ids, self.detokenize)
             if stop is not None:
                 self._finish(req, stop)
+        if hooks is not None:
+            hooks.process_finished(step)
 
     def _finish(self, req: Req, stop: Stop) -> None:
         req.finished = True

@@ -1,11 +1,11 @@
-"""Time FlashInferBackend plan() and forward() on the device (run after scripts/device/prelude.sh).
+"""Time FlashInferBackend plan() and forward() on the device (GPU only).
 
 Decode: 256 requests of ~1000 tokens (eager and CUDA-graph replay); prefill: 8 fresh prompts
 of 1024 tokens, and 4 chunks of 1024 tokens over 3072 cached ones. Per layer times are GPU
 times (CUDA events around 28 consecutive layer calls over a pool of 4 layers, each layer's
 KV far larger than L2); plan times are host wall times, device idle before each call.
 
-    python scripts/device/bench_flashinfer.py --out $OUT/bench.json
+    python benchmarks/attention_backend.py --out attention_backend.json
 """
 
 from __future__ import annotations
@@ -13,22 +13,34 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from worker.attention.base import BatchLayout
-from worker.attention.registry import create_backend
-from worker.engine.kv_pool import KVPool
+import torch  # noqa: E402
+
+from worker.attention.base import BatchLayout  # noqa: E402
+from worker.attention.registry import create_backend  # noqa: E402
+from worker.engine.kv_pool import KVPool  # noqa: E402
 
 HEAD_DIM = 128
 POOL_LAYERS = 4
 MODEL_LAYERS = 28
 
 
-def build(specs: list[tuple[int, int]], q_heads: int, kv_heads: int, page_size: int, seed: int = 0):
-    """Pool, page table (each request on random distinct pages) and pinned layout."""
+def build(
+    specs: list[tuple[int, int]],
+    q_heads: int,
+    kv_heads: int,
+    page_size: int,
+    use_tensor_cores: bool | None = None,
+    seed: int = 0,
+):
+    """A FlashInfer backend over a random pool holding ``specs`` ((cached_len, extend_len) a
+    request, each on random distinct pages), and the pass's pinned layout."""
     gen = torch.Generator().manual_seed(seed)
     seq_lens = [c + e for c, e in specs]
     max_len = max(seq_lens) + page_size
@@ -51,8 +63,16 @@ def build(specs: list[tuple[int, int]], q_heads: int, kv_heads: int, page_size: 
         cached_lens_cpu=torch.tensor([c for c, _ in specs], dtype=torch.int32).pin_memory(),
         extend_lens_cpu=torch.tensor([e for _, e in specs], dtype=torch.int32).pin_memory(),
     )
-    config = SimpleNamespace(num_q_heads=q_heads, num_kv_heads=kv_heads, head_dim=HEAD_DIM)
-    return kv, page_table.cuda(), layout, config
+    backend = create_backend(
+        "flashinfer",
+        kv=kv,
+        page_table=page_table.cuda(),
+        model_config=SimpleNamespace(num_q_heads=q_heads),
+        page_size=page_size,
+        device="cuda",
+        use_tensor_cores=use_tensor_cores,
+    )
+    return backend, layout
 
 
 def host_median_us(fn, reps: int = 50) -> float:
@@ -83,16 +103,7 @@ def gpu_per_layer_us(fn, reps: int = 10) -> float:
 def bench_decode(q_heads: int, kv_heads: int, page_size: int, use_tc: bool, graph: bool) -> dict:
     gen = torch.Generator().manual_seed(1)
     specs = [(int(n) - 1, 1) for n in torch.randint(900, 1101, (256,), generator=gen)]
-    kv, page_table, layout, config = build(specs, q_heads, kv_heads, page_size)
-    backend = create_backend(
-        "flashinfer",
-        kv=kv,
-        page_table=page_table,
-        model_config=config,
-        page_size=page_size,
-        device="cuda",
-        use_tensor_cores=use_tc,
-    )
+    backend, layout = build(specs, q_heads, kv_heads, page_size, use_tensor_cores=use_tc)
     q = torch.randn(256, q_heads, HEAD_DIM, dtype=torch.bfloat16, device="cuda")
     kv_bytes = int(layout.seq_lens_cpu.sum()) * kv_heads * HEAD_DIM * 2 * 2
     row = {"kind": "decode", "heads": f"{q_heads}/{kv_heads}", "page": page_size, "tc": use_tc}
@@ -107,7 +118,7 @@ def bench_decode(q_heads: int, kv_heads: int, page_size: int, use_tc: bool, grap
         row["plan_us"] = host_median_us(lambda: backend.plan(layout))
         row["launch_us_per_layer"] = host_median_us(layers, reps=10) / MODEL_LAYERS
     else:
-        backend.init_cuda_graphs([256])
+        backend.init_cuda_graphs([256], max_seq_len=int(layout.seq_lens_cpu.max()))
         meta = backend.capture_meta(256)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -133,10 +144,7 @@ def bench_decode(q_heads: int, kv_heads: int, page_size: int, use_tc: bool, grap
 def bench_prefill(
     q_heads: int, kv_heads: int, page_size: int, specs: list[tuple[int, int]], name: str
 ) -> dict:
-    kv, page_table, layout, config = build(specs, q_heads, kv_heads, page_size)
-    backend = create_backend(
-        "flashinfer", kv=kv, page_table=page_table, model_config=config, page_size=page_size, device="cuda"
-    )
+    backend, layout = build(specs, q_heads, kv_heads, page_size)
     q = torch.randn(layout.num_tokens, q_heads, HEAD_DIM, dtype=torch.bfloat16, device="cuda")
     meta = backend.plan(layout)
 
@@ -154,8 +162,10 @@ def bench_prefill(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", default="bench_flashinfer.json")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out", default="attention_backend.json")
     args = parser.parse_args()
     rows = []
     for q_heads, kv_heads in ((16, 8), (32, 8)):
