@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import signal
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -28,10 +28,6 @@ GeneratorOption = Annotated[
 ]
 
 
-def _flag(name: str, help_text: str, kind: type = float) -> Any:
-    return Annotated[kind | None, typer.Option(name, help=help_text)]
-
-
 def worker(
     config: ConfigOption = None,
     queue: Annotated[str | None, typer.Option("--queue", "-q", help="Queue name.")] = None,
@@ -40,12 +36,19 @@ def worker(
     generator: GeneratorOption = None,
     model: ModelOption = None,
     device: DeviceOption = None,
-    min_idle_s: _flag("--min-idle-s", "Reclaim entries idle this long (their worker died).") = None,
-    max_attempts: _flag(
-        "--max-attempts", "Deliveries (or engine crashes alone) before dead-lettering.", int
-    ) = None,
-    drain_timeout_s: _flag("--drain-timeout-s", "SIGTERM to exit, all of it.") = None,
-    read_window: _flag("--read-window", "Most jobs held at once (0: the engine's slots).", int) = None,
+    min_idle_s: Annotated[
+        float | None, typer.Option("--min-idle-s", help="Reclaim entries idle this long (their worker died).")
+    ] = None,
+    max_attempts: Annotated[
+        int | None,
+        typer.Option("--max-attempts", help="Deliveries (or engine crashes alone) before dead-lettering."),
+    ] = None,
+    drain_timeout_s: Annotated[
+        float | None, typer.Option("--drain-timeout-s", help="SIGTERM to exit, all of it.")
+    ] = None,
+    read_window: Annotated[
+        int | None, typer.Option("--read-window", help="Most jobs held at once (0: the engine's slots).")
+    ] = None,
     trim_jobs: Annotated[
         bool | None,
         typer.Option("--trim-jobs/--keep-jobs", help="Trim acknowledged entries from the jobs stream."),

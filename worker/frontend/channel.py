@@ -34,7 +34,7 @@ class PeerGone(ConnectionError):
 
 def _drain(socket: zmq.Socket, decoder: msgspec.msgpack.Decoder) -> list[Any]:
     """Every message waiting on ``socket`` now, decoded, without blocking."""
-    messages = []
+    messages: list[Any] = []
     while True:
         try:
             frame = socket.recv(zmq.NOBLOCK)

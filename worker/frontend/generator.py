@@ -20,9 +20,10 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from producer.schema import Job, Result, Timings, error_result
+from producer.status import now_ms
 from worker.engine.config import EngineConfig
 from worker.frontend.channel import PeerGone
 from worker.frontend.process import SchedulerProcess
@@ -40,10 +41,6 @@ log = logging.getLogger("radixq.engine")
 # when they run out, the engine is given up (GeneratorUnavailable).
 RESTART_DELAYS_S = (0.0, 1.0, 5.0, 15.0, 30.0)
 MAX_HELD_PER_SLOT = 8  # the most it accepts: a read window beyond that holds no more
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 @dataclass(frozen=True)
@@ -79,7 +76,7 @@ class EngineGenerator:
             raise
         self.model_name = ready.model_name or config.model
         self.slots = ready.max_running_reqs
-        self._tokenizer = load_tokenizer_or_none(ready.model_path)
+        self._tokenizer: Any = load_tokenizer_or_none(ready.model_path)
         self._uids = itertools.count()
         self._inflight: dict[str, _Entry] = {}  # sent to the current scheduler process
         self._waiting: deque[_Entry] = deque()  # not sent yet: a restart or a suspect runs first
@@ -106,7 +103,7 @@ class EngineGenerator:
         return max(0, MAX_HELD_PER_SLOT * self.slots - held)
 
     def submit(self, job: Job) -> None:
-        started_at_ms = _now_ms()
+        started_at_ms = now_ms()
         try:
             input_ids = job.input_ids
             if input_ids is None:
@@ -246,7 +243,7 @@ class EngineGenerator:
                 )
                 self._crash_reason = None
         timings = Timings(
-            enqueued_at_ms=job.enqueued_at_ms, started_at_ms=entry.started_at_ms, finished_at_ms=_now_ms()
+            enqueued_at_ms=job.enqueued_at_ms, started_at_ms=entry.started_at_ms, finished_at_ms=now_ms()
         )
         if finished.error_code is not None:
             message = f"job {job.id!r}: {finished.error_message or finished.error_code}"

@@ -55,7 +55,7 @@ class InMemoryJobQueue:
     def reclaim(self, count: int) -> list[Delivery]:
         self._check()
         store, now = self.store, self.store.clock()
-        taken = []
+        taken: list[Delivery] = []
         for entry_id, held in list(store.pending.items()):
             if len(taken) == count:
                 break

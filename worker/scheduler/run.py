@@ -6,7 +6,6 @@ import gc
 import json
 import logging
 import os
-from functools import partial
 
 import torch
 
@@ -45,7 +44,11 @@ def tokenizer_detokenize(model_path: str) -> Detokenize | None:
     tokenizer = load_tokenizer_or_none(model_path)
     if tokenizer is None:
         return None
-    return partial(tokenizer.decode, skip_special_tokens=True)
+
+    def detokenize(token_ids: list[int]) -> str:
+        return str(tokenizer.decode(token_ids, skip_special_tokens=True))
+
+    return detokenize
 
 
 class LoadError(Exception):

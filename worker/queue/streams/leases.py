@@ -72,7 +72,7 @@ class Leases:
         """Reset the idle time of those ``entry_ids`` we still own; returns the ones we lost."""
         if not entry_ids:
             return set()
-        owned_info = client.xpending_range(
+        owned_info: Any = client.xpending_range(
             self.keys.jobs,
             self.keys.group,
             min="-",
@@ -81,7 +81,7 @@ class Leases:
             consumername=self.name,
         )
         owned = {info["message_id"].decode() for info in owned_info}
-        keep = [entry_id for entry_id in entry_ids if entry_id in owned]
+        keep: list[Any] = [entry_id for entry_id in entry_ids if entry_id in owned]
         if keep:
             client.xclaim(self.keys.jobs, self.keys.group, self.name, 0, keep, justid=True)
         return set(entry_ids) - owned

@@ -141,8 +141,11 @@ class RedisJobQueue:
                     pipe.hset(keys.failed, result.id, result.error.code)
                 if completion.dead is not None:
                     dead = completion.dead
-                    fields = {FIELD_ID: result.id, FIELD_ENTRY: completion.entry_id, FIELD_JOB: dead.job}
-                    pipe.xadd(keys.dead, {**fields, FIELD_REASON: dead.reason, FIELD_ATTEMPTS: dead.attempts})
+                    fields: dict[Any, Any] = {FIELD_ID: result.id, FIELD_ENTRY: completion.entry_id}
+                    fields.update(
+                        {FIELD_JOB: dead.job, FIELD_REASON: dead.reason, FIELD_ATTEMPTS: dead.attempts}
+                    )
+                    pipe.xadd(keys.dead, fields)
                 pipe.xack(keys.jobs, keys.group, completion.entry_id, *completion.also_ack)
             if acks:
                 pipe.xack(keys.jobs, keys.group, *acks)
