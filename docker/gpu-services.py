@@ -2,7 +2,8 @@
 
     python3 docker/gpu-services.py 4            # worker-gpu0..worker-gpu3 on GPUs 0..3
     python3 docker/gpu-services.py --ids 0,2    # worker-gpu0 and worker-gpu2 on GPUs 0 and 2
-    docker compose -f docker-compose.yml -f docker/compose.gpus.yml up -d
+    export COMPOSE_FILE=docker-compose.yml:docker/compose.gpus.yml    # or -f each file
+    docker compose up -d
 
 Why a generated file: ``--scale worker=N`` with a ``count: 1`` reservation gives every replica
 the same GPU (Compose does not spread replicas over a host's GPUs), so each GPU gets a service
@@ -117,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     names = ", ".join(override["services"])
     print(f"wrote {args.output}: {names}")
-    print(f"start them with: docker compose -f docker-compose.yml -f {display_path(args.output)} up -d")
+    print(f"then: export COMPOSE_FILE=docker-compose.yml:{display_path(args.output)}; docker compose up -d")
     return 0
 
 
