@@ -1,43 +1,275 @@
-"""docker-compose.yml and Dockerfile hold what the deployment needs (no Docker engine in CI)."""
+"""The compose files do what the README says, checked where the schema cannot: profiles, GPU
+assignments, references to files and volumes, commands the images can run (no Docker engine
+here; tests/unit/test_compose_schema.py validates the same projects against the schema)."""
 
 from __future__ import annotations
 
+import ast
+import re
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
-import yaml
+import pytest
+import typer
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tests.unit.docker_files import (
+    BASE_FILE,
+    CPU_DOCKERFILE,
+    GPU_DOCKERFILE,
+    GPU_SERVICES,
+    REDIS_PORT_FILE,
+    REPO_ROOT,
+    active_services,
+    generate_gpu_override,
+    gpu_devices,
+    load_project,
+    mounts,
+    parse_dockerfile,
+)
+
+WORKER_SETTINGS_SHARED = (
+    "environment",
+    "init",
+    "depends_on",
+    "healthcheck.test",
+    "healthcheck.interval",
+    "healthcheck.timeout",
+    "healthcheck.retries",
+    "stop_signal",
+    "stop_grace_period",
+    "restart",
+)
 
 
-def test_compose_file_has_persistent_redis_gpu_workers_and_producer() -> None:
-    compose = yaml.safe_load((REPO_ROOT / "docker-compose.yml").read_text())
-    services = compose["services"]
-    assert {"redis", "worker", "producer"} <= set(services)
+# Go's time.ParseDuration, which Compose applies to these fields after the schema check.
+GO_DURATION = re.compile(r"(?:(?:\d+(?:\.\d*)?|\.\d+)(?:ns|us|µs|ms|s|m|h))+")
+DURATION_FIELDS = (
+    "healthcheck.interval",
+    "healthcheck.timeout",
+    "healthcheck.start_period",
+    "stop_grace_period",
+)
 
+
+def setting(service: dict[str, Any], dotted: str) -> Any:
+    value: Any = service
+    for key in dotted.split("."):
+        value = value[key]
+    return value
+
+
+def projects(tmp_path: Path) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
+    """Every way the README starts the stack: (merged project, services `up` starts)."""
+    gpus = generate_gpu_override(tmp_path, "2")
+    base = load_project(BASE_FILE)
+    with_gpus = load_project(BASE_FILE, gpus)
+    with_port = load_project(BASE_FILE, gpus, REDIS_PORT_FILE)
+    return {
+        "default": (base, active_services(base)),
+        "cpu": (base, active_services(base, "cpu")),
+        "producer": (base, {"producer": base["services"]["producer"]}),  # compose run producer
+        "gpus": (with_gpus, active_services(with_gpus)),
+        "gpus+port": (with_port, active_services(with_port)),
+    }
+
+
+def test_default_project_is_redis_alone_unpublished_and_persistent() -> None:
+    project = load_project(BASE_FILE)
+    services = active_services(project)
+    assert set(services) == {"redis"}  # runs on any host; workers come from a profile or the GPU file
     redis = services["redis"]
+    assert "ports" not in redis  # a host Redis on 6379 is never in the way
     command = redis["command"]
     assert command[command.index("--appendonly") + 1] == "yes"
     assert command[command.index("--maxmemory-policy") + 1] == "noeviction"
-    assert any(volume.endswith(":/data") for volume in redis["volumes"])
+    assert any(m.is_named_volume and m.target == "/data" for m in mounts(redis))
     assert "redis-cli" in redis["healthcheck"]["test"]
-    assert "redis-data" in compose["volumes"]
 
-    worker = services["worker"]
-    assert worker["command"][0] == "worker"
-    assert "replicas" not in worker.get("deploy", {})  # scales with --scale worker=N
-    assert "container_name" not in worker  # a fixed name would forbid scaling
-    (device,) = worker["deploy"]["resources"]["reservations"]["devices"]
-    assert device["driver"] == "nvidia" and "gpu" in device["capabilities"]
+
+def test_redis_port_override_publishes_on_loopback_only() -> None:
+    (port,) = load_project(BASE_FILE, REDIS_PORT_FILE)["services"]["redis"]["ports"]
+    assert port == "127.0.0.1:6380:6379"
+    (port,) = load_project(BASE_FILE, REDIS_PORT_FILE, env={"RADIXQ_REDIS_PORT": "7001"})["services"][
+        "redis"
+    ]["ports"]
+    assert port == "127.0.0.1:7001:6379"
+
+
+def test_cpu_profile_runs_cpu_workers_from_the_cpu_image() -> None:
+    services = active_services(load_project(BASE_FILE), "cpu")
+    assert set(services) == {"redis", "worker-cpu"}
+    assert not any(gpu_devices(service) or "gpus" in service for service in services.values())
+    worker = services["worker-cpu"]
+    assert worker["build"] == {"context": ".", "dockerfile": "Dockerfile"}
+    command = worker["command"]
+    assert command[0] == "worker" and command[command.index("--device") + 1] == "cpu"
+    assert "container_name" not in worker and "hostname" not in worker  # --scale worker-cpu=N
     assert worker["depends_on"]["redis"]["condition"] == "service_healthy"
-    assert worker["environment"]["RADIXQ_REDIS_URL"].startswith("redis://redis:6379")
-
-    producer = services["producer"]
-    assert producer["command"][0] == "enqueue" and producer["restart"] == "no"
 
 
-def test_dockerfile_installs_pinned_torch_before_the_project() -> None:
-    lines = (REPO_ROOT / "Dockerfile").read_text().splitlines()
-    torch = next(i for i, line in enumerate(lines) if "torch==2.13.0" in line)
-    project = next(i for i, line in enumerate(lines) if "'.[worker]'" in line)
-    assert torch < project
-    assert any(line.startswith("ENTRYPOINT") and "radixq" in line for line in lines)
+@pytest.mark.parametrize("count", [1, 2, 4, 8])
+def test_each_generated_gpu_worker_reserves_its_own_gpu(tmp_path: Path, count: int) -> None:
+    project = load_project(BASE_FILE, generate_gpu_override(tmp_path, str(count)))
+    workers = {name: s for name, s in active_services(project).items() if name != "redis"}
+    assert set(workers) == {f"worker-gpu{i}" for i in range(count)}
+    assigned = []
+    for name, worker in workers.items():
+        (device,) = gpu_devices(worker)
+        assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
+        assert "count" not in device  # count and device_ids exclude each other
+        (gpu,) = device["device_ids"]
+        assert name == f"worker-gpu{gpu}"
+        assigned.append(gpu)
+        command = worker["command"]
+        assert command[0] == "worker" and command[command.index("--device") + 1] == "cuda"
+        assert worker["build"] == {"context": ".", "dockerfile": "docker/Dockerfile.gpu"}
+    assert sorted(assigned, key=int) == [str(i) for i in range(count)]  # all different, all there
+
+
+def test_gpu_ids_can_be_chosen_and_bad_ones_are_one_line_errors(tmp_path: Path) -> None:
+    project = load_project(BASE_FILE, generate_gpu_override(tmp_path, "--ids", "0,2,5"))
+    workers = [s for name, s in project["services"].items() if name.startswith("worker-gpu")]
+    ids = {gpu_devices(worker)[0]["device_ids"][0] for worker in workers}
+    assert ids == {"0", "2", "5"}
+    for args in (["--ids", "1,1"], ["0"], [], ["2", "--ids", "3"], ["--ids", "a"]):
+        done = subprocess.run(
+            [sys.executable, str(GPU_SERVICES), *args, "-o", str(tmp_path / "x.yml")],
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 2 and done.stderr.startswith("error: "), args
+        assert len(done.stderr.splitlines()) == 1, done.stderr
+        assert not (tmp_path / "x.yml").exists()
+
+
+def test_gpu_and_cpu_workers_agree_on_everything_but_device_image_and_caches(tmp_path: Path) -> None:
+    project = load_project(BASE_FILE, generate_gpu_override(tmp_path, "1"))
+    cpu, gpu = project["services"]["worker-cpu"], project["services"]["worker-gpu0"]
+    for dotted in WORKER_SETTINGS_SHARED:
+        assert setting(cpu, dotted) == setting(gpu, dotted), dotted
+    assert set(mounts(cpu)) <= set(mounts(gpu))  # the GPU adds its compile caches
+
+
+def test_every_build_dockerfile_volume_and_dependency_exists(tmp_path: Path) -> None:
+    # NOTE: Compose creates a missing bind source (short syntax); ./data is where the producer
+    # writes, so it may not exist yet. Sources under ~ are the user's host paths.
+    created_by_compose = {"./data"}
+    for variant, (project, services) in projects(tmp_path).items():
+        declared_volumes = set(project.get("volumes") or {})
+        for name, service in services.items():
+            where = f"{variant}: {name}"
+            if "build" in service:
+                context = REPO_ROOT / service["build"]["context"]
+                assert context.is_dir(), where
+                assert (context / service["build"].get("dockerfile", "Dockerfile")).is_file(), where
+                assert service.get("image", "").startswith("radixq:"), where
+            for mount in mounts(service):
+                if mount.is_named_volume:
+                    assert mount.source in declared_volumes, f"{where}: {mount.source}"
+                elif mount.source.startswith("."):
+                    assert mount.source in created_by_compose or (REPO_ROOT / mount.source).exists(), where
+            for dependency in service.get("depends_on", {}):
+                assert dependency in project["services"], f"{where}: {dependency}"
+        # services that share an image tag build it from the same Dockerfile
+        built = {}
+        for service in project["services"].values():
+            if "build" in service:
+                spec = (service["build"]["context"], service["build"]["dockerfile"])
+                assert built.setdefault(service["image"], spec) == spec, variant
+
+
+def test_durations_are_go_durations(tmp_path: Path) -> None:
+    project = load_project(BASE_FILE, generate_gpu_override(tmp_path, "1"))
+    checked = 0
+    for name, service in project["services"].items():
+        for dotted in DURATION_FIELDS:
+            try:
+                value = setting(service, dotted)
+            except KeyError:
+                continue
+            assert GO_DURATION.fullmatch(value), f"{name}.{dotted}: {value!r}"
+            checked += 1
+    assert checked >= 10
+    assert not GO_DURATION.fullmatch("5 seconds") and not GO_DURATION.fullmatch("90")
+
+
+def radixq_commands() -> dict[str, Any]:
+    """The radixq CLI's commands, as the console script (ENTRYPOINT radixq) registers them."""
+    import producer.cli
+    import worker.cli
+
+    if not any(info.name == "worker" for info in producer.cli.app.registered_commands):
+        worker.cli.register(producer.cli.app)
+    return typer.main.get_command(producer.cli.app).commands  # type: ignore[attr-defined]
+
+
+def copied_paths(dockerfile: Path) -> dict[str, Path]:
+    """Image path -> repository path of every COPY (WORKDIR-relative destinations resolved)."""
+    workdir, copied = "/", {}
+    for instruction in parse_dockerfile(dockerfile):
+        if instruction.keyword == "WORKDIR":
+            workdir = instruction.args
+        elif instruction.keyword == "COPY":
+            *sources, destination = instruction.args.split()
+            target = destination if destination.startswith("/") else f"{workdir}/{destination}"
+            for source in sources:
+                into = target.rstrip("/") + "/" + Path(source).name if target.endswith("/") else target
+                copied[into.replace("/./", "/")] = REPO_ROOT / source
+    return copied
+
+
+def test_service_commands_are_radixq_commands_with_real_options(tmp_path: Path) -> None:
+    commands = radixq_commands()
+    project = load_project(BASE_FILE, generate_gpu_override(tmp_path, "1"))
+    for name, service in project["services"].items():
+        if "build" not in service:
+            continue
+        dockerfile = REPO_ROOT / service["build"]["context"] / service["build"]["dockerfile"]
+        entrypoint = next(i for i in parse_dockerfile(dockerfile) if i.keyword == "ENTRYPOINT")
+        assert entrypoint.exec_form() == ["radixq"], name
+        subcommand, *args = service["command"]
+        assert subcommand in commands, name
+        options = {opt for param in commands[subcommand].params for opt in param.opts}
+        assert {arg for arg in args if arg.startswith("--")} <= options, name
+        files = [arg for arg in args if arg.startswith("/app/")]
+        image_files = copied_paths(dockerfile)
+        for path in files:  # e.g. the producer's /app/examples/prompts.jsonl
+            folder = next(p for p in image_files if path.startswith(p + "/"))
+            assert (image_files[folder] / path[len(folder) + 1 :]).is_file(), f"{name}: {path}"
+
+
+def test_worker_healthcheck_runs_a_script_the_worker_image_holds(tmp_path: Path) -> None:
+    project = load_project(BASE_FILE, generate_gpu_override(tmp_path, "1"))
+    for name in ("worker-cpu", "worker-gpu0"):
+        service = project["services"][name]
+        check = service["healthcheck"]
+        assert check["test"] == ["CMD", "python", "/app/docker/healthcheck.py"], name
+        assert "start_period" in check  # the first start loads (and compiles) before any heartbeat
+        dockerfile = REPO_ROOT / service["build"]["context"] / service["build"]["dockerfile"]
+        assert copied_paths(dockerfile)["/app/docker/healthcheck.py"] == REPO_ROOT / "docker/healthcheck.py"
+        instructions = parse_dockerfile(dockerfile)
+        base = next(i.args for i in instructions if i.keyword == "FROM")
+        # `python` is on PATH: the official Python image has it; the GPU image's venv provides it
+        if base.startswith("python:"):
+            continue
+        assert any(i.keyword == "RUN" and "python3 -m venv /opt/venv" in i.args for i in instructions)
+        assert any(i.keyword == "ENV" and i.args.startswith("PATH=/opt/venv/bin:") for i in instructions)
+
+
+def test_healthcheck_script_imports_only_what_the_images_install() -> None:
+    tree = ast.parse((REPO_ROOT / "docker" / "healthcheck.py").read_text())
+    top_level = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            top_level |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            top_level.add(node.module.split(".")[0])
+    third_party = top_level - set(sys.stdlib_module_names) - {"__future__"}
+    assert third_party == {"redis", "producer"}  # a project dependency and the project itself
+
+
+def test_docker_folder_ignores_the_generated_file() -> None:
+    assert "compose.gpus.yml" in (REPO_ROOT / "docker" / ".gitignore").read_text().split()
+    assert CPU_DOCKERFILE.is_file() and GPU_DOCKERFILE.is_file()
