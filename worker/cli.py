@@ -204,11 +204,17 @@ def run(
     raise typer.Exit(report.exit_code())
 
 
+def build_app() -> typer.Typer:
+    """producer.cli's app with the worker-side commands added (once)."""
+    if not any(info.name == "worker" for info in app.registered_commands):
+        app.command("worker")(worker)
+        app.command("run")(run)
+    return app
+
+
 def main() -> None:
     """The console script ``radixq``: the client commands of producer.cli plus worker and run."""
-    app.command("worker")(worker)
-    app.command("run")(run)
-    app()
+    build_app()()
 
 
 if __name__ == "__main__":

@@ -197,12 +197,9 @@ def test_durations_are_go_durations(tmp_path: Path) -> None:
 
 def radixq_commands() -> dict[str, Any]:
     """The radixq CLI's commands, as the console script (ENTRYPOINT radixq) registers them."""
-    import producer.cli
     import worker.cli
 
-    if not any(info.name == "worker" for info in producer.cli.app.registered_commands):
-        worker.cli.register(producer.cli.app)
-    return typer.main.get_command(producer.cli.app).commands  # type: ignore[attr-defined]
+    return typer.main.get_command(worker.cli.build_app()).commands  # type: ignore[attr-defined]
 
 
 def copied_paths(dockerfile: Path) -> dict[str, Path]:
