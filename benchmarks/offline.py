@@ -10,8 +10,8 @@ timed runs, each with the prompt ids shifted so that no run hits another's cache
     python benchmarks/offline.py --model configs/qwen3-0.6b.json --peer hf    # transformers CB
 
 Engine switches (``--no-overlap``, ``--no-cuda-graph``, ``--cache naive``, ``--attention``,
-``--page-size``) are EngineConfig options passed to ``worker.LLM``; ``RADIXQ_TRITON=0`` turns
-the fused kernels off. ``--variants default,no-overlap,no-cuda-graph,naive`` runs several
+``--page-size``) are EngineConfig options passed to ``worker.LLM``; the ``no-triton`` variant
+turns the fused kernels off. ``--variants default,no-overlap,no-cuda-graph,naive`` runs several
 configurations one after another in this process (a table at the end); ``--profile-steps``
 records host time per step phase and CUDA-event time per pass (worker.scheduler.profile) and
 prints percentiles. ``--peer hf`` runs transformers' continuous batching on the same requests
@@ -79,6 +79,7 @@ VARIANTS = {
     "no-cuda-graph": {"cuda_graph": False},
     "naive": {"cache": "naive"},
     "page1": {"page_size": 1},
+    "no-triton": {"triton": False},
 }
 
 

@@ -4,6 +4,7 @@ raise it, none of which recurses (a value may be nested as deep as its payload a
 from __future__ import annotations
 
 import math
+import reprlib
 from typing import Any
 
 INT_MIN = -(2**63)  # msgpack's integer range: int64 and uint64
@@ -11,8 +12,12 @@ INT_MAX = 2**64 - 1
 TOKEN_ID_LIMIT = 1 << 31  # token ids are in [0, TOKEN_ID_LIMIT)
 
 
+_REPR = reprlib.Repr()  # NOTE: bounded depth and size: a value may nest as deep as its payload allows
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 4, 80, 80
+
+
 def _shown(value: Any) -> str:
-    shown = repr(value)
+    shown = _REPR.repr(value)
     return shown if len(shown) <= 80 else shown[:77] + "..."
 
 

@@ -212,4 +212,8 @@ ENGINE_HELP: dict[str, str] = {
     "cuda_graph": "CUDA graphs for decode batches up to `cuda_graph_max_bs`",
     "cuda_graph_max_bs": "largest decode batch captured as a CUDA graph",
     "output_reserve_ratio": "share of remaining output reserved in the KV pool at admission",
+    "triton": "fused Triton kernels on CUDA (false: the torch paths, for ablation)",
+    "cache_dir": "where converted models are cached (empty: `~/.cache/radixq/models`)",
+    "step_profile": "record every scheduler step and log a summary at exit (profiling)",
+    "fault": "injected failures for the failure tests: `raise-on-token:N`, `exit-on-token:N`, `raise-on-batch:K`, `sleep-per-step:MS`",
 }

@@ -3,7 +3,7 @@
 #   bash scripts/device/bench.sh NAME [ARGS...]       # runs python benchmarks/NAME.py ARGS...
 # e.g. `bash scripts/device/bench.sh offline --repeat 3 --out $OUT/bench.json`. Sources
 # prelude.sh and writes the log to $OUT/NAME.log (OUT defaults to /tmp/out); environment
-# variables pass through (RADIXQ_TRITON=0 bash scripts/device/bench.sh offline).
+# variables pass through.
 set -o pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"

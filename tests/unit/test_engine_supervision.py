@@ -1,6 +1,6 @@
 """The engine backend survives its scheduler process: crashes are restarted, the culprit is
 found by running suspects alone, and only the culprit is blamed (tokens checked against
-transformers). Faults are injected with RADIXQ_FAULT (worker/scheduler/faults.py)."""
+transformers). Faults are injected with the engine setting ``fault`` (worker/scheduler/faults.py)."""
 
 from __future__ import annotations
 
@@ -35,12 +35,8 @@ def expected(model_dir: Path) -> dict[str, list[int]]:
     return {job_id: hf_greedy(model, prompt, 6) for job_id, prompt in PROMPTS.items()}
 
 
-def backend_with(model_dir: Path, monkeypatch: pytest.MonkeyPatch, fault: str | None) -> EngineGenerator:
-    if fault is None:
-        monkeypatch.delenv("RADIXQ_FAULT", raising=False)
-    else:
-        monkeypatch.setenv("RADIXQ_FAULT", fault)
-    config = EngineConfig(model=str(model_dir), device="cpu", max_running_reqs=4)
+def backend_with(model_dir: Path, fault: str) -> EngineGenerator:
+    config = EngineConfig(model=str(model_dir), device="cpu", max_running_reqs=4, fault=fault)
     return EngineGenerator(config, restart_delays_s=(0.0, 0.1, 0.1))
 
 
@@ -79,9 +75,9 @@ def assert_innocents_right(results: dict[str, Result], expected: dict[str, list[
 
 @pytest.mark.parametrize("fault", [f"raise-on-token:{POISON}", f"exit-on-token:{POISON}"])
 def test_poison_job_is_found_alone_and_only_it_is_blamed(
-    model_dir: Path, expected: dict[str, list[int]], monkeypatch: pytest.MonkeyPatch, fault: str
+    model_dir: Path, expected: dict[str, list[int]], fault: str
 ) -> None:
-    backend = backend_with(model_dir, monkeypatch, fault)
+    backend = backend_with(model_dir, fault)
     try:
         submit_all(backend, poison=True)
         results = collect(backend, len(PROMPTS) + 1)
@@ -105,9 +101,9 @@ def test_poison_job_is_found_alone_and_only_it_is_blamed(
 
 
 def test_crash_no_single_job_reproduces_blames_nobody(
-    model_dir: Path, expected: dict[str, list[int]], monkeypatch: pytest.MonkeyPatch
+    model_dir: Path, expected: dict[str, list[int]]
 ) -> None:
-    backend = backend_with(model_dir, monkeypatch, "raise-on-batch:3")
+    backend = backend_with(model_dir, "raise-on-batch:3")
     try:
         submit_all(backend, poison=False)
         results = collect(backend, len(PROMPTS))
@@ -119,9 +115,9 @@ def test_crash_no_single_job_reproduces_blames_nobody(
 
 
 def test_scheduler_killed_from_outside_is_restarted_and_loses_nothing(
-    model_dir: Path, expected: dict[str, list[int]], monkeypatch: pytest.MonkeyPatch
+    model_dir: Path, expected: dict[str, list[int]]
 ) -> None:
-    backend = backend_with(model_dir, monkeypatch, None)
+    backend = backend_with(model_dir, "")
     try:
         submit_all(backend, poison=False)
         pid = backend._proc.pid  # type: ignore[union-attr]
@@ -142,12 +138,9 @@ def test_a_model_that_cannot_load_is_one_line(tmp_path: Path) -> None:
     assert "\n" not in message and "no-such-model" in message and "could not start" in message
 
 
-def test_engine_that_cannot_restart_is_given_up(
-    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_engine_that_cannot_restart_is_given_up(model_dir: Path, tmp_path: Path) -> None:
     moved = tmp_path / "model"
     moved.symlink_to(model_dir)
-    monkeypatch.delenv("RADIXQ_FAULT", raising=False)
     backend = EngineGenerator(EngineConfig(model=str(moved), device="cpu"), restart_delays_s=(0.0, 0.1))
     try:
         moved.unlink()  # the next start cannot find the model

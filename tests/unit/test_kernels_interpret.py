@@ -30,10 +30,9 @@ def ops():
     """worker.kernels.ops with its kernels run by triton's interpreter on CPU tensors."""
     module = importlib.import_module("worker.kernels.ops")
     os.environ["TRITON_INTERPRET"] = "1"
-    module._triton.cache_clear()
+    module.use_triton(True)
     yield module
     os.environ.pop("TRITON_INTERPRET", None)
-    module._triton.cache_clear()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -51,15 +51,16 @@ def _fake_convert(calls: list[int], barrier: threading.Barrier | None):
 def test_conversion_is_cached_and_atomic(tmp_path, monkeypatch):
     """Concurrent first conversions leave one complete directory and no temporary ones;
     later calls reuse it without converting."""
-    monkeypatch.setenv("RADIXQ_CACHE_DIR", str(tmp_path / "cache"))
-    assert cache_root() == tmp_path / "cache"
+    cache = tmp_path / "cache"
+    assert cache_root(cache) == cache
     source = tmp_path / "model.gguf"
     source.write_bytes(b"GGUF")
     calls: list[int] = []
     monkeypatch.setattr(gguf, "_convert", _fake_convert(calls, threading.Barrier(2)))
     results: list[Path] = []
     threads = [
-        threading.Thread(target=lambda: results.append(gguf.ensure_converted(source, "m"))) for _ in range(2)
+        threading.Thread(target=lambda: results.append(gguf.ensure_converted(source, "m", cache)))
+        for _ in range(2)
     ]
     for thread in threads:
         thread.start()
@@ -68,9 +69,9 @@ def test_conversion_is_cached_and_atomic(tmp_path, monkeypatch):
     assert results == [tmp_path / "cache" / "m"] * 2 and len(calls) == 2
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["m"]
     monkeypatch.setattr(gguf, "_convert", _fake_convert(calls, None))
-    assert gguf.ensure_converted(source, "m") == tmp_path / "cache" / "m"
+    assert gguf.ensure_converted(source, "m", cache) == tmp_path / "cache" / "m"
     assert len(calls) == 2
-    unnamed = gguf.ensure_converted(source)
+    unnamed = gguf.ensure_converted(source, cache_dir=cache)
     assert unnamed.parent == tmp_path / "cache" and unnamed.name.startswith("model-")
 
 

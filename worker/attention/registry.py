@@ -1,12 +1,13 @@
-"""Attention backends by name; heavy backends are imported only when chosen."""
+"""Attention backends by name (worker.lazy's registry style); heavy backends are imported
+only when chosen."""
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
+
+from worker.lazy import load_callable
 
 if TYPE_CHECKING:
     from worker.attention.base import AttentionBackend
@@ -14,21 +15,21 @@ if TYPE_CHECKING:
     from worker.models.config import ModelConfig
 
 # name -> "module:factory"; the factory is called with the keyword arguments of create_backend.
-_BACKENDS: dict[str, str] = {
+ATTENTION_BACKENDS: dict[str, str] = {
     "torch": "worker.attention.torch_ref:create",
     "flashinfer": "worker.attention.flashinfer:create",
 }
 
 
 def available_backends() -> list[str]:
-    return sorted(_BACKENDS)
+    return sorted(ATTENTION_BACKENDS)
 
 
 def resolve_backend_name(name: str, device: torch.device | str) -> str:
     """ "auto" -> "flashinfer" on CUDA, "torch" elsewhere; other names pass through checked."""
     if name == "auto":
         return "flashinfer" if torch.device(device).type == "cuda" else "torch"
-    if name not in _BACKENDS:
+    if name not in ATTENTION_BACKENDS:
         raise ValueError(f"unknown attention backend {name!r}; choose from {['auto', *available_backends()]}")
     return name
 
@@ -48,15 +49,14 @@ def create_backend(
     Each backend module exposes ``create(*, kv, page_table, model_config, page_size, device, **kw)``.
     """
     resolved = resolve_backend_name(name, device)
-    module_name, factory_name = _BACKENDS[resolved].split(":")
     try:
-        module = importlib.import_module(module_name)
+        factory = load_callable(resolved, ATTENTION_BACKENDS, "attention backend")
     except ImportError as exc:
         raise ImportError(
             f"attention backend {resolved!r} needs a package that is missing ({exc}); "
             f"install it (pip install 'radixq[gpu]' for flashinfer) or set attention = \"torch\""
         ) from exc
-    factory: Callable[..., AttentionBackend] = getattr(module, factory_name)
-    return factory(
+    backend: AttentionBackend = factory(
         kv=kv, page_table=page_table, model_config=model_config, page_size=page_size, device=device, **kw
     )
+    return backend

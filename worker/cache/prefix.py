@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
+
+from worker.lazy import load_callable
 
 
 class Match(NamedTuple):
@@ -73,33 +74,16 @@ class PrefixCache(ABC):
         """Every location the cache owns (computed from the structure, for integrity checks)."""
 
 
-_REGISTRY: dict[str, Callable[[int], PrefixCache]] = {}
-
-
-def register(name: str) -> Callable[[Callable[[int], PrefixCache]], Callable[[int], PrefixCache]]:
-    def wrap(factory: Callable[[int], PrefixCache]) -> Callable[[int], PrefixCache]:
-        _REGISTRY[name] = factory
-        return factory
-
-    return wrap
-
-
-@register("radix")
-def _radix(page_size: int) -> PrefixCache:
-    from worker.cache.radix import RadixCache
-
-    return RadixCache(page_size)
-
-
-@register("naive")
-def _naive(page_size: int) -> PrefixCache:
-    from worker.cache.naive import NaiveCache
-
-    return NaiveCache(page_size)
+# name -> "module:class"; the class is built with the page size (worker.lazy's registry style).
+PREFIX_CACHES: dict[str, str] = {
+    "radix": "worker.cache.radix:RadixCache",
+    "naive": "worker.cache.naive:NaiveCache",
+}
 
 
 def create_prefix_cache(kind: str, page_size: int) -> PrefixCache:
     """The prefix cache called ``kind`` ("radix" or "naive")."""
-    if kind not in _REGISTRY:
-        raise ValueError(f"cache={kind!r}: unknown prefix cache (known: {sorted(_REGISTRY)})")
-    return _REGISTRY[kind](page_size)
+    if kind not in PREFIX_CACHES:
+        raise ValueError(f"cache={kind!r}: unknown prefix cache (known: {sorted(PREFIX_CACHES)})")
+    cache: PrefixCache = load_callable(kind, PREFIX_CACHES, "prefix cache")(page_size)
+    return cache

@@ -36,6 +36,10 @@ class EngineConfig:
     cuda_graph: bool = True
     cuda_graph_max_bs: int = 256
     output_reserve_ratio: float = 0.5
+    triton: bool = True  # fused Triton kernels on CUDA (false: the torch paths, for ablation)
+    cache_dir: str = ""  # where converted models are cached ("": ~/.cache/radixq/models)
+    step_profile: bool = False  # record every scheduler step (profiling runs; logged at exit)
+    fault: str = ""  # injected failures, for the failure tests (worker.scheduler.faults)
 
     def __post_init__(self) -> None:
         checks: list[tuple[bool, str, Any, str]] = [
@@ -58,6 +62,10 @@ class EngineConfig:
                 "must be in [0, 1]",
             ),
         ]
+        if self.fault:
+            from worker.scheduler.faults import Fault
+
+            Fault.parse(self.fault)  # raises ValueError naming the rule
         for ok, field, value, reason in checks:
             if not ok:
                 raise ValueError(f"{field}={value!r}: {reason}")

@@ -39,8 +39,15 @@ class Engine:
         self.config = config
         self.device = torch.device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
+        from worker.kernels.ops import use_triton
+
+        use_triton(config.triton)
         self.loaded = load_model(
-            config.model, load_format=config.load_format, dtype=self.dtype, device=self.device
+            config.model,
+            load_format=config.load_format,
+            dtype=self.dtype,
+            device=self.device,
+            cache_dir=config.cache_dir or None,
         )
         model_config = self.loaded.config
         self.model_config = model_config

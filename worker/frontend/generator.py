@@ -59,16 +59,18 @@ class EngineGenerator:
         config: EngineConfig,
         *,
         worker_name: str = "",
+        log_level: str = "INFO",
         ready_timeout_s: float = 900,
         restart_delays_s: tuple[float, ...] = RESTART_DELAYS_S,
     ) -> None:
         self.config = config
         self.worker_name = worker_name
+        self.log_level = log_level
         self.ready_timeout_s = ready_timeout_s
         self.restart_delays_s = restart_delays_s
         self.restarts = 0
         self.unattributed_crashes = 0
-        self._proc: SchedulerProcess | None = SchedulerProcess(config)
+        self._proc: SchedulerProcess | None = SchedulerProcess(config, log_level)
         try:
             ready = self._proc.wait_ready(ready_timeout_s)
         except BaseException:
@@ -154,7 +156,7 @@ class EngineGenerator:
         proc = self._proc
         if proc is None:
             if time.monotonic() >= self._start_at:
-                self._proc = SchedulerProcess(self.config)
+                self._proc = SchedulerProcess(self.config, self.log_level)
                 self.restarts += 1
             return
         if proc.ready is None:  # a restarted process, still loading
@@ -275,4 +277,4 @@ class EngineGenerator:
 
 def create_generator(config: WorkerConfig) -> EngineGenerator:
     """The engine generator of a worker (the factory ``[worker] generator = "engine"`` names)."""
-    return EngineGenerator(config.engine, worker_name=config.queue.name)
+    return EngineGenerator(config.engine, worker_name=config.queue.name, log_level=config.worker.log_level)

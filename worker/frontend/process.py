@@ -38,7 +38,7 @@ class EngineStartError(RuntimeError):
 
 
 class SchedulerProcess:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, log_level: str = "INFO") -> None:
         self.config = config
         self.ready: SchedulerReady | None = None
         self.failure: SchedulerFailed | None = None
@@ -55,6 +55,7 @@ class SchedulerProcess:
             self._channel.inbound_addr,
             self._channel.outbound_addr,
             json.dumps(dataclasses.asdict(config)),
+            log_level,
         ]
         self._closed = False
         self._proc: subprocess.Popen[bytes] | None = start_child(

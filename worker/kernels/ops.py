@@ -6,9 +6,10 @@
     silu_and_mul(x)                      [T, 2I] -> [T, I]
 
 The torch paths are the reference semantics (HF's): norms in float32, cast to the model dtype
-before the weight; rope in float32 on neox halves. ``RADIXQ_TRITON=0`` forces the torch paths
-(ablation, debugging); with triton's own ``TRITON_INTERPRET=1`` the kernels run on CPU tensors
-in its interpreter (tests/unit/test_kernels_interpret.py).
+before the weight; rope in float32 on neox halves. ``use_triton(False)`` (the engine setting
+``triton = false``) forces the torch paths (ablation, debugging); with triton's own
+``TRITON_INTERPRET=1`` the kernels run on CPU tensors in its interpreter
+(tests/unit/test_kernels_interpret.py).
 """
 
 from __future__ import annotations
@@ -20,12 +21,16 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+_ENABLED = [True]  # NOTE: one switch per process, set by the engine from its config
+
+
+def use_triton(enabled: bool) -> None:
+    """Switch the fused kernels on or off for this process (the engine does, at start)."""
+    _ENABLED[0] = enabled
+
 
 @functools.cache
-def _triton() -> Any:
-    """The kernels module, or None when Triton is unavailable or switched off."""
-    if os.environ.get("RADIXQ_TRITON", "1") == "0":
-        return None
+def _import_kernels() -> Any:
     try:
         from worker.kernels import triton_kernels
     except ImportError:
@@ -33,8 +38,13 @@ def _triton() -> Any:
     return triton_kernels
 
 
+def _triton() -> Any:
+    """The kernels module, or None when Triton is unavailable or switched off."""
+    return _import_kernels() if _ENABLED[0] else None
+
+
 def _kernels_for(x: torch.Tensor) -> Any:
-    if x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1":
+    if x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1":  # triton's own variable
         return _triton()
     return None
 

@@ -21,16 +21,18 @@ log = logging.getLogger(__name__)
 COMPLETE_MARKER = "radixq_converted.json"
 
 
-def cache_dir_for(gguf_path: Path, name: str | None = None) -> Path:
+def cache_dir_for(gguf_path: Path, name: str | None = None, cache_dir: str | Path | None = None) -> Path:
     """The cache directory of a GGUF file: ``<cache_root>/<name>``, or stem + content key."""
     if name is None:
         stat = gguf_path.stat()
         key = hashlib.sha1(f"{gguf_path.resolve()}:{stat.st_size}".encode()).hexdigest()[:10]
         name = f"{gguf_path.stem}-{key}"
-    return cache_root() / name
+    return cache_root(cache_dir) / name
 
 
-def ensure_converted(gguf_path: str | Path, name: str | None = None) -> Path:
+def ensure_converted(
+    gguf_path: str | Path, name: str | None = None, cache_dir: str | Path | None = None
+) -> Path:
     """Return the cached HF directory for ``gguf_path``, converting it first if needed.
 
     NOTE: the directory is written under a temporary name and renamed into place, so a
@@ -40,7 +42,7 @@ def ensure_converted(gguf_path: str | Path, name: str | None = None) -> Path:
     gguf_path = Path(gguf_path)
     if not gguf_path.is_file():
         raise FileNotFoundError(f"GGUF file not found: {gguf_path}")
-    out_dir = cache_dir_for(gguf_path, name)
+    out_dir = cache_dir_for(gguf_path, name, cache_dir)
     if (out_dir / COMPLETE_MARKER).is_file():
         return out_dir
     out_dir.parent.mkdir(parents=True, exist_ok=True)

@@ -46,7 +46,9 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return _DTYPES[name]
 
 
-def resolve_model_dir(model: str, load_format: str = "auto") -> tuple[Path, str]:
+def resolve_model_dir(
+    model: str, load_format: str = "auto", cache_dir: str | Path | None = None
+) -> tuple[Path, str]:
     """(local HF directory, short name) for an alias, GGUF file, HF directory or cached hub id.
 
     GGUF inputs are converted once into the cache. Not valid for load_format="dummy".
@@ -54,17 +56,17 @@ def resolve_model_dir(model: str, load_format: str = "auto") -> tuple[Path, str]
     if load_format not in LOAD_FORMATS or load_format == "dummy":
         raise ValueError(f"load_format must be one of {LOAD_FORMATS[:3]} here, got {load_format!r}")
     if model in ALIASES:
-        return ensure_converted(ALIASES[model].locate(), name=model), model
+        return ensure_converted(ALIASES[model].locate(), name=model, cache_dir=cache_dir), model
     path = Path(model).expanduser()
     if path.is_file() and (path.suffix == ".gguf" or load_format == "gguf"):
-        return ensure_converted(path), path.stem.lower()
+        return ensure_converted(path, cache_dir=cache_dir), path.stem.lower()
     if path.is_dir():
         ggufs = sorted(path.glob("*.gguf"))
         has_safetensors = any(path.glob("*.safetensors"))
         if ggufs and (load_format == "gguf" or not has_safetensors):
             if len(ggufs) > 1:
                 raise ValueError(f"{path} holds several GGUF files {[g.name for g in ggufs]}; pass one file")
-            return ensure_converted(ggufs[0]), ggufs[0].stem.lower()
+            return ensure_converted(ggufs[0], cache_dir=cache_dir), ggufs[0].stem.lower()
         if has_safetensors:
             return path, path.name.lower()
         raise FileNotFoundError(f"{path} holds no *.safetensors or *.gguf weights")
@@ -122,10 +124,11 @@ def load_model(
     load_format: str = "auto",
     dtype: torch.dtype | None = None,
     device: str | torch.device = "cpu",
+    cache_dir: str | Path | None = None,
 ) -> LoadedModel:
     """Load ``model`` (alias, HF dir, GGUF file, cached hub id; or a config for "dummy").
 
-    dtype None: default_dtype(device).
+    dtype None: default_dtype(device); ``cache_dir``: where GGUF conversions are cached.
     """
     device = torch.device(device)
     dtype = dtype or default_dtype(device)
@@ -134,7 +137,7 @@ def load_model(
         config = ModelConfig.from_hf_dir(model_path)
         path = str(Path(model))
     else:
-        model_dir, name = resolve_model_dir(model, load_format)
+        model_dir, name = resolve_model_dir(model, load_format, cache_dir)
         config = ModelConfig.from_hf_dir(model_dir)
         path = str(model_dir)
     with torch.device("meta"):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,7 +33,7 @@ ALIASES: dict[str, GgufAlias] = {
 }
 
 
-def cache_root() -> Path:
-    """Where converted models are cached: $RADIXQ_CACHE_DIR, else ~/.cache/radixq/models."""
-    env = os.environ.get("RADIXQ_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "radixq" / "models"
+def cache_root(cache_dir: str | Path | None = None) -> Path:
+    """Where converted models are cached: ``cache_dir`` (the engine setting), else
+    ~/.cache/radixq/models."""
+    return Path(cache_dir) if cache_dir else Path.home() / ".cache" / "radixq" / "models"

@@ -1,6 +1,6 @@
 """Fault injection, for the failure-isolation tests: make the scheduler fail on purpose.
 
-``RADIXQ_FAULT`` (read once, where the scheduler process starts) holds one rule:
+The engine setting ``fault`` (``RADIXQ_FAULT`` for a worker, like every setting) holds one rule:
 
     raise-on-token:N   a step whose batch holds a request with token id N in its prompt raises
                        (a Python error inside a step: the scheduler reports the step's requests)
@@ -18,7 +18,6 @@ import os
 import time
 from dataclasses import dataclass
 
-ENV_VAR = "RADIXQ_FAULT"
 _KINDS = ("raise-on-token", "exit-on-token", "raise-on-batch", "sleep-per-step")
 
 
@@ -32,13 +31,14 @@ class Fault:
     value: int
 
     @classmethod
-    def from_env(cls) -> Fault | None:
-        spec = os.environ.get(ENV_VAR, "").strip()
+    def parse(cls, spec: str) -> Fault | None:
+        """The rule ``spec`` names ("" for none); ValueError when it is not one."""
+        spec = spec.strip()
         if not spec:
             return None
         kind, _, value = spec.partition(":")
         if kind not in _KINDS or not value.isdigit():
-            raise ValueError(f"{ENV_VAR}={spec!r}: expected one of {', '.join(_KINDS)} followed by :N")
+            raise ValueError(f"fault={spec!r}: expected one of {', '.join(_KINDS)} followed by :N")
         return cls(kind, int(value))
 
     def check(self, prompts: list[list[int]]) -> None:

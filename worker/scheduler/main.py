@@ -1,4 +1,4 @@
-"""The scheduler process: ``python -m worker.scheduler.main INBOUND OUTBOUND CONFIG_JSON``.
+"""The scheduler process: ``python -m worker.scheduler.main INBOUND OUTBOUND CONFIG_JSON LOG_LEVEL``.
 
 Started by the front end (worker.frontend.process) in a session of its own with a parent-death
 signal: a Ctrl-C meant for the worker never reaches it, and it never outlives the worker.
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 import traceback
 
@@ -17,9 +16,9 @@ from worker.engine.config import EngineConfig
 
 
 def main(argv: list[str]) -> int:
-    inbound_addr, outbound_addr, config_json = argv
+    inbound_addr, outbound_addr, config_json, log_level = argv
     logging.basicConfig(
-        level=os.environ.get("RADIXQ_LOG_LEVEL", "INFO").upper(),
+        level=log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s[scheduler]: %(message)s",
     )
     from worker.frontend.channel import ZmqSchedulerIO

@@ -5,7 +5,6 @@ from __future__ import annotations
 import gc
 import json
 import logging
-import os
 
 import torch
 
@@ -69,12 +68,12 @@ def run_scheduler(config: EngineConfig, io: SchedulerIO, detokenize: Detokenize 
         scheduler = build_scheduler(config, io, detokenize)
         if scheduler.detokenize is None:
             scheduler.detokenize = tokenizer_detokenize(str(scheduler.engine.loaded.path))
-        scheduler.fault = Fault.from_env()
+        scheduler.fault = Fault.parse(config.fault)
     except Exception as exc:
         io.send([SchedulerFailed(error=one_line(exc), loading=True)])
         raise LoadError(one_line(exc)) from exc
     profiler = None
-    if os.environ.get("RADIXQ_STEP_PROFILE") == "1":  # profiling runs only: records every step
+    if config.step_profile:  # profiling runs only: records every step
         from worker.scheduler.profile import StepProfiler
 
         profiler = StepProfiler.install(scheduler)
