@@ -9,7 +9,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from producer.collector import Collector
 from producer.keys import QueueKeys
 from producer.schema import Job, SamplingParams
 from producer.status import Heartbeat, decode_heartbeat
-from tests.integration.procs import REPO_ROOT, children, is_alive, radixq, subprocess_env
+from tests.integration.procs import children, is_alive, radixq, start_engine_worker
 from tests.model_fixtures import tiny_hf_model
 
 pytestmark = pytest.mark.integration
@@ -46,24 +45,6 @@ def hf_greedy(model_dir: Path, prompt: list[int], max_new_tokens: int) -> list[i
             torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0
         )
     return out[0, len(prompt) :].tolist()
-
-
-def start_engine_worker(
-    redis_url: str, model_dir: Path, log_path: Path, *args: str, fault: str | None = None
-) -> subprocess.Popen[bytes]:
-    """`radixq worker` with the real engine, in a session of its own (as a shell runs it)."""
-    env = subprocess_env(**({"RADIXQ_FAULT": fault} if fault else {}))
-    with open(log_path, "ab") as log:
-        return subprocess.Popen(
-            [sys.executable, "-m", "producer.cli", "worker", "--redis-url", redis_url, "--name", "eng"]
-            + ["--model", str(model_dir), "--device", "cpu", "--min-idle-s", "5", *args],
-            cwd=REPO_ROOT,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
 
 
 def wait_for(predicate, timeout_s: float, what: str, log_path: Path | None = None) -> None:  # type: ignore[no-untyped-def]
