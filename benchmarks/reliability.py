@@ -26,7 +26,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
 from tests.chaos.engine_faults import save_tiny_model  # noqa: E402
-from tests.chaos.lab import MARKDOWN_HEADER, Lab, Row  # noqa: E402
+from tests.chaos.lab import Lab  # noqa: E402
+from tests.chaos.row import MARKDOWN_HEADER, Row  # noqa: E402
 from tests.chaos.scenarios import BY_NAME, SCENARIOS  # noqa: E402
 
 

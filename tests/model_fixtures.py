@@ -61,6 +61,18 @@ def tiny_hf_model(kind: str = "llama", *, spread: float = 0.0, **overrides: obje
     return model.eval()
 
 
+def hf_greedy(model_dir: Path, prompt: list[int], max_new_tokens: int) -> list[int]:
+    """Greedy tokens from transformers for a Llama saved in ``model_dir`` (the oracle)."""
+    from transformers import LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(model_dir).eval()
+    with torch.inference_mode():
+        out = model.generate(
+            torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0
+        )
+    return out[0, len(prompt) :].tolist()
+
+
 @pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
     """The SmolLM2-135M-Instruct GGUF converted to a HF directory (cached across runs)."""

@@ -11,7 +11,8 @@ import time
 from pathlib import Path
 
 from tests.chaos.engine_faults import POISON_TOKEN, innocents, poison_line, write_lines
-from tests.chaos.lab import Lab, Observed, line_count
+from tests.chaos.lab import Lab, line_count
+from tests.chaos.row import Observed
 
 RUN_TIMEOUT_S = 300
 

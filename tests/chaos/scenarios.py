@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.chaos import engine_faults, queue_faults, run_faults
-from tests.chaos.lab import Lab, Observed, Row, run_scenario
+from tests.chaos import engine_faults, queue_faults, redis_faults, run_faults
+from tests.chaos.lab import Lab
+from tests.chaos.row import Observed, Row, run_scenario
 
 
 @dataclass(frozen=True)
@@ -42,22 +43,29 @@ SCENARIOS = [
         "redis-kill9-aof-always",
         "Redis (AOF, appendfsync always) kill -9'd a quarter of the way through, started again on "
         "its port and folder 1.5 s later; 2 workers and `collect` run through it",
-        queue_faults.redis_crash,
+        redis_faults.redis_crash,
         {"fsync": "always"},
     ),
     Scenario(
         "redis-kill9-aof-everysec",
         "the same with appendfsync everysec (may lose the last second of writes: a loss must be "
         "reported, then recovered by enqueueing the file again and collecting into the same output)",
-        queue_faults.redis_crash,
+        redis_faults.redis_crash,
         {"fsync": "everysec"},
     ),
     Scenario(
         "redis-restart-without-data",
         "the same with no persistence: Redis comes back empty; the loss must be reported, then "
         "recovered by enqueueing the file again and collecting into the same output",
-        queue_faults.redis_crash,
+        redis_faults.redis_crash,
         {"appendonly": False},
+    ),
+    Scenario(
+        "redis-aof-last-second-lost",
+        "what a machine crash with appendfsync everysec loses, simulated: a second file of 500 jobs is "
+        "enqueued, 1 s later Redis is kill -9'd and started from a copy of its AOF taken just before "
+        "that enqueue; recovered by enqueueing both files again and collecting into the same output",
+        redis_faults.redis_rolled_back,
     ),
     Scenario(
         "zombie-worker",
@@ -70,7 +78,7 @@ SCENARIOS = [
         "Redis at maxmemory (noeviction, 3 MiB above empty) and 4,000 1-KB jobs: `enqueue` stops with "
         "its summary; run again beside 2 workers it waits while Redis is full; `collect` run again and "
         "again (each trims what it wrote) makes room; the limit never changes",
-        queue_faults.maxmemory,
+        redis_faults.maxmemory,
     ),
     Scenario(
         "worker-sigint",

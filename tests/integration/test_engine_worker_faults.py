@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from producer.client import Client
 from producer.collector import Collector
@@ -21,7 +20,7 @@ from producer.keys import QueueKeys
 from producer.schema import Job, SamplingParams
 from producer.status import Heartbeat, decode_heartbeat
 from tests.integration.procs import children, is_alive, radixq, start_engine_worker
-from tests.model_fixtures import tiny_hf_model
+from tests.model_fixtures import hf_greedy, tiny_hf_model
 
 pytestmark = pytest.mark.integration
 
@@ -34,17 +33,6 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("faults-llama")
     tiny_hf_model("llama", spread=0.2, max_position_embeddings=256).save_pretrained(path)
     return path
-
-
-def hf_greedy(model_dir: Path, prompt: list[int], max_new_tokens: int) -> list[int]:
-    from transformers import LlamaForCausalLM
-
-    model = LlamaForCausalLM.from_pretrained(model_dir).eval()
-    with torch.inference_mode():
-        out = model.generate(
-            torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0
-        )
-    return out[0, len(prompt) :].tolist()
 
 
 def wait_for(predicate, timeout_s: float, what: str, log_path: Path | None = None) -> None:  # type: ignore[no-untyped-def]
