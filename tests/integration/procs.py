@@ -14,6 +14,8 @@ import redis
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FAKE_BACKEND = "tests.fake_backend:create_backend"
+# Every worker started by the helpers below; tests/conftest.py kills those a test left running.
+STARTED: list[subprocess.Popen[bytes]] = []
 
 
 def subprocess_env(**extra: str) -> dict[str, str]:
@@ -43,7 +45,7 @@ def start_worker(
 ) -> subprocess.Popen[bytes]:
     """A `radixq worker` subprocess with the fake backend, logging to ``log_path``."""
     with open(log_path, "ab") as log:
-        return subprocess.Popen(
+        proc = subprocess.Popen(
             [sys.executable, "-m", "producer.cli", "worker", "--redis-url", redis_url, "--name", name]
             + ["--backend", FAKE_BACKEND, *args],
             cwd=REPO_ROOT,
@@ -52,6 +54,8 @@ def start_worker(
             stdout=log,
             stderr=subprocess.STDOUT,
         )
+    STARTED.append(proc)
+    return proc
 
 
 def start_engine_worker(
@@ -67,7 +71,7 @@ def start_engine_worker(
     it); ``fault`` is a RADIXQ_FAULT rule (worker/scheduler/faults.py)."""
     extra = {**env, **({"RADIXQ_FAULT": fault} if fault else {})}
     with open(log_path, "ab") as log:
-        return subprocess.Popen(
+        proc = subprocess.Popen(
             [sys.executable, "-m", "producer.cli", "worker", "--redis-url", redis_url, "--name", name]
             + ["--model", str(model_dir), "--device", "cpu", "--min-idle-s", "5", *args],
             cwd=REPO_ROOT,
@@ -77,6 +81,8 @@ def start_engine_worker(
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+    STARTED.append(proc)
+    return proc
 
 
 def process_state(pid: int) -> str | None:
