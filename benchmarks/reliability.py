@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -70,6 +71,7 @@ def main() -> int:
         for scenario in chosen:
             root = Path(scratch) / scenario.name if args.keep else None
             with Lab(scenario.name, root) as lab:
+                lab.notes.append(f"load average {os.getloadavg()[0]:.1f} at the start")
                 try:
                     row = scenario(lab, model_dir)
                 except Exception as exc:  # a scenario that could not finish is a row that says so
