@@ -96,17 +96,18 @@ def finish_collect(
 
 def kill9_chaos(
     lab: Lab,
-    jobs: int = 3000,
+    jobs: int = 2000,
     workers: int = 3,
     period_s: tuple[float, float] = (1.0, 2.0),
     latency_s: float = 0.05,
     capacity: int = 8,
     min_idle_s: float = 2.0,
     max_attempts: int = 3,
+    max_kills: int | None = None,
     seed: int = 8,
 ) -> Observed:
     """Several workers; every one to two seconds a random one of those holding jobs is
-    kill -9'd and a new one started, until collect has every result.
+    kill -9'd and a new one started, until collect has every result (or ``max_kills``).
 
     NOTE: a job is dead-lettered once ``max_attempts`` of the workers holding it died (radixq
     cannot tell a job that kills its worker from a worker killed by something else), so the
@@ -126,7 +127,7 @@ def kill9_chaos(
     killed_holding: Counter[str] = Counter()  # job id -> killed workers that held it
     while True:
         lab.sleep(rng.uniform(*period_s))
-        if collect.poll() is not None:
+        if collect.poll() is not None or kills == max_kills:
             break
         holding = {name: held_by(admin, name) for name in sorted(pool)}
         if not any(holding.values()):
@@ -139,6 +140,7 @@ def kill9_chaos(
         kills += 1
         name = f"w{workers + kills - 1}"
         pool[name] = lab.fake_worker(server.url, name, *extra, **env)
+    lab.wait_for(lambda: collect.poll() is not None, COLLECT_TIMEOUT_S, "collect to finish")
     admin.close()
     culprits = sorted(job for job, count in killed_holding.items() if count >= max_attempts)
     code = 1 if culprits else 0  # collect exits 1 when it wrote error rows
