@@ -57,6 +57,7 @@ class Lab:
         self.problems: list[str] = []
         self.notes: list[str] = []
         self.facts: dict[str, int] = {}  # counts a test can check (e.g. that a fault happened)
+        self._folders_before = set(run_folders(os.getpid()))  # e.g. a test session's own Redis
         self._swept_at = 0.0
 
     def __enter__(self) -> Lab:
@@ -210,7 +211,8 @@ class Lab:
         while still_running(self.tracked) and time.monotonic() < deadline:
             time.sleep(0.05)
         left = [f"{pid} {self.commands.get(pid, '')[:80]}" for pid in still_running(self.tracked)]
-        folders = [str(path) for path in run_folders(os.getpid(), *self.tracked)]
+        found = run_folders(os.getpid(), *self.tracked)
+        folders = [str(path) for path in found if path not in self._folders_before]
         return left, folders
 
     def heartbeats(self, client: redis.Redis) -> dict[str, Heartbeat]:
