@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.radixq-installed
 
-.PHONY: setup run test lint bench-queue clean
+.PHONY: setup run test lint bench-queue bench-reliability clean
 
 # torch first, pinned: a plain torch requirement would pull a multi-GB CUDA build.
 $(STAMP): pyproject.toml
@@ -28,6 +28,9 @@ test: lint
 
 bench-queue: $(STAMP)
 	$(PY) benchmarks/queue_throughput.py
+
+bench-reliability: $(STAMP)
+	$(PY) benchmarks/reliability.py --markdown
 
 clean:
 	rm -rf $(VENV) out.jsonl .pytest_cache .ruff_cache

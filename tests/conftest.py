@@ -48,3 +48,19 @@ def redis_url(redis_server: LocalRedis) -> Iterator[str]:
 @pytest.fixture
 def fake_redis() -> fakeredis.FakeRedis:
     return fakeredis.FakeRedis()
+
+
+@pytest.fixture(autouse=True)
+def _reap_workers() -> Iterator[None]:
+    """Workers a test started (tests.integration.procs) and left running, because it failed
+    before stopping them, are killed when it ends: an engine worker whose Redis is gone would
+    otherwise retry for ever (its scheduler dies with it)."""
+    from tests.integration.procs import STARTED
+
+    first = len(STARTED)
+    yield
+    for proc in STARTED[first:]:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    del STARTED[first:]

@@ -7,7 +7,9 @@ when a worker starts.
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -61,8 +63,6 @@ def worker(
     environment variables, then these flags (README: "Worker settings").
     Exit codes: 0 after a drain; 1 when the engine could not be kept running; 2 for usage,
     configuration or Redis connection errors (wrong password, ACL, TLS)."""
-    import os
-
     from producer import exits
     from producer.client import connect
     from producer.redis_errors import classify, describe
@@ -128,6 +128,12 @@ def worker(
         fail(str(exc), exits.USAGE)
     except GeneratorUnavailable as exc:
         fail(f"the engine could not be kept running: {exc}", exits.JOBS_FAILED)
+    # NOTE: the drain deadline covers finishing, giving back and stopping the engine; the
+    # interpreter's own teardown (about a second with torch loaded) would overrun it.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(exits.OK)
 
 
 RunDrainOption = Annotated[

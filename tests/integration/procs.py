@@ -5,10 +5,17 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
+
+import redis
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FAKE_GENERATOR = "tests.fake_generator:create_generator"
+# Every worker started by the helpers below; tests/conftest.py kills those a test left running.
+STARTED: list[subprocess.Popen[bytes]] = []
 
 
 def subprocess_env(**extra: str) -> dict[str, str]:
@@ -38,7 +45,7 @@ def start_worker(
 ) -> subprocess.Popen[bytes]:
     """A `radixq worker` subprocess with the fake backend, logging to ``log_path``."""
     with open(log_path, "ab") as log:
-        return subprocess.Popen(
+        proc = subprocess.Popen(
             [sys.executable, "-m", "worker.cli", "worker", "--redis-url", redis_url, "--name", name]
             + ["--backend", FAKE_GENERATOR, *args],
             cwd=REPO_ROOT,
@@ -47,6 +54,35 @@ def start_worker(
             stdout=log,
             stderr=subprocess.STDOUT,
         )
+    STARTED.append(proc)
+    return proc
+
+
+def start_engine_worker(
+    redis_url: str,
+    model_dir: Path,
+    log_path: Path,
+    *args: str,
+    name: str = "eng",
+    fault: str | None = None,
+    **env: str,
+) -> subprocess.Popen[bytes]:
+    """`radixq worker` with the real engine on CPU, in a session of its own (as a shell runs
+    it); ``fault`` is a RADIXQ_FAULT rule (worker/scheduler/faults.py)."""
+    extra = {**env, **({"RADIXQ_FAULT": fault} if fault else {})}
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "worker.cli", "worker", "--redis-url", redis_url, "--name", name]
+            + ["--model", str(model_dir), "--device", "cpu", "--min-idle-s", "5", *args],
+            cwd=REPO_ROOT,
+            env=subprocess_env(**extra),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    STARTED.append(proc)
+    return proc
 
 
 def process_state(pid: int) -> str | None:
@@ -79,3 +115,94 @@ def children(pid: int, command_part: str = "") -> list[int]:
         if ppid == str(pid) and command_part in cmdline and is_alive(int(entry.name)):
             found.append(int(entry.name))
     return found
+
+
+def proc_stat(pid: int) -> tuple[int, str, str] | None:
+    """(parent pid, state, start time) from /proc/PID/stat; None once it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2 :].split()  # NOTE: the name in parentheses may hold spaces
+    return int(fields[1]), fields[0], fields[19]
+
+
+def descendants(*pids: int) -> dict[int, str]:
+    """Every live process below ``pids`` (four generations): pid -> start time (to tell a
+    reused pid apart)."""
+    found: dict[int, str] = {}
+    parents = set(pids)
+    for _ in range(4):
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit() and int(entry.name) not in found:
+                stat = proc_stat(int(entry.name))
+                if stat is not None and stat[0] in parents and stat[1] != "Z":
+                    found[int(entry.name)] = stat[2]
+        parents = {*pids, *found}
+    return found
+
+
+def still_running(procs: dict[int, str]) -> list[int]:
+    """Those of ``procs`` that still run (not gone, not a zombie, not a new process on the pid)."""
+    running = []
+    for pid, started in procs.items():
+        stat = proc_stat(pid)
+        if stat is not None and stat[1] != "Z" and stat[2] == started:
+            running.append(pid)
+    return running
+
+
+def cmdline(pid: int) -> str:
+    """The command line of ``pid`` ("" once it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def run_folders(*owner_pids: int) -> list[Path]:
+    """Private Redis folders (``radixq-redis-*``) whose owner file names one of ``owner_pids``."""
+    wanted = {str(pid) for pid in owner_pids}
+    folders = []
+    for folder in Path(tempfile.gettempdir()).glob("radixq-redis-*"):
+        try:
+            owner = (folder / "owner.pid").read_text().split()
+        except OSError:
+            continue
+        if owner and owner[0] in wanted:
+            folders.append(folder)
+    return folders
+
+
+def wait_for(condition: Callable[[], object], timeout_s: float, what: str) -> None:
+    """Poll ``condition`` until it is true; AssertionError naming ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {timeout_s:g} s waiting for {what}"
+        time.sleep(0.05)
+
+
+def run_children(
+    run: subprocess.Popen[bytes], num_workers: int, num_servers: int = 1, timeout_s: float = 30
+) -> tuple[int | None, list[int]]:
+    """(redis-server pid, worker pids) of a `radixq run`, once they are all there (no server
+    for a run given a Redis URL: ``num_servers`` 0)."""
+    found: dict[str, list[int]] = {}
+
+    def look() -> bool:
+        found.clear()
+        for pid in descendants(run.pid):
+            text = cmdline(pid)
+            kind = "redis" if "redis-server" in text else "worker" if "worker.cli worker" in text else "other"
+            found.setdefault(kind, []).append(pid)
+        return len(found.get("redis", [])) == num_servers and len(found.get("worker", [])) == num_workers
+
+    wait_for(look, timeout_s, "the run's redis-server and workers")
+    return (found["redis"][0] if num_servers else None), found["worker"]
+
+
+def queue_redis(worker_pid: int) -> redis.Redis:
+    """A client on a run's Redis, with the URL its worker got in its environment."""
+    environ = Path(f"/proc/{worker_pid}/environ").read_bytes().split(b"\0")
+    url = next(item.split(b"=", 1)[1].decode() for item in environ if item.startswith(b"RADIXQ_REDIS_URL="))
+    return redis.Redis.from_url(url)

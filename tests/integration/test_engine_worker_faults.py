@@ -9,7 +9,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from producer.collector import Collector
 from producer.keys import QueueKeys
 from producer.schema import Job, SamplingParams
 from producer.status import Heartbeat, decode_heartbeat
-from tests.integration.procs import REPO_ROOT, children, is_alive, radixq, subprocess_env
+from tests.integration.procs import children, is_alive, radixq, start_engine_worker
 from tests.model_fixtures import hf_from_dir, hf_greedy, tiny_hf_model
 
 pytestmark = pytest.mark.integration
@@ -34,24 +33,6 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("faults-llama")
     tiny_hf_model("llama", spread=0.2, max_position_embeddings=256).save_pretrained(path)
     return path
-
-
-def start_engine_worker(
-    redis_url: str, model_dir: Path, log_path: Path, *args: str, fault: str | None = None
-) -> subprocess.Popen[bytes]:
-    """`radixq worker` with the real engine, in a session of its own (as a shell runs it)."""
-    env = subprocess_env(**({"RADIXQ_FAULT": fault} if fault else {}))
-    with open(log_path, "ab") as log:
-        return subprocess.Popen(
-            [sys.executable, "-m", "worker.cli", "worker", "--redis-url", redis_url, "--name", "eng"]
-            + ["--model", str(model_dir), "--device", "cpu", "--min-idle-s", "5", *args],
-            cwd=REPO_ROOT,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
 
 
 def wait_for(predicate, timeout_s: float, what: str, log_path: Path | None = None) -> None:  # type: ignore[no-untyped-def]

@@ -15,7 +15,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,7 +28,19 @@ from producer.keys import QueueKeys
 from producer.local_redis import LocalRedis
 from tests.conftest import require_redis_server
 from tests.fake_generator import fake_text
-from tests.integration.procs import FAKE_GENERATOR, REPO_ROOT, radixq, subprocess_env
+from tests.integration.procs import (
+    FAKE_GENERATOR,
+    REPO_ROOT,
+    cmdline,
+    descendants,
+    proc_stat,
+    queue_redis,
+    radixq,
+    run_children,
+    run_folders,
+    still_running,
+    subprocess_env,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -79,83 +90,6 @@ def wait_for(condition: Callable[[], object], timeout_s: float, what: str) -> No
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.05)
-
-
-def proc_stat(pid: int) -> tuple[int, str, str] | None:
-    """(parent pid, state, start time) from /proc/PID/stat; None once it is gone."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = text[text.rindex(")") + 2 :].split()
-    return int(fields[1]), fields[0], fields[19]
-
-
-def descendants(pid: int) -> dict[int, str]:
-    """Every live process below ``pid``: pid -> start time (to tell a reused pid apart)."""
-    found: dict[int, str] = {}
-    parents = {pid}
-    for _ in range(4):
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit() and int(entry.name) not in found:
-                stat = proc_stat(int(entry.name))
-                if stat is not None and stat[0] in parents and stat[1] != "Z":
-                    found[int(entry.name)] = stat[2]
-        parents = {pid, *found}
-    return found
-
-
-def still_running(procs: dict[int, str]) -> list[int]:
-    """Those of ``procs`` that still run (not gone, not a zombie, not a new process on the pid)."""
-    running = []
-    for pid, started in procs.items():
-        stat = proc_stat(pid)
-        if stat is not None and stat[1] != "Z" and stat[2] == started:
-            running.append(pid)
-    return running
-
-
-def cmdline(pid: int) -> str:
-    return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-
-
-def run_children(
-    run: subprocess.Popen[bytes], num_workers: int, num_servers: int = 1
-) -> tuple[int | None, list[int]]:
-    """(redis-server pid, worker pids) of a run, once they are all there (no server for a run
-    given a Redis URL: ``num_servers`` 0)."""
-    found: dict[str, list[int]] = {}
-
-    def look() -> bool:
-        found.clear()
-        for pid in descendants(run.pid):
-            text = cmdline(pid)
-            kind = "redis" if "redis-server" in text else "worker" if "worker.cli worker" in text else "other"
-            found.setdefault(kind, []).append(pid)
-        return len(found.get("redis", [])) == num_servers and len(found.get("worker", [])) == num_workers
-
-    wait_for(look, 30, "the run's redis-server and workers")
-    return (found["redis"][0] if num_servers else None), found["worker"]
-
-
-def queue_redis(worker_pid: int) -> redis.Redis:
-    """A client on the run's Redis, with the URL the worker got in its environment."""
-    environ = Path(f"/proc/{worker_pid}/environ").read_bytes().split(b"\0")
-    url = next(item.split(b"=", 1)[1].decode() for item in environ if item.startswith(b"RADIXQ_REDIS_URL="))
-    return redis.Redis.from_url(url)
-
-
-def run_folders(run_pid: int) -> list[Path]:
-    """The run's private Redis folders (their owner file names the run's pid)."""
-    folders = []
-    for folder in Path(tempfile.gettempdir()).glob("radixq-redis-*"):
-        try:
-            owner = (folder / "owner.pid").read_text().split()
-        except OSError:
-            continue
-        if owner and owner[0] == str(run_pid):
-            folders.append(folder)
-    return folders
 
 
 def finished_and_held(client: redis.Redis) -> set[str]:
