@@ -38,6 +38,14 @@ MAX_STOP_STRINGS = 64
 MAX_STOP_CHARS = 1024
 MAX_STOP_TOKEN_IDS = 1024
 MAX_METADATA_DEPTH = 32  # dicts and lists, the metadata object itself counting as one
+MAX_TOP_LOGPROBS = 20  # as OpenAI
+MAX_PENALTY = 2.0  # frequency_penalty and presence_penalty lie in [-2, 2], as OpenAI
+MAX_REPETITION_PENALTY = 100.0
+MAX_LOGIT_BIAS = 1024  # entries
+MAX_BIAS = 100.0  # a logit_bias value lies in [-100, 100], as OpenAI
+MAX_REGEX_CHARS = 16384
+MAX_CHOICES = 1024  # strings in a `choice` constraint
+STRUCTURED_FIELDS = ("json_schema", "json_object", "regex", "choice")
 
 FinishReason = Literal["stop", "length", "error"]
 
@@ -61,6 +69,21 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     stop_token_ids: list[int] = []
     ignore_eos: bool = False
     n: int = 1
+    min_tokens: int = 0  # EOS and stop tokens are masked until this many tokens were generated
+    # logprobs of the sampled tokens (and of the top_logprobs most likely ones) in the result
+    logprobs: bool = False
+    top_logprobs: int = 0
+    # penalties: frequency/presence over generated tokens (OpenAI, vLLM), repetition over
+    # prompt and output (transformers); logit_bias maps token ids, as decimal strings, to a bias
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[str, float] = {}
+    # structured output: at most one of these constrains the completion
+    json_schema: dict[str, Any] | None = None
+    json_object: bool = False
+    regex: str | None = None
+    choice: list[str] | None = None
 
     def __post_init__(self) -> None:
         check_int(self.max_tokens, "max_tokens", 1, MAX_TOKENS_LIMIT)
@@ -80,6 +103,68 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
             check_token_ids(self.stop_token_ids, "stop_token_ids")
         check(isinstance(self.ignore_eos, bool), "ignore_eos", self.ignore_eos, "must be true or false")
         check_int(self.n, "n", 1, MAX_N)
+        check_int(self.min_tokens, "min_tokens", 0, self.max_tokens, "must be an integer in [0, max_tokens]")
+        self._check_logprobs_and_penalties()
+        self._check_structured()
+
+    def _check_logprobs_and_penalties(self) -> None:
+        check(isinstance(self.logprobs, bool), "logprobs", self.logprobs, "must be true or false")
+        check_int(self.top_logprobs, "top_logprobs", 0, MAX_TOP_LOGPROBS)
+        check(
+            self.logprobs or self.top_logprobs == 0,
+            "top_logprobs",
+            self.top_logprobs,
+            "needs logprobs set to true",
+        )
+        check_number(self.frequency_penalty, "frequency_penalty", -MAX_PENALTY, MAX_PENALTY)
+        check_number(self.presence_penalty, "presence_penalty", -MAX_PENALTY, MAX_PENALTY)
+        check_number(self.repetition_penalty, "repetition_penalty", 0.0, MAX_REPETITION_PENALTY)
+        check(self.repetition_penalty > 0, "repetition_penalty", self.repetition_penalty, "must be above 0")
+        check(isinstance(self.logit_bias, dict), "logit_bias", None, "must be an object")
+        check(
+            len(self.logit_bias) <= MAX_LOGIT_BIAS,
+            "logit_bias",
+            f"{len(self.logit_bias)} entries",
+            f"holds at most {MAX_LOGIT_BIAS} entries",
+        )
+        for key, bias in self.logit_bias.items():
+            field = f"logit_bias[{key!r}]"
+            ok = isinstance(key, str) and key.isascii() and key.isdigit() and int(key) < 2**31
+            check(ok, field, key, "keys must be token ids written as decimal strings, in [0, 2**31)")
+            check_number(bias, field, -MAX_BIAS, MAX_BIAS)
+
+    def _check_structured(self) -> None:
+        check(isinstance(self.json_object, bool), "json_object", self.json_object, "must be true or false")
+        given = [name for name in STRUCTURED_FIELDS if getattr(self, name) not in (None, False)]
+        check(
+            len(given) <= 1,
+            given[-1] if given else "json_schema",
+            given,
+            "at most one of " + ", ".join(STRUCTURED_FIELDS),
+        )
+        if self.json_schema is not None:
+            check(isinstance(self.json_schema, dict), "json_schema", None, "must be an object")
+            check_json_value(self.json_schema, "json_schema", MAX_METADATA_DEPTH)
+        if self.regex is not None:
+            ok = isinstance(self.regex, str) and 0 < len(self.regex) <= MAX_REGEX_CHARS
+            check(
+                ok, "regex", self.regex, f"must be a non-empty string of at most {MAX_REGEX_CHARS} characters"
+            )
+        if self.choice is not None:
+            check_list(self.choice, "choice", 1, MAX_CHOICES)
+            for index, option in enumerate(self.choice):
+                ok = isinstance(option, str) and 0 < len(option) <= MAX_STOP_CHARS
+                check(
+                    ok,
+                    f"choice[{index}]",
+                    option,
+                    f"must be non-empty, of at most {MAX_STOP_CHARS} characters",
+                )
+
+    @property
+    def structured(self) -> str | None:
+        """Which structured-output field constrains this job, if any."""
+        return next((name for name in STRUCTURED_FIELDS if getattr(self, name) not in (None, False)), None)
 
     @property
     def greedy(self) -> bool:
@@ -142,11 +227,29 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True)
         return "messages" if self.messages is not None else "input_ids"
 
 
+class TopLogprob(msgspec.Struct, frozen=True, kw_only=True):
+    token_id: int
+    token: str  # the token's text as the tokenizer decodes it alone
+    logprob: float
+
+
+class TokenLogprob(msgspec.Struct, frozen=True, kw_only=True):
+    """One generated token's log-probability (of the distribution it was sampled from, before
+    temperature and the other sampling filters, as OpenAI and vLLM report it) and the
+    ``top_logprobs`` most likely tokens at that position."""
+
+    token_id: int
+    token: str
+    logprob: float
+    top_logprobs: list[TopLogprob] = []
+
+
 class Choice(msgspec.Struct, frozen=True, kw_only=True):
     index: int
     text: str
     token_ids: list[int]
     finish_reason: FinishReason
+    logprobs: list[TokenLogprob] | None = None  # present when the job asked for logprobs
 
 
 class Usage(msgspec.Struct, frozen=True, kw_only=True):
