@@ -124,6 +124,8 @@ def enqueue(
         parsed = read_jobs(input_path)
     for rejected in parsed.rejected:
         warn(f"rejected {input_path}:{rejected}")
+    for note in parsed.notes():
+        warn(f"note {input_path}: {note}")
     client = open_client(url, queue, retry_timeout_s=retry_timeout_s, say=warn)
     try:
         with expected_errors(url):

@@ -28,6 +28,7 @@ from producer import openai_batch
 from producer.nesting import json_outline
 from producer.schema import (
     MAX_JOB_BYTES,
+    Choice,
     Job,
     JobError,
     Result,
@@ -38,7 +39,7 @@ from producer.schema import (
 )
 
 SAMPLING_FIELDS = frozenset(SamplingParams.__struct_fields__)
-_JOB_FIELDS = frozenset({"id", "prompt", "messages", "input_ids", "metadata"})
+_JOB_FIELDS = frozenset({"id", "prompt", "messages", "input_ids", "metadata", "model"})
 _GZIP_MAGIC = b"\x1f\x8b"
 _BOM = b"\xef\xbb\xbf"
 _LINE_READ_LIMIT = MAX_JOB_BYTES + len(_BOM) + 2  # the longest acceptable line with its BOM and CRLF
@@ -58,10 +59,19 @@ class Rejected:
 
 @dataclass
 class InputFile:
-    """The jobs of one input file in line order, and the lines that were rejected."""
+    """The jobs of one input file in line order, the lines that were rejected, and the OpenAI
+    request fields that were accepted and ignored (field -> number of lines)."""
 
     jobs: list[Job] = field(default_factory=list)
     rejected: list[Rejected] = field(default_factory=list)
+    ignored: dict[str, int] = field(default_factory=dict)
+
+    def notes(self) -> list[str]:
+        """One line per ignored OpenAI request field, for the enqueue summary."""
+        return [
+            f"body.{name} on {count} line{'s' * (count != 1)}: accepted and ignored (README: OpenAI conformance)"
+            for name, count in sorted(self.ignored.items())
+        ]
 
 
 def derive_id(text: str, line_no: int) -> str:
@@ -71,6 +81,11 @@ def derive_id(text: str, line_no: int) -> str:
 
 def parse_line(text: str, line_no: int) -> Job:
     """Validate one input line; raises JobError naming the field and why, never anything else."""
+    return _parse_line(text, line_no)[0]
+
+
+def _parse_line(text: str, line_no: int) -> tuple[Job, list[str]]:
+    """parse_line's job, and the OpenAI request fields the line carries that are ignored."""
     try:
         size = len(text.rstrip("\r\n").encode())
     except UnicodeEncodeError as exc:
@@ -95,8 +110,10 @@ def parse_line(text: str, line_no: int) -> Job:
         raise JobError("json", None, f"unreadable: {type(exc).__name__}: {exc}") from None
 
 
-def _job(raw: dict[str, Any], text: str, line_no: int) -> Job:
-    fields = openai_batch.job_fields(raw) if openai_batch.is_batch_request(raw) else _native_fields(raw)
+def _job(raw: dict[str, Any], text: str, line_no: int) -> tuple[Job, list[str]]:
+    fields, ignored = (
+        openai_batch.job_fields(raw) if openai_batch.is_batch_request(raw) else (_native_fields(raw), [])
+    )
     if "id" not in fields:
         fields["id"] = derive_id(text, line_no)
     job_id = fields["id"] if isinstance(fields["id"], str) else None
@@ -109,7 +126,7 @@ def _job(raw: dict[str, Any], text: str, line_no: int) -> Job:
             error.field.removeprefix("sampling."), error.value, error.reason, error.job_id
         ) from None
     encode_job(job)  # the size limit, on the encoded form
-    return job
+    return job, ignored
 
 
 def _native_fields(raw: dict[str, Any]) -> dict[str, Any]:
@@ -145,7 +162,7 @@ def read_jobs(path: str | Path) -> InputFile:
             if not text.strip():
                 continue
             try:
-                job = parse_line(text, line_no)
+                job, ignored = _parse_line(text, line_no)
             except JobError as exc:
                 parsed.rejected.append(Rejected(line_no, str(exc)))
                 continue
@@ -155,6 +172,8 @@ def read_jobs(path: str | Path) -> InputFile:
                 continue
             first_line_of[job.id] = line_no
             parsed.jobs.append(job)
+            for name in ignored:
+                parsed.ignored[name] = parsed.ignored.get(name, 0) + 1
     return parsed
 
 
@@ -218,11 +237,19 @@ def output_record(result: Result) -> dict[str, Any]:
         return openai_batch.response_line(result, format_info, metadata)
     return {
         "id": result.id,
-        "choices": [msgspec.to_builtins(choice) for choice in result.choices],
+        "choices": [_native_choice(choice) for choice in result.choices],
         "usage": msgspec.to_builtins(result.usage),
         "metadata": metadata,
         "error": msgspec.to_builtins(result.error),
     }
+
+
+def _native_choice(choice: Choice) -> dict[str, Any]:
+    """A choice as a native output row holds it: ``logprobs`` only when the job asked for them."""
+    record = msgspec.to_builtins(choice)
+    if choice.logprobs is None:
+        del record["logprobs"]
+    return record
 
 
 def output_line(result: Result) -> bytes:

@@ -110,6 +110,8 @@ def run_file(options: RunOptions, say: Callable[[str], None] = print) -> RunRepo
     parsed = read_jobs(options.input_path)
     for rejected in parsed.rejected:
         say(f"rejected {options.input_path}:{rejected}")
+    for note in parsed.notes():
+        say(f"note {options.input_path}: {note}")
     out = options.output_path
     if out.is_dir() or not out.parent.is_dir():
         raise RunError(f"cannot write {out}: {'it is a folder' if out.is_dir() else 'no such folder'}")

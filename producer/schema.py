@@ -53,6 +53,7 @@ _TOP_K_REASON = f"must be an integer in [1, {MAX_TOP_K}], or -1/0 for off"
 _TOP_P_REASON = f"must be in (0, 1], and at least {MIN_TOP_P:g}"
 _STOP_REASON = f"stop strings must be non-empty, of at most {MAX_STOP_CHARS} characters"
 _ID_REASON = f"must be a non-empty string of at most {MAX_ID_CHARS} characters"
+_NAME_REASON = f"must be a non-empty string of at most {MAX_ID_CHARS} characters"
 _VERSION_REASON = f"unsupported schema version (this is {SCHEMA_VERSION})"
 
 
@@ -177,20 +178,26 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
         return self.top_k if 0 < self.top_k < vocab_size else 0
 
 
-class ChatMessage(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class ChatMessage(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     role: str
     content: str
+    name: str | None = None  # the speaker's name, handed to the chat template (OpenAI's ``name``)
 
     def __post_init__(self) -> None:
         check(isinstance(self.role, str) and self.role != "", "role", self.role, "must be non-empty")
         check(isinstance(self.content, str), "content", self.content, "must be a string")
+        if self.name is not None:
+            ok = isinstance(self.name, str) and 0 < len(self.name) <= MAX_ID_CHARS
+            check(ok, "name", self.name, _NAME_REASON)
 
 
 class Job(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """One unit of work: exactly one of prompt / messages / input_ids, plus sampling.
 
     ``metadata`` is any JSON object (keys strings, integers in msgpack's range, at most
-    MAX_METADATA_DEPTH deep) and comes back unchanged with the result."""
+    MAX_METADATA_DEPTH deep) and comes back unchanged with the result. ``model`` names the
+    model the job asks for (OpenAI's ``body.model``): a worker given served model names gives
+    a job naming another one an error; without them any name is run by the worker's model."""
 
     id: str
     prompt: str | None = None
@@ -200,6 +207,7 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True)
     metadata: dict[str, Any] = {}
     enqueued_at_ms: int = 0
     v: int = SCHEMA_VERSION
+    model: str | None = None
 
     def __post_init__(self) -> None:
         check(self.v == SCHEMA_VERSION, "v", self.v, _VERSION_REASON)
@@ -219,6 +227,9 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True)
         check(isinstance(self.metadata, dict), "metadata", None, "must be an object")
         check_json_value(self.metadata, "metadata", MAX_METADATA_DEPTH)
         check_int(self.enqueued_at_ms, "enqueued_at_ms", 0, SEED_LIMIT - 1)
+        if self.model is not None:
+            ok = isinstance(self.model, str) and 0 < len(self.model) <= MAX_ID_CHARS
+            check(ok, "model", self.model, _NAME_REASON)
 
     @property
     def prompt_kind(self) -> Literal["prompt", "messages", "input_ids"]:
@@ -259,7 +270,7 @@ class Usage(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class ErrorInfo(msgspec.Struct, frozen=True, kw_only=True):
-    code: str  # invalid_job | prompt_too_long | dead_letter | aborted | internal
+    code: str  # invalid_job | model_not_served | prompt_too_long | dead_letter | aborted | internal
     message: str
 
 

@@ -152,8 +152,8 @@ def test_openai_completions_request_and_output() -> None:
     )
     body = output_record(result)["response"]["body"]
     assert body["object"] == "text_completion" and body["choices"][0]["text"] == " upon"
-    with pytest.raises(JobError, match="body.logit_bias"):
-        parse_line(json.dumps({**line, "body": {"prompt": "x", "logit_bias": {}}}), 3)
+    with pytest.raises(JobError, match="body.echo"):
+        parse_line(json.dumps({**line, "body": {"prompt": "x", "echo": True}}), 3)
 
 
 def test_native_output_record_fields() -> None:

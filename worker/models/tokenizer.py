@@ -44,13 +44,15 @@ def load_tokenizer_or_none(path: str) -> PreTrainedTokenizerBase | None:
 
 
 def _message_dict(message: Any, index: int) -> dict[str, str]:
+    """The message as the chat template reads it; ``name`` only when the message has one."""
     if isinstance(message, dict):
-        role, content = message.get("role"), message.get("content")
+        role, content, name = message.get("role"), message.get("content"), message.get("name")
     else:
         role, content = getattr(message, "role", None), getattr(message, "content", None)
+        name = getattr(message, "name", None)
     if not isinstance(role, str) or not isinstance(content, str):
         raise ValueError(f"messages[{index}] needs string 'role' and 'content', got {message!r}")
-    return {"role": role, "content": content}
+    return {"role": role, "content": content} | ({"name": name} if isinstance(name, str) else {})
 
 
 def prompt_ids(
