@@ -13,6 +13,7 @@ import hashlib
 from typing import Any
 
 from producer.openai_request import CHAT_URL, COMPLETIONS_URL, body_fields
+from producer.openai_response import response_body
 from producer.schema import JobError, Result
 
 RESERVED_KEY = "_radixq"
@@ -63,42 +64,12 @@ def response_line(result: Result, format_info: dict[str, Any], metadata: dict[st
     if result.error is not None:
         line["error"] = {"code": result.error.code, "message": result.error.message}
         return line
-    created_s = result.timings.finished_at_ms // 1000
+    broken = [choice.index for choice in result.choices if choice.finish_reason == "error"]
+    if broken:  # NOTE: OpenAI's shapes have no such finish_reason: the line reports the error
+        line["error"] = {"code": "internal", "message": f"choices {broken} ended with an error"}
+        return line
     model = result.model or format_info.get("model", "")
-    usage = {
-        "prompt_tokens": result.usage.prompt_tokens,
-        "completion_tokens": result.usage.completion_tokens,
-        "total_tokens": result.usage.prompt_tokens + result.usage.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": result.usage.cached_tokens},
-    }
-    if format_info.get("url") == CHAT_URL:
-        body: dict[str, Any] = {
-            "id": f"chatcmpl-{request_id}",
-            "object": "chat.completion",
-            "created": created_s,
-            "model": model,
-            "choices": [
-                {
-                    "index": choice.index,
-                    "message": {"role": "assistant", "content": choice.text},
-                    "finish_reason": choice.finish_reason,
-                }
-                for choice in result.choices
-            ],
-            "usage": usage,
-        }
-    else:
-        body = {
-            "id": f"cmpl-{request_id}",
-            "object": "text_completion",
-            "created": created_s,
-            "model": model,
-            "choices": [
-                {"index": choice.index, "text": choice.text, "finish_reason": choice.finish_reason}
-                for choice in result.choices
-            ],
-            "usage": usage,
-        }
+    body = response_body(result, format_info.get("url", COMPLETIONS_URL), request_id, model)
     if metadata:
         body["metadata"] = metadata
     line["response"] = {"status_code": 200, "request_id": request_id, "body": body}

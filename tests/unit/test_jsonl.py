@@ -121,7 +121,12 @@ def test_openai_chat_request_roundtrip() -> None:
     body = out["response"]["body"]
     assert body["object"] == "chat.completion" and body["created"] == 1_700_000_000
     assert body["choices"] == [
-        {"index": 0, "message": {"role": "assistant", "content": "hi there"}, "finish_reason": "stop"}
+        {
+            "index": 0,
+            "message": {"role": "assistant", "content": "hi there", "refusal": None},
+            "logprobs": None,
+            "finish_reason": "stop",
+        }
     ]
     assert body["usage"]["total_tokens"] == 6 and body["usage"]["prompt_tokens_details"] == {
         "cached_tokens": 1
