@@ -119,7 +119,7 @@ def worker(
         consumer_config.min_idle_ms,
         consumer_config.dead_after_ms,
     )
-    consumer = Consumer(queue_side, generation, consumer_config)
+    consumer = Consumer(queue_side, generation, consumer_config, served_models=settings.worker.served_models)
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: consumer.request_stop())
     try:

@@ -47,6 +47,11 @@ class WorkerSection:
     name: str = ""  # "": hostname-pid
     generator: str = "engine"
     log_level: str = "INFO"
+    served_model_names: str = ""  # comma-separated; "": any model name a job gives is run
+
+    @property
+    def served_models(self) -> tuple[str, ...]:
+        return tuple(name.strip() for name in self.served_model_names.split(",") if name.strip())
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,7 @@ HELP: dict[str, str] = {
     "worker.name": "consumer name (default: hostname-pid)",
     "worker.generator": "`engine`, or a `module:callable` generator factory",
     "worker.log_level": "DEBUG, INFO, WARNING, ERROR",
+    "worker.served_model_names": "model names this worker answers to, comma-separated; a job naming another gets a `model_not_served` error (empty: any name runs on the worker's model)",
     "queue.block_s": "longest wait for new entries while nothing is held",
     "queue.poll_s": "longest wait for results while jobs are held",
     "queue.read_batch": "most entries one read returns",

@@ -11,8 +11,9 @@ import pytest
 
 from producer.schema import Job, Result, SamplingParams, encode_job
 from tests.fake_generator import FakeGenerator, fake_text, fake_token_ids
-from tests.unit.queue_worlds import World, make_world, step_until
+from tests.unit.queue_worlds import MemoryWorld, World, config_for, make_world, step_until
 from worker.queue.config import ConsumerConfig
+from worker.queue.consumer import Consumer
 from worker.queue.generator import ENGINE_CRASH
 from worker.queue.jobqueue import Completion
 from worker.queue.outbox import Outbox
@@ -241,3 +242,26 @@ def test_a_queue_that_loses_its_data_is_reported(world: World, caplog: pytest.Lo
 def test_config_rejects_nonsense(bad: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         ConsumerConfig(**bad)  # type: ignore[arg-type]
+
+
+def test_served_model_names_refuse_jobs_naming_another_model() -> None:
+    """A worker given served model names answers a job naming another model with a
+    model_not_served error (metadata kept, so an OpenAI line is written back as one); jobs
+    naming a served model, or none, run."""
+    world = MemoryWorld()
+    jobs = [
+        Job(id="served", prompt="a", model="smol"),
+        Job(id="unnamed", prompt="a"),
+        Job(id="other", prompt="a", model="gpt-4o", metadata={"row": 1}),
+    ]
+    world.enqueue(jobs)
+    config = config_for("c1")
+    queue = world.store.queue("c1", config.min_idle_s)
+    consumer = Consumer(queue, FakeGenerator(capacity=4), config, served_models=("smol", "smollm2"))
+    step_until([consumer], 3, world)
+    found = {job_id: results[0] for job_id, results in world.results_by_id().items()}
+    assert found["served"].ok and found["unnamed"].ok
+    error = found["other"].error
+    assert error is not None and error.code == "model_not_served"
+    assert "'gpt-4o'" in error.message and "'smol'" in error.message and "'other'" in error.message
+    assert found["other"].metadata == {"row": 1}

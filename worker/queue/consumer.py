@@ -60,10 +60,15 @@ class Consumer:
         generator: Generator,
         config: ConsumerConfig,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        served_models: tuple[str, ...] = (),
     ) -> None:
+        """``served_models``: the model names this worker answers to (a job naming another one
+        gets a ``model_not_served`` error); empty: any name runs on the generator's model."""
         self.queue = queue
         self.generator = generator
         self.config = config
+        self.served_models = served_models
         self.name = queue.name
         self.clock = clock
         self.outbox = Outbox()
@@ -218,6 +223,14 @@ class Consumer:
             job = decode_entry(entry)
         except JobError as exc:
             result = error_result(entry.job_id, "invalid_job", str(exc), worker=self.name)
+            self.outbox.add(Completion(result, entry.entry_id))
+            return 0
+        if self.served_models and job.model is not None and job.model not in self.served_models:
+            served = ", ".join(repr(name) for name in self.served_models)
+            message = f"job {job.id!r}: model {job.model!r} is not served by this worker (it serves {served})"
+            result = error_result(
+                job.id, "model_not_served", message, metadata=job.metadata, worker=self.name
+            )
             self.outbox.add(Completion(result, entry.entry_id))
             return 0
         if job.id in self._held:  # enqueued twice, or reclaimed while we run it
