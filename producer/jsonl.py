@@ -39,7 +39,7 @@ from producer.schema import (
 )
 
 SAMPLING_FIELDS = frozenset(SamplingParams.__struct_fields__)
-_JOB_FIELDS = frozenset({"id", "prompt", "messages", "input_ids", "metadata", "model"})
+_JOB_FIELDS = frozenset({"id", "prompt", "messages", "input_ids", "prompts", "metadata", "model"})
 _GZIP_MAGIC = b"\x1f\x8b"
 _BOM = b"\xef\xbb\xbf"
 _LINE_READ_LIMIT = MAX_JOB_BYTES + len(_BOM) + 2  # the longest acceptable line with its BOM and CRLF

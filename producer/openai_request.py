@@ -61,7 +61,11 @@ FIELDS: dict[str, BodyField] = {
         "an array of `text` parts (joined with newlines); `name` is passed to the chat template",
     ),
     "prompt": BodyField(
-        "supported", COMPLETIONS, "a string, an array of token ids, or an array holding one of those"
+        "supported",
+        COMPLETIONS,
+        "a string, an array of strings (one response line, choice `i * n + c` for prompt `i`'s "
+        "choice `c`, as OpenAI numbers them), an array of token ids, or an array holding one array of "
+        "token ids (several are rejected: one request line each)",
     ),
     "model": BodyField(
         "supported",
@@ -280,9 +284,14 @@ def _completion_prompt(prompt: Any) -> dict[str, Any]:
         prompt = prompt[0]  # a batch of one prompt
     if isinstance(prompt, str):
         return {"prompt": prompt}
-    if isinstance(prompt, list) and all(isinstance(token, int) for token in prompt):
+    if isinstance(prompt, list) and prompt and all(isinstance(token, int) for token in prompt):
         return {"input_ids": prompt}
-    raise JobError("body.prompt", prompt, "must be a string, a list of token ids, or a list of one of those")
+    if isinstance(prompt, list) and prompt and all(isinstance(text, str) for text in prompt):
+        return {"prompts": prompt}
+    reason = (
+        "must be a string, an array of strings, an array of token ids, or an array holding one array of those"
+    )
+    raise JobError("body.prompt", prompt, reason)
 
 
 def conformance_table() -> str:

@@ -45,6 +45,7 @@ MAX_LOGIT_BIAS = 1024  # entries
 MAX_BIAS = 100.0  # a logit_bias value lies in [-100, 100], as OpenAI
 MAX_REGEX_CHARS = 16384
 MAX_CHOICES = 1024  # strings in a `choice` constraint
+MAX_PROMPTS = 256  # strings in a job's ``prompts``
 STRUCTURED_FIELDS = ("json_schema", "json_object", "regex", "choice")
 
 FinishReason = Literal["stop", "length", "error"]
@@ -54,6 +55,7 @@ _TOP_P_REASON = f"must be in (0, 1], and at least {MIN_TOP_P:g}"
 _STOP_REASON = f"stop strings must be non-empty, of at most {MAX_STOP_CHARS} characters"
 _ID_REASON = f"must be a non-empty string of at most {MAX_ID_CHARS} characters"
 _NAME_REASON = f"must be a non-empty string of at most {MAX_ID_CHARS} characters"
+_PROMPT_KINDS = ("prompt", "messages", "input_ids", "prompts")
 _VERSION_REASON = f"unsupported schema version (this is {SCHEMA_VERSION})"
 
 
@@ -192,7 +194,11 @@ class ChatMessage(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_
 
 
 class Job(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """One unit of work: exactly one of prompt / messages / input_ids, plus sampling.
+    """One unit of work: exactly one of prompt / messages / input_ids / prompts, plus sampling.
+
+    ``prompts`` (an OpenAI completions request with a list of prompts) runs each prompt with
+    the same sampling and answers with one Result: prompt ``i``'s choice ``c`` at index
+    ``i * n + c``, as OpenAI numbers them.
 
     ``metadata`` is any JSON object (keys strings, integers in msgpack's range, at most
     MAX_METADATA_DEPTH deep) and comes back unchanged with the result. ``model`` names the
@@ -208,13 +214,14 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True)
     enqueued_at_ms: int = 0
     v: int = SCHEMA_VERSION
     model: str | None = None
+    prompts: list[str] | None = None
 
     def __post_init__(self) -> None:
         check(self.v == SCHEMA_VERSION, "v", self.v, _VERSION_REASON)
         check(isinstance(self.id, str) and 0 < len(self.id) <= MAX_ID_CHARS, "id", self.id, _ID_REASON)
-        if (self.prompt is None) + (self.messages is None) + (self.input_ids is None) != 2:
-            given = [name for name in ("prompt", "messages", "input_ids") if getattr(self, name) is not None]
-            raise JobError("prompt", given, "exactly one of prompt, messages, input_ids is required")
+        given = [name for name in _PROMPT_KINDS if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise JobError("prompt", given, "exactly one of " + ", ".join(_PROMPT_KINDS) + " is required")
         if self.prompt is not None:
             check(
                 isinstance(self.prompt, str) and self.prompt != "", "prompt", self.prompt, "must be non-empty"
@@ -224,6 +231,12 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True)
         if self.input_ids is not None:
             check(len(self.input_ids) > 0, "input_ids", self.input_ids, "must hold at least one token id")
             check_token_ids(self.input_ids, "input_ids")
+        if self.prompts is not None:
+            check_list(self.prompts, "prompts", 1, MAX_PROMPTS)
+            for index, prompt in enumerate(self.prompts):
+                check(
+                    isinstance(prompt, str) and prompt != "", f"prompts[{index}]", prompt, "must be non-empty"
+                )
         check(isinstance(self.metadata, dict), "metadata", None, "must be an object")
         check_json_value(self.metadata, "metadata", MAX_METADATA_DEPTH)
         check_int(self.enqueued_at_ms, "enqueued_at_ms", 0, SEED_LIMIT - 1)
@@ -232,10 +245,12 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True)
             check(ok, "model", self.model, _NAME_REASON)
 
     @property
-    def prompt_kind(self) -> Literal["prompt", "messages", "input_ids"]:
+    def prompt_kind(self) -> Literal["prompt", "messages", "input_ids", "prompts"]:
         if self.prompt is not None:
             return "prompt"
-        return "messages" if self.messages is not None else "input_ids"
+        if self.messages is not None:
+            return "messages"
+        return "input_ids" if self.input_ids is not None else "prompts"
 
 
 class TopLogprob(msgspec.Struct, frozen=True, kw_only=True):

@@ -345,3 +345,11 @@ def test_error_and_errored_choice_lines() -> None:
     broken = Choice(index=0, text="", token_ids=[], finish_reason="error")
     out = output_record(Result(id="r1", metadata=job.metadata, choices=[broken]))
     assert out["response"] is None and out["error"]["code"] == "internal"
+
+
+def test_completions_prompt_forms() -> None:
+    assert parse_line(_completion(prompt=["a", "b"]), 1).prompts == ["a", "b"]
+    assert parse_line(_completion(prompt=["a"]), 1).prompt == "a"
+    assert parse_line(_completion(prompt=[[1, 2]]), 1).input_ids == [1, 2]
+    for bad in ([[1], [2]], [], ["a", 1], [""], {"p": 1}):
+        assert _rejected(_completion(prompt=bad)).field in ("body.prompt", "prompt", "prompts[0]")

@@ -3,7 +3,8 @@
 ``"engine"`` is the real engine front end (``worker.frontend:create_generator``); any other
 value is a ``"module:callable"`` import path (tests use ``tests.fake_generator:create_generator``).
 The module is imported only when the generator is built, so nothing heavy loads before that.
-A factory takes the worker's frozen configuration (worker.config.WorkerConfig).
+A factory takes the worker's frozen configuration (worker.config.WorkerConfig). What it builds
+is wrapped in worker.queue.prompts.PromptLists, which runs jobs with several prompts.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from worker.lazy import load_callable
+from worker.queue.prompts import PromptLists
 
 if TYPE_CHECKING:
     from worker.config import WorkerConfig
@@ -22,4 +24,4 @@ GENERATORS = {"engine": "worker.frontend:create_generator"}
 def create_generator(config: WorkerConfig) -> Generator:
     """Import the factory named by ``config.worker.generator`` and call it with ``config``."""
     factory = load_callable(config.worker.generator, GENERATORS, "generator")
-    return factory(config)
+    return PromptLists(factory(config))

@@ -36,10 +36,17 @@ class Generator(Protocol):
       single job reproduced (shown in the worker's heartbeat).
     """
 
-    model_name: str
-    slots: int
-    restarts: int
-    unattributed_crashes: int
+    @property
+    def model_name(self) -> str: ...
+
+    @property
+    def slots(self) -> int: ...
+
+    @property
+    def restarts(self) -> int: ...
+
+    @property
+    def unattributed_crashes(self) -> int: ...
 
     def free_capacity(self) -> int: ...
 
