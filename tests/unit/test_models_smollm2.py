@@ -66,3 +66,18 @@ def test_smollm2_tokenizer_helpers(smollm2_dir):  # noqa: F811
     expected = tokenizer(text, add_special_tokens=False)["input_ids"]
     assert prompt_ids(tokenizer, messages=QUESTION) == list(expected)
     assert prompt_ids(tokenizer, prompt="Hello world") == list(tokenizer("Hello world")["input_ids"])
+
+
+def test_message_name_reaches_the_chat_template(smollm2_dir):  # noqa: F811
+    """A message's ``name`` (OpenAI's) is handed to the chat template; without one the template
+    sees no ``name`` key. The expected text is written out here, independently of the template."""
+    from producer.schema import ChatMessage
+
+    tokenizer = load_tokenizer(str(smollm2_dir))
+    tokenizer.chat_template = (
+        "{% for m in messages %}{{ m.role }}{% if 'name' in m %}({{ m.name }}){% endif %}: "
+        "{{ m.content }}\n{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}"
+    )
+    messages = [ChatMessage("system", "be brief"), ChatMessage("user", "hi", "ann")]
+    expected = "system: be brief\nuser(ann): hi\nassistant:"
+    assert prompt_ids(tokenizer, messages=messages) == tokenizer(expected, add_special_tokens=False)["input_ids"]
