@@ -80,4 +80,6 @@ def test_message_name_reaches_the_chat_template(smollm2_dir):  # noqa: F811
     )
     messages = [ChatMessage("system", "be brief"), ChatMessage("user", "hi", "ann")]
     expected = "system: be brief\nuser(ann): hi\nassistant:"
-    assert prompt_ids(tokenizer, messages=messages) == tokenizer(expected, add_special_tokens=False)["input_ids"]
+    assert (
+        prompt_ids(tokenizer, messages=messages) == tokenizer(expected, add_special_tokens=False)["input_ids"]
+    )
