@@ -78,7 +78,7 @@ FIELDS: dict[str, BodyField] = {
     "temperature": BodyField("supported", BOTH, ""),
     "top_p": BodyField("supported", BOTH, ""),
     "n": BodyField("supported", BOTH, "1 to 64"),
-    "seed": BodyField("supported", BOTH, "0 to 2^63 - 1; reproducible on the same worker setup"),
+    "seed": BodyField("supported", BOTH, "0 to 2^63 - 1"),
     "stop": BodyField("supported", BOTH, "a string or an array of strings"),
     "frequency_penalty": BodyField("supported", BOTH, "-2 to 2, over the generated tokens"),
     "presence_penalty": BodyField("supported", BOTH, "-2 to 2, over the generated tokens"),
@@ -90,9 +90,14 @@ FIELDS: dict[str, BodyField] = {
     "response_format": BodyField(
         "supported",
         BOTH,
-        "`text`, `json_object`, `json_schema` (its `schema`); on completions a radixq extension",
+        "`text`, `json_object`, `json_schema` (its `schema` is enforced, `strict` or not; `name` and "
+        "`description` are not used); on completions a radixq extension",
     ),
-    "metadata": BodyField("supported", BOTH, "any JSON object; returned in the response body's `metadata`"),
+    "metadata": BodyField(
+        "supported",
+        BOTH,
+        "any JSON object; returned in the response body's `metadata` (on completions a radixq extension)",
+    ),
     "stream": BodyField("supported", BOTH, "false only: a batch does not stream"),
     "top_k": _native("radixq extension: -1 or 0 (off), or 1 and up"),
     "min_p": _native("radixq extension: 0 to 1"),
