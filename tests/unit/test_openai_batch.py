@@ -126,11 +126,14 @@ def test_unknown_and_wrong_endpoint_fields_are_rejected() -> None:
     assert _rejected(_completion(max_completion_tokens=3)).field == "body.max_completion_tokens"
 
 
-def test_nulls_mean_defaults() -> None:
-    nulls = {name: None for name, row in FIELDS.items() if CHAT_URL in row.urls and name != "messages"}
-    job = parse_line(_chat(**nulls), 1)
-    default = parse_line(_chat(), 1)
-    assert job.sampling == default.sampling and job.messages == default.messages
+@pytest.mark.parametrize(("url", "make"), [(CHAT_URL, _chat), (COMPLETIONS_URL, _completion)])
+def test_nulls_mean_defaults(url: str, make: Any) -> None:
+    """Every field but the prompt itself, null: the job is the one without those fields."""
+    nulls = {
+        name: None for name, row in FIELDS.items() if url in row.urls and name not in ("messages", "prompt")
+    }
+    job = parse_line(make(**nulls), 1)
+    assert job == parse_line(make(model=None), 1)
 
 
 # ---- request mapping ------------------------------------------------------------------------
