@@ -11,6 +11,7 @@ from producer.schema import (
     MAX_JOB_BYTES,
     MAX_METADATA_DEPTH,
     MAX_N,
+    MAX_PROMPTS,
     MAX_STOP_CHARS,
     MAX_STOP_STRINGS,
     MAX_STOP_TOKEN_IDS,
@@ -131,6 +132,17 @@ def deep_msgpack_job(depth: int, field: str = "metadata") -> bytes:
         ({"metadata": {"k": b"raw"}}, "metadata.k", "must hold JSON values only"),
         ({"metadata": {"k": msgspec.msgpack.Ext(1, b"x")}}, "metadata.k", "must hold JSON values only"),
         ({"messages": [{"role": "", "content": "c"}], "prompt": None}, "messages[0].role", "non-empty"),
+        (
+            {"messages": [{"role": "u", "content": "c", "name": ""}], "prompt": None},
+            "messages[0].name",
+            "non-empty string of at most 256",
+        ),
+        ({"model": ""}, "model", "non-empty string of at most 256"),
+        ({"model": "m" * 257}, "model", "non-empty string of at most 256"),
+        ({"prompts": ["a"]}, "prompt", "exactly one of prompt, messages, input_ids, prompts"),
+        ({"prompts": [], "prompt": None}, "prompts", f"of 1 to {MAX_PROMPTS} items"),
+        ({"prompts": ["a"] * (MAX_PROMPTS + 1), "prompt": None}, "prompts", f"of 1 to {MAX_PROMPTS} items"),
+        ({"prompts": ["a", ""], "prompt": None}, "prompts[1]", "non-empty"),
     ],
 )
 def test_decode_job_enforces_every_bound(fields: dict, field: str, reason: str) -> None:
@@ -206,3 +218,16 @@ def test_top_k_keeping_the_whole_vocabulary_is_off() -> None:
         0,
         0,
     ]
+
+
+def test_new_optional_fields_round_trip_and_leave_messages_unchanged_without_a_name() -> None:
+    """model, prompts and a message's name travel; a message without a name encodes as it did
+    before names existed (role and content only), so older readers still take it."""
+    job = Job(id="j", prompts=["a", "b"], model="smol", metadata={"k": 1})
+    assert decode_job(encode_job(job)) == job
+    named = Job(id="c", messages=[ChatMessage("user", "hi", "ann"), ChatMessage("system", "s")])
+    assert decode_job(encode_job(named)) == named
+    assert msgspec.msgpack.encode(ChatMessage("user", "hi")) == msgspec.msgpack.encode(
+        {"role": "user", "content": "hi"}
+    )
+    assert job.prompt_kind == "prompts" and named.prompt_kind == "messages"
