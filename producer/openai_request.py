@@ -134,6 +134,7 @@ FIELDS: dict[str, BodyField] = {
 
 # Job fields a request field maps onto unchanged.
 _SAME_NAME = (
+    "max_tokens",
     "temperature",
     "top_p",
     "n",
@@ -185,10 +186,6 @@ def _model(value: Any, url: str) -> dict[str, Any]:
     return {"model": value} if value else {}
 
 
-def _max_tokens(value: Any, url: str) -> dict[str, Any]:
-    return {"max_tokens": value}
-
-
 def _stop(value: Any, url: str) -> dict[str, Any]:
     return {"stop": [value] if isinstance(value, str) else value}
 
@@ -235,7 +232,6 @@ def _response_format(value: Any, url: str) -> dict[str, Any]:
 
 _MAPPERS: dict[str, Callable[[Any, str], dict[str, Any]]] = {
     "model": _model,
-    "max_tokens": _max_tokens,
     "stop": _stop,
     "logprobs": _logprobs,
     "stream": _stream,
