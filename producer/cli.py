@@ -54,6 +54,17 @@ RetryTimeoutOption = Annotated[
     ),
 ]
 
+QuietOption = Annotated[bool, typer.Option("--quiet", help="No progress display.")]
+ProgressIntervalOption = Annotated[
+    float,
+    typer.Option(
+        "--progress-interval",
+        min=0.1,
+        help="When stderr is not a terminal: seconds between plain progress lines "
+        "(on a terminal the display is live).",
+    ),
+]
+
 
 def resolve_redis_url(url: str | None) -> str:
     return url or DEFAULT_REDIS_URL
@@ -173,19 +184,23 @@ def collect(
         ),
     ] = True,
     retry_timeout_s: RetryTimeoutOption = 60.0,
+    quiet: QuietOption = False,
+    progress_interval_s: ProgressIntervalOption = 10.0,
 ) -> None:
-    """Write each job's result exactly once, in enqueue order, error rows included.
+    """Write each job's result exactly once, in enqueue order, error rows included. With
+    --wait, progress goes to stderr (README: "Progress").
 
     Exit 0: every job has a row and none is an error; 1: some jobs failed, have no result,
     or Redis lost the queue; 2: unknown queue, Redis unavailable or refusing."""
     from producer.collector import Collector
+    from producer.progress import Progress
 
     url = resolve_redis_url(redis_url)
     client = open_client(url, queue)
     try:
-        with expected_errors(url):
+        with expected_errors(url), Progress(quiet=quiet or not wait, interval_s=progress_interval_s) as shown:
             collector = Collector(client.redis, queue, say=warn, retry_timeout_s=retry_timeout_s)
-            report = collector.collect(output, wait=wait, timeout_s=timeout_s, trim=trim)
+            report = collector.collect(output, wait=wait, timeout_s=timeout_s, trim=trim, progress=shown)
     except KeyboardInterrupt:
         fail(f"interrupted; the rows written so far are in {output} (run the same command to resume)", 130)
     finally:

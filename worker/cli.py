@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from producer.cli import QueueOption, RedisUrlOption, app, fail
+from producer.cli import ProgressIntervalOption, QueueOption, QuietOption, RedisUrlOption, app, fail
 
 ModelOption = Annotated[
     str | None, typer.Option("--model", "-m", help="Model: alias, directory, .gguf file or hub id.")
@@ -161,6 +161,16 @@ def run(
         float | None, typer.Option("--timeout", help="Give up after this many seconds.")
     ] = None,
     drain_timeout_s: RunDrainOption = 30.0,
+    quiet: QuietOption = False,
+    progress_interval_s: ProgressIntervalOption = 10.0,
+    metrics_port: Annotated[
+        int,
+        typer.Option(
+            "--metrics-port",
+            min=0,
+            help="Worker i serves Prometheus /metrics on this port + i (0: none).",
+        ),
+    ] = 0,
 ) -> None:
     """Enqueue FILE, start worker(s), collect into OUT, shut everything down.
 
@@ -187,6 +197,9 @@ def run(
         worker_args=worker_args,
         timeout_s=timeout_s,
         drain_timeout_s=drain_timeout_s,
+        quiet=quiet,
+        progress_interval_s=progress_interval_s,
+        metrics_port=metrics_port,
     )
     try:
         report = run_file(options, say=lambda text: typer.echo(text, err=True))
