@@ -237,8 +237,12 @@ def status(
     queue: QueueOption = "default",
     redis_url: RedisUrlOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    prometheus: Annotated[
+        bool, typer.Option("--prometheus", help="Print the queue's gauges in Prometheus's text format.")
+    ] = False,
 ) -> None:
-    """Queued, in flight (per consumer, alive or dead), done, failed and dead-lettered jobs.
+    """Queued, in flight (per consumer, alive or dead), done, failed and dead-lettered jobs,
+    rate, ETA and queue lag (README: "Status" explains every field).
 
     Exit 0, or 2: unknown queue, Redis unavailable or refusing."""
     url = resolve_redis_url(redis_url)
@@ -250,6 +254,11 @@ def status(
         client.close()
     if as_json:
         typer.echo(json.dumps(snapshot.to_dict(), indent=2))
+        return
+    if prometheus:
+        from producer.status import exposition
+
+        typer.echo(exposition(snapshot), nl=False)
         return
     epoch = (
         f"epoch {snapshot.epoch}"
@@ -263,6 +272,11 @@ def status(
     typer.echo(f"  failed        {snapshot.failed}")
     typer.echo(f"  dead-lettered {snapshot.dead_lettered}")
     typer.echo(f"  results kept  {snapshot.results_kept}")
+    eta = "-" if snapshot.eta_s is None else f"{snapshot.eta_s:.0f} s"
+    lag = "-" if snapshot.queue_lag_s is None else f"{snapshot.queue_lag_s:.1f} s"
+    typer.echo(f"  rate          {snapshot.jobs_per_s:.2f} jobs/s (live workers, last minute)")
+    typer.echo(f"  ETA           {eta}")
+    typer.echo(f"  queue lag     {lag} (oldest job not yet delivered)")
     for consumer in snapshot.consumers:
         typer.echo(f"  consumer {consumer.name}: {describe_consumer(consumer)}")
 
@@ -275,7 +289,8 @@ def describe_consumer(consumer: ConsumerStatus) -> str:
     state = beat.state if beat is not None else "no heartbeat"
     model = f", model {beat.model}" if beat is not None and beat.model else ""
     heard = f", heartbeat {age_s:.1f} s ago" if age_s is not None else ""
-    return f"{state}, {consumer.in_flight} in flight, idle {consumer.idle_ms} ms{heard}{model}"
+    rate = f", {beat.jobs_per_s:.2f} jobs/s, {beat.completed} done" if beat is not None else ""
+    return f"{state}, {consumer.in_flight} in flight, idle {consumer.idle_ms} ms{heard}{model}{rate}"
 
 
 @dlq_app.command("list")

@@ -56,6 +56,9 @@ def worker(
         typer.Option("--trim-jobs/--keep-jobs", help="Trim acknowledged entries from the jobs stream."),
     ] = None,
     log_level: Annotated[str | None, typer.Option("--log-level", help="DEBUG, INFO, WARNING, ERROR.")] = None,
+    metrics_port: Annotated[
+        int | None, typer.Option("--metrics-port", help="Serve Prometheus /metrics on this port (0: off).")
+    ] = None,
 ) -> None:
     """Consume jobs until SIGINT/SIGTERM, then drain (within the drain timeout) and exit 0.
 
@@ -80,6 +83,7 @@ def worker(
         "worker.name": name,
         "worker.generator": generator,
         "worker.log_level": log_level,
+        "worker.metrics_port": metrics_port,
         "engine.model": model,
         "engine.device": device,
         "queue.min_idle_s": min_idle_s,
@@ -119,7 +123,19 @@ def worker(
         consumer_config.min_idle_ms,
         consumer_config.dead_after_ms,
     )
-    consumer = Consumer(queue_side, generation, consumer_config)
+    metrics = None
+    if settings.worker.metrics_port:
+        from worker.metrics import WorkerMetrics
+
+        metrics = WorkerMetrics(consumer_config.queue)
+        try:
+            metrics.serve(settings.worker.metrics_port)
+        except OSError as exc:
+            generation.close(0)
+            fail(f"--metrics-port {settings.worker.metrics_port}: {exc.strerror or exc}", exits.USAGE)
+    consumer = Consumer(queue_side, generation, consumer_config, metrics=metrics)
+    if metrics is not None:
+        metrics.gauges(lambda: consumer.held, generation)
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: consumer.request_stop())
     try:
