@@ -188,7 +188,7 @@ def collect(
     progress_interval_s: ProgressIntervalOption = 10.0,
 ) -> None:
     """Write each job's result exactly once, in enqueue order, error rows included. With
-    --wait, progress goes to stderr (README: "Progress").
+    --wait, progress goes to stderr (README: "Progress, status and metrics").
 
     Exit 0: every job has a row and none is an error; 1: some jobs failed, have no result,
     or Redis lost the queue; 2: unknown queue, Redis unavailable or refusing."""
@@ -242,7 +242,7 @@ def status(
     ] = False,
 ) -> None:
     """Queued, in flight (per consumer, alive or dead), done, failed and dead-lettered jobs,
-    rate, ETA and queue lag (README: "Status" explains every field).
+    rate, ETA and queue lag (README: "Progress, status and metrics" explains every field).
 
     Exit 0, or 2: unknown queue, Redis unavailable or refusing."""
     url = resolve_redis_url(redis_url)

@@ -1,5 +1,5 @@
 """What a queue holds right now: counts, rate, ETA, queue lag, consumers and worker heartbeats
-(README "Status" explains each field); ``exposition`` renders it for Prometheus."""
+(README "Progress, status and metrics" explains each field); ``exposition`` renders it for Prometheus."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 The consumer reports each job it starts (hands to the generator) and each result it produces
 (before the outbox writes it); the gauges read the consumer and the generator when scraped.
 Every metric carries a ``queue`` label; Prometheus adds ``instance`` (one per worker port).
-README "Metrics" lists them; examples/grafana-dashboard.json charts them.
+README "Progress, status and metrics" lists them; examples/grafana-dashboard.json charts them.
 """
 
 from __future__ import annotations
