@@ -66,13 +66,14 @@ class Snapshot:
     output_tokens_per_s: float
     cache_hit: float | None  # cached prompt tokens / prompt tokens of results read; None: none read
     eta_s: float | None  # None: no rate yet
+    elapsed_s: float  # since the display started
 
     def line(self) -> str:
         eta = _clock(self.eta_s) if self.eta_s is not None else "?"
         hit = f"{self.cache_hit:.0%}" if self.cache_hit is not None else "-"
         return (
             f"{self.done}/{self.total} done  {self.failed} failed  {self.jobs_per_s:.1f} jobs/s  "
-            f"{self.output_tokens_per_s:.0f} tok/s out  cache {hit}  ETA {eta}"
+            f"{self.output_tokens_per_s:.0f} tok/s out  cache {hit}  ETA {eta}  elapsed {_clock(self.elapsed_s)}"
         )
 
 
@@ -102,6 +103,7 @@ class Progress:
         self.cached_tokens = 0
         self.output_tokens = 0
         self._rates = RateWindow()
+        self._started_s = clock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._live: Any = None
@@ -132,7 +134,8 @@ class Progress:
     # ---- what it shows ----------------------------------------------------------------------
 
     def snapshot(self) -> Snapshot:
-        jobs_per_s, tokens_per_s = self._rates.sample(self.clock(), self._all_read, self.output_tokens)
+        now_s = self.clock()
+        jobs_per_s, tokens_per_s = self._rates.sample(now_s, self._all_read, self.output_tokens)
         done = self._already + self._read
         total = max(self.total, done)
         left = total - done
@@ -144,9 +147,11 @@ class Progress:
             output_tokens_per_s=tokens_per_s,
             cache_hit=self.cached_tokens / self.prompt_tokens if self.prompt_tokens else None,
             eta_s=0.0 if left == 0 else (left / jobs_per_s if jobs_per_s > 0 else None),
+            elapsed_s=now_s - self._started_s,
         )
 
     def __enter__(self) -> Progress:
+        self._started_s = self.clock()
         if self.quiet:
             return self
         if self.stream.isatty():
