@@ -100,6 +100,7 @@ def worker_command(queue: str, name: str, extra: list[str]) -> list[str]:
 def worker_env(redis_url: str) -> dict[str, str]:
     env = dict(os.environ)
     env.pop("REDIS_URL", None)
+    env.pop("RADIXQ_METRICS_PORT", None)  # run gives each worker its own (RunOptions.metrics_port)
     env["RADIXQ_REDIS_URL"] = redis_url
     return env
 

@@ -184,6 +184,7 @@ def run(
         typer.Option(
             "--metrics-port",
             min=0,
+            envvar="RADIXQ_METRICS_PORT",
             help="Worker i serves Prometheus /metrics on this port + i (0: none).",
         ),
     ] = 0,

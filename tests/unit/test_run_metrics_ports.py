@@ -28,3 +28,8 @@ def test_each_worker_gets_its_own_port_only_when_asked(monkeypatch: pytest.Monke
     assert [flag(args, "--metrics-port") for args in asked] == ["9400", "9401", "9402"]
     plain = started_commands(monkeypatch, num_workers=2)
     assert [flag(args, "--metrics-port") for args in plain] == [None, None]
+
+
+def test_the_environment_port_is_not_passed_on_to_every_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RADIXQ_METRICS_PORT", "9400")
+    assert "RADIXQ_METRICS_PORT" not in runner.worker_env("redis://x")
