@@ -68,26 +68,37 @@ def test_worker_metrics_count_what_happened(redis_url: str, tmp_path: Path) -> N
         for i in range(20)
     ]
     enqueue(redis_url, jobs)
-    port = free_port()
-    start_worker(
-        redis_url, "w", tmp_path / "w.log", "--metrics-port", str(port), RADIXQ_FAKE_LATENCY_S="0.05"
-    )
     keys = QueueKeys()
     client = redis.Redis.from_url(redis_url)
+    # A consumer that reads the first two entries and vanishes: with --max-attempts 1 the
+    # worker dead-letters them when it reclaims them (their second delivery).
+    client.xreadgroup(keys.group, "ghost", {keys.jobs: ">"}, count=2)
+    port = free_port()
+    start_worker(
+        redis_url,
+        "w",
+        tmp_path / "w.log",
+        *("--metrics-port", str(port), "--max-attempts", "1", "--min-idle-s", "0.2"),
+        RADIXQ_FAKE_LATENCY_S="0.05",
+    )
     wait_for(lambda: client.hlen(keys.done) == len(jobs), 30, "every job done")
     out = tmp_path / "out.jsonl"
     assert radixq("collect", "-o", str(out), "--redis-url", redis_url, "--keep-results").returncode == 1
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     ok = [row for row in rows if not row.get("error")]
     metrics = scrape(port)
-    assert metrics["radixq_jobs_started_total"] == len(jobs)
-    assert metrics["radixq_jobs_finished_total"] == len(ok) == len(jobs) - len(failing)
-    assert metrics['radixq_jobs_failed_total{code="internal"}'] == client.hlen(keys.failed) == len(failing)
-    assert metrics["radixq_jobs_dead_lettered_total"] == client.xlen(keys.dead) == 0
+    dead = [row["id"] for row in rows if (row.get("error") or {}).get("code") == "dead_letter"]
+    assert sorted(dead) == ["m0", "m1"] and client.xlen(keys.dead) == 2
+    assert metrics["radixq_jobs_started_total"] == len(jobs) - len(dead)
+    assert metrics["radixq_jobs_finished_total"] == len(ok) == len(jobs) - len(failing) - len(dead)
+    assert metrics['radixq_jobs_failed_total{code="internal"}'] == len(failing)
+    assert metrics['radixq_jobs_failed_total{code="dead_letter"}'] == len(dead)
+    assert metrics["radixq_jobs_dead_lettered_total"] == len(dead)
+    assert client.hlen(keys.failed) == len(failing) + len(dead)
     assert metrics["radixq_prompt_tokens_total"] == sum(row["usage"]["prompt_tokens"] for row in ok)
     assert metrics["radixq_output_tokens_total"] == sum(row["usage"]["completion_tokens"] for row in ok)
     assert metrics["radixq_cached_tokens_total"] == sum(row["usage"]["cached_tokens"] for row in ok)
-    assert metrics["radixq_job_queue_wait_seconds_count"] == len(jobs)
+    assert metrics["radixq_job_queue_wait_seconds_count"] == len(jobs) - len(dead)
     assert metrics["radixq_job_latency_seconds_count"] == len(ok)
     stored = [decode_result(fields[b"result"]) for _, fields in client.xrange(keys.results)]
     latencies = [
@@ -102,8 +113,10 @@ def test_worker_metrics_count_what_happened(redis_url: str, tmp_path: Path) -> N
     status = radixq("status", "--redis-url", redis_url, "--prometheus")
     assert status.returncode == 0, status.stderr
     queue = samples(status.stdout)
-    assert queue["radixq_queue_done"] == len(jobs) and queue["radixq_queue_failed"] == len(failing)
-    assert queue['radixq_queue_workers{state="alive"}'] == 1
+    assert queue["radixq_queue_done"] == len(jobs) and queue["radixq_queue_failed"] == len(failing) + 2
+    assert queue["radixq_queue_dead_lettered"] == 2
+    workers = queue['radixq_queue_workers{state="alive"}'] + queue['radixq_queue_workers{state="dead"}']
+    assert workers == 2 and queue['radixq_queue_workers{state="alive"}'] >= 1  # w, and the ghost
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
         known = names(reply.read().decode()) | names(status.stdout)
     exprs = [
