@@ -20,23 +20,26 @@ _BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 
 
 
 class WorkerMetrics:
-    """The metrics of one worker, in a registry of its own."""
+    """The metrics of one worker, in a registry of its own. The queue-labelled children are
+    resolved once here (a ``labels()`` lookup per result would cost more than the count)."""
 
     def __init__(self, queue: str) -> None:
         self.registry = CollectorRegistry()
         self.queue = queue
-        labels = ["queue"]
 
-        def counter(name: str, doc: str, extra: tuple[str, ...] = ()) -> Counter:
-            made = Counter(name, doc, [*labels, *extra], registry=self.registry)
-            if not extra:
-                made.labels(queue)  # exported at 0 from the start
-            return made
+        def counter(name: str, doc: str) -> Any:
+            return Counter(name, doc, ["queue"], registry=self.registry).labels(queue)  # exported at 0
+
+        def histogram(name: str, doc: str) -> Any:
+            return Histogram(name, doc, ["queue"], buckets=_BUCKETS_S, registry=self.registry).labels(queue)
 
         self.jobs_started = counter("radixq_jobs_started", "Jobs handed to the generator.")
         self.jobs_finished = counter("radixq_jobs_finished", "Jobs whose result has no error.")
-        self.jobs_failed = counter(
-            "radixq_jobs_failed", "Jobs whose result is an error (dead letters included), by code.", ("code",)
+        self.jobs_failed = Counter(
+            "radixq_jobs_failed",
+            "Jobs whose result is an error (dead letters included), by code.",
+            ["queue", "code"],
+            registry=self.registry,
         )
         self.jobs_dead_lettered = counter(
             "radixq_jobs_dead_lettered", "Jobs moved to the dead-letter stream."
@@ -48,19 +51,11 @@ class WorkerMetrics:
         self.cached_tokens = counter(
             "radixq_cached_tokens", "Prompt tokens of finished jobs served from the prefix cache."
         )
-        self.queue_wait = Histogram(
-            "radixq_job_queue_wait_seconds",
-            "From enqueue to the worker starting the job.",
-            labels,
-            buckets=_BUCKETS_S,
-            registry=self.registry,
+        self.queue_wait = histogram(
+            "radixq_job_queue_wait_seconds", "From enqueue to the worker starting the job."
         )
-        self.job_latency = Histogram(
-            "radixq_job_latency_seconds",
-            "From the worker starting the job to its result.",
-            labels,
-            buckets=_BUCKETS_S,
-            registry=self.registry,
+        self.job_latency = histogram(
+            "radixq_job_latency_seconds", "From the worker starting the job to its result."
         )
 
     def gauges(self, held: Callable[[], float], generator: Any) -> None:
@@ -95,22 +90,20 @@ class WorkerMetrics:
     # ---- what the consumer reports ------------------------------------------------------------
 
     def started(self, job: Job, started_at_ms: int) -> None:
-        self.jobs_started.labels(self.queue).inc()
+        self.jobs_started.inc()
         if job.enqueued_at_ms:
-            self.queue_wait.labels(self.queue).observe(max(0, started_at_ms - job.enqueued_at_ms) / 1000)
+            self.queue_wait.observe(max(0, started_at_ms - job.enqueued_at_ms) / 1000)
 
     def result(self, result: Result, dead_lettered: bool) -> None:
         if dead_lettered:
-            self.jobs_dead_lettered.labels(self.queue).inc()
+            self.jobs_dead_lettered.inc()
         if result.error is not None:
             self.jobs_failed.labels(self.queue, result.error.code).inc()
             return
-        self.jobs_finished.labels(self.queue).inc()
-        self.prompt_tokens.labels(self.queue).inc(result.usage.prompt_tokens)
-        self.output_tokens.labels(self.queue).inc(result.usage.completion_tokens)
-        self.cached_tokens.labels(self.queue).inc(result.usage.cached_tokens)
+        self.jobs_finished.inc()
+        self.prompt_tokens.inc(result.usage.prompt_tokens)
+        self.output_tokens.inc(result.usage.completion_tokens)
+        self.cached_tokens.inc(result.usage.cached_tokens)
         timings = result.timings
         if timings.started_at_ms and timings.finished_at_ms:
-            self.job_latency.labels(self.queue).observe(
-                max(0, timings.finished_at_ms - timings.started_at_ms) / 1000
-            )
+            self.job_latency.observe(max(0, timings.finished_at_ms - timings.started_at_ms) / 1000)
