@@ -54,6 +54,17 @@ RetryTimeoutOption = Annotated[
     ),
 ]
 
+QuietOption = Annotated[bool, typer.Option("--quiet", help="No progress display.")]
+ProgressIntervalOption = Annotated[
+    float,
+    typer.Option(
+        "--progress-interval",
+        min=0.1,
+        help="When stderr is not a terminal: seconds between plain progress lines "
+        "(on a terminal the display is live).",
+    ),
+]
+
 
 def resolve_redis_url(url: str | None) -> str:
     return url or DEFAULT_REDIS_URL
@@ -175,19 +186,23 @@ def collect(
         ),
     ] = True,
     retry_timeout_s: RetryTimeoutOption = 60.0,
+    quiet: QuietOption = False,
+    progress_interval_s: ProgressIntervalOption = 10.0,
 ) -> None:
-    """Write each job's result exactly once, in enqueue order, error rows included.
+    """Write each job's result exactly once, in enqueue order, error rows included. With
+    --wait, progress goes to stderr (README: "Progress, status and metrics").
 
     Exit 0: every job has a row and none is an error; 1: some jobs failed, have no result,
     or Redis lost the queue; 2: unknown queue, Redis unavailable or refusing."""
     from producer.collector import Collector
+    from producer.progress import Progress
 
     url = resolve_redis_url(redis_url)
     client = open_client(url, queue)
     try:
-        with expected_errors(url):
+        with expected_errors(url), Progress(quiet=quiet or not wait, interval_s=progress_interval_s) as shown:
             collector = Collector(client.redis, queue, say=warn, retry_timeout_s=retry_timeout_s)
-            report = collector.collect(output, wait=wait, timeout_s=timeout_s, trim=trim)
+            report = collector.collect(output, wait=wait, timeout_s=timeout_s, trim=trim, progress=shown)
     except KeyboardInterrupt:
         fail(f"interrupted; the rows written so far are in {output} (run the same command to resume)", 130)
     finally:
@@ -224,8 +239,12 @@ def status(
     queue: QueueOption = "default",
     redis_url: RedisUrlOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    prometheus: Annotated[
+        bool, typer.Option("--prometheus", help="Print the queue's gauges in Prometheus's text format.")
+    ] = False,
 ) -> None:
-    """Queued, in flight (per consumer, alive or dead), done, failed and dead-lettered jobs.
+    """Queued, in flight (per consumer, alive or dead), done, failed and dead-lettered jobs,
+    rate, ETA and queue lag (README: "Progress, status and metrics" explains every field).
 
     Exit 0, or 2: unknown queue, Redis unavailable or refusing."""
     url = resolve_redis_url(redis_url)
@@ -237,6 +256,11 @@ def status(
         client.close()
     if as_json:
         typer.echo(json.dumps(snapshot.to_dict(), indent=2))
+        return
+    if prometheus:
+        from producer.status import exposition
+
+        typer.echo(exposition(snapshot), nl=False)
         return
     epoch = (
         f"epoch {snapshot.epoch}"
@@ -250,6 +274,11 @@ def status(
     typer.echo(f"  failed        {snapshot.failed}")
     typer.echo(f"  dead-lettered {snapshot.dead_lettered}")
     typer.echo(f"  results kept  {snapshot.results_kept}")
+    eta = "-" if snapshot.eta_s is None else f"{snapshot.eta_s:.0f} s"
+    lag = "-" if snapshot.queue_lag_s is None else f"{snapshot.queue_lag_s:.1f} s"
+    typer.echo(f"  rate          {snapshot.jobs_per_s:.2f} jobs/s (live workers, last minute)")
+    typer.echo(f"  ETA           {eta}")
+    typer.echo(f"  queue lag     {lag} (oldest job not yet delivered)")
     for consumer in snapshot.consumers:
         typer.echo(f"  consumer {consumer.name}: {describe_consumer(consumer)}")
 
@@ -262,7 +291,8 @@ def describe_consumer(consumer: ConsumerStatus) -> str:
     state = beat.state if beat is not None else "no heartbeat"
     model = f", model {beat.model}" if beat is not None and beat.model else ""
     heard = f", heartbeat {age_s:.1f} s ago" if age_s is not None else ""
-    return f"{state}, {consumer.in_flight} in flight, idle {consumer.idle_ms} ms{heard}{model}"
+    rate = f", {beat.jobs_per_s:.2f} jobs/s, {beat.completed} done" if beat is not None else ""
+    return f"{state}, {consumer.in_flight} in flight, idle {consumer.idle_ms} ms{heard}{model}{rate}"
 
 
 @dlq_app.command("list")

@@ -36,6 +36,7 @@ from producer.keys import (
     QueueKeys,
 )
 from producer.outfile import OutputFile, result_line
+from producer.progress import Progress
 from producer.redis_errors import classify, describe, url_of
 from producer.resume import done_marks, superseded_rows
 from producer.retry import Backoff, RedisUnavailable
@@ -71,6 +72,7 @@ class _Pass:
     replaced: int = 0
     trimmed: set[str] = field(default_factory=set)
     lost: str | None = None  # what Redis lost, once seen
+    progress: Progress | None = None
 
     @property
     def finished(self) -> bool:
@@ -109,6 +111,7 @@ class Collector:
         poll_s: float = 0.5,
         should_stop: Callable[[], bool] | None = None,
         trim: bool = False,
+        progress: Progress | None = None,
     ) -> CollectReport:
         """Append the results of ``ids`` (default: every enqueued id, in order) to ``out``.
 
@@ -118,6 +121,7 @@ class Collector:
         straight to the stream) are appended after the ordered ones. With ``trim`` the
         results stream is trimmed below the oldest entry still needed, once the rows are
         fsynced (only for the queue's one collector: others would miss what it trimmed).
+        ``progress`` is told the scope and each counted result as it is read.
         Raises UnknownQueueError when Redis has no trace of the queue.
         """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -132,8 +136,11 @@ class Collector:
             raise UnknownQueueError(self.keys.queue)
         with OutputFile(out) as output:
             scope = list(ids) if ids is not None else []
-            run = _Pass(output, scope, listed=ids is not None, scope=set(scope))
+            run = _Pass(output, scope, listed=ids is not None, scope=set(scope), progress=progress)
             already = len(output.ids)
+            if progress is not None:
+                rows = output.ids if not run.listed else output.ids & run.scope
+                progress.begin(len(scope), len(rows), sum(i in output.errors for i in rows))
             stopped = self._attempt(lambda: self._load_superseded(run), deadline)
             block_ms = 0
             while stopped is None:
@@ -209,6 +216,8 @@ class Collector:
         if not run.listed and order_len > len(run.expected):
             items: Any = self.redis.lrange(self.keys.order, len(run.expected), -1)
             run.expected.extend(item.decode() for item in items)
+            if run.progress is not None:
+                run.progress.scope(len(run.expected))
         trimmed_bound = _parse(trimmed_raw.decode()) if trimmed_raw is not None else (0, 0)
         before = self._marks_before_read(run) if trimmed_bound > self._trim_seen else None
         self._read(run, block_ms)
@@ -248,6 +257,8 @@ class Collector:
                     continue
                 elif not run.listed or job_id in run.scope:
                     self._ahead[job_id] = (entry_id.decode(), raw)
+                    if run.progress is not None:
+                        run.progress.result(raw)
             self._last_entry = entries[-1][0].decode()
             self._advance(run)
             if len(entries) < _READ_COUNT:

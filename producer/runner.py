@@ -36,6 +36,7 @@ from producer.collector import Collector
 from producer.jsonl import InputFile, read_jobs, written_ids
 from producer.lifetime import start_child
 from producer.local_redis import LocalRedis
+from producer.progress import Progress
 from producer.redis_errors import FatalRedisError, describe, redact
 from producer.schema import Job
 from producer.worker_pool import GRACE_S, WorkerPool
@@ -53,6 +54,9 @@ class RunOptions:
     worker_args: list[str] = field(default_factory=list)  # passed to each `radixq worker`
     timeout_s: float | None = None
     drain_timeout_s: float = 30.0
+    quiet: bool = False  # no progress display
+    progress_interval_s: float = 10.0  # plain progress lines when stderr is not a terminal
+    metrics_port: int = 0  # >0: worker i serves /metrics on metrics_port + i
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,7 @@ def worker_command(queue: str, name: str, extra: list[str]) -> list[str]:
 def worker_env(redis_url: str) -> dict[str, str]:
     env = dict(os.environ)
     env.pop("REDIS_URL", None)
+    env.pop("RADIXQ_METRICS_PORT", None)  # run gives each worker its own (RunOptions.metrics_port)
     env["RADIXQ_REDIS_URL"] = redis_url
     return env
 
@@ -222,6 +227,7 @@ def _run_jobs(
         stack.callback(lambda: outcome.worker_codes.extend(pool.stop(lambda: 1 + signals.count)))
         ids = [job.id for job in jobs]
         collector = Collector(client.redis, options.queue)
+        progress = stack.enter_context(Progress(quiet=options.quiet, interval_s=options.progress_interval_s))
         first = collector.collect(
             out,
             ids=ids,
@@ -229,6 +235,7 @@ def _run_jobs(
             timeout_s=options.timeout_s,
             poll_s=POLL_S,
             should_stop=lambda: signals.count > 0 or pool.exited(),
+            progress=progress,
         )
         outcome.written = first.written
         if not first.missing:
@@ -248,8 +255,9 @@ def _run_jobs(
                 wait=True,
                 poll_s=POLL_S,
                 should_stop=lambda: pool.advance(1 + signals.count - by_signal),
+                progress=progress,
             ).written
-        outcome.written += collector.collect(out, ids=ids, wait=False).written
+        outcome.written += collector.collect(out, ids=ids, wait=False, progress=progress).written
 
 
 def _start_workers(options: RunOptions, redis_url: str, private: bool) -> list[subprocess.Popen[bytes]]:
@@ -261,7 +269,12 @@ def _start_workers(options: RunOptions, redis_url: str, private: bool) -> list[s
             worker_command(
                 options.queue,
                 f"run-{os.getpid()}-{i}",
-                [*options.worker_args, "--drain-timeout-s", f"{options.drain_timeout_s:g}"],
+                [
+                    *options.worker_args,
+                    "--drain-timeout-s",
+                    f"{options.drain_timeout_s:g}",
+                    *(["--metrics-port", str(options.metrics_port + i)] if options.metrics_port else []),
+                ],
             ),
             death_signal=signal.SIGKILL if private else signal.SIGTERM,
             env=worker_env(redis_url),

@@ -1,4 +1,5 @@
-"""What a queue holds right now: counts, consumers and worker heartbeats."""
+"""What a queue holds right now: counts, rate, ETA, queue lag, consumers and worker heartbeats
+(README "Progress, status and metrics" explains each field); ``exposition`` renders it for Prometheus."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ class Heartbeat(msgspec.Struct, frozen=True, kw_only=True):
     engine_restarts: int = 0  # scheduler processes restarted after a crash
     unattributed_crashes: int = 0  # engine crashes no single job reproduced (a workload shape)
     data_losses: int = 0  # times it saw Redis lose the queue's data (epoch gone or changed)
+    jobs_per_s: float = 0.0  # jobs it finished per second over the last minute or so
 
 
 # A consumer is taken for dead when Redis has not seen it for this many heartbeat intervals
@@ -53,6 +55,9 @@ class QueueStatus(msgspec.Struct, frozen=True, kw_only=True):
     failed: int  # of which errors (dead letters included)
     dead_lettered: int
     results_kept: int = 0  # entries in the results stream (collect --trim removes written ones)
+    jobs_per_s: float = 0.0  # the live workers' heartbeat rates, summed
+    eta_s: float | None = None  # (queued + in flight) / jobs_per_s; 0 when nothing is left; None: no rate
+    queue_lag_s: float | None = None  # age of the oldest job not yet delivered; None: none queued
     consumers: list[ConsumerStatus] = []
 
     def to_dict(self) -> dict[str, Any]:
@@ -92,7 +97,9 @@ def read_status(client: redis.Redis, keys: QueueKeys) -> QueueStatus:
         pipe.hgetall(keys.workers)
         pipe.hget(keys.meta, META_EPOCH)
         pipe.xlen(keys.results)
-        enqueued, done, failed, dead, stream_len, beats, epoch, results = pipe.execute()
+        pipe.time()
+        enqueued, done, failed, dead, stream_len, beats, epoch, results, (secs, micros) = pipe.execute()
+    redis_now_ms = secs * 1000 + micros // 1000
     group: dict[str, Any] = {}
     consumers: list[dict[str, Any]] = []
     try:
@@ -101,6 +108,10 @@ def read_status(client: redis.Redis, keys: QueueKeys) -> QueueStatus:
             consumers = client.xinfo_consumers(keys.jobs, keys.group)
     except redis.ResponseError:  # no stream yet
         pass
+    oldest: Any = client.xrange(
+        keys.jobs, min=f"({_text(group['last-delivered-id'])}" if group else "-", count=1
+    )
+    queue_lag_s = max(0, redis_now_ms - int(_text(oldest[0][0]).split("-")[0])) / 1000 if oldest else None
     if not group:
         queued = stream_len
     elif group.get("lag") is not None:
@@ -124,18 +135,63 @@ def read_status(client: redis.Redis, keys: QueueKeys) -> QueueStatus:
                 alive=alive,
             )
         )
+    jobs_per_s = sum(c.heartbeat.jobs_per_s for c in listed if c.alive and c.heartbeat is not None)
+    in_flight = int(group.get("pending") or 0)
+    left = queued + in_flight
     return QueueStatus(
         queue=keys.queue,
         epoch=_text(epoch) if epoch is not None else None,
         enqueued=enqueued,
         queued=queued,
-        in_flight=int(group.get("pending") or 0),
+        in_flight=in_flight,
         done=done,
         failed=failed,
         dead_lettered=dead,
         results_kept=results,
+        jobs_per_s=jobs_per_s,
+        eta_s=0.0 if not left else (left / jobs_per_s if jobs_per_s > 0 else None),
+        queue_lag_s=queue_lag_s,
         consumers=listed,
     )
+
+
+def exposition(status: QueueStatus) -> str:
+    """The queue's gauges in Prometheus's text exposition format (``status --prometheus``)."""
+    label = 'queue="' + status.queue.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+    alive = sum(c.alive for c in status.consumers)
+    gauges: list[tuple[str, str, list[tuple[str, float]]]] = [
+        ("radixq_queue_enqueued", "Distinct job ids ever enqueued.", [("", status.enqueued)]),
+        ("radixq_queue_queued", "Jobs in the stream not yet delivered to a worker.", [("", status.queued)]),
+        (
+            "radixq_queue_in_flight",
+            "Jobs delivered to a worker and not yet acknowledged.",
+            [("", status.in_flight)],
+        ),
+        ("radixq_queue_done", "Jobs with a counted result, errors included.", [("", status.done)]),
+        ("radixq_queue_failed", "Jobs whose counted result is an error.", [("", status.failed)]),
+        ("radixq_queue_dead_lettered", "Entries in the dead-letter stream.", [("", status.dead_lettered)]),
+        ("radixq_queue_results_kept", "Entries in the results stream.", [("", status.results_kept)]),
+        (
+            "radixq_queue_jobs_per_second",
+            "Live workers' completion rates, summed.",
+            [("", status.jobs_per_s)],
+        ),
+        (
+            "radixq_queue_lag_seconds",
+            "Age of the oldest job not yet delivered (0: none).",
+            [("", status.queue_lag_s or 0)],
+        ),
+        (
+            "radixq_queue_workers",
+            "Consumers of the queue by liveness.",
+            [(',state="alive"', alive), (',state="dead"', len(status.consumers) - alive)],
+        ),
+    ]
+    lines = []
+    for name, doc, samples in gauges:
+        lines += [f"# HELP {name} {doc}", f"# TYPE {name} gauge"]
+        lines += [f"{name}{{{label}{extra}}} {float(value)!r}" for extra, value in samples]
+    return "\n".join(lines) + "\n"
 
 
 def count_after(client: redis.Redis, stream: str, entry_id: str, chunk: int = 1000) -> int:

@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from producer.cli import QueueOption, RedisUrlOption, app, fail
+from producer.cli import ProgressIntervalOption, QueueOption, QuietOption, RedisUrlOption, app, fail
 
 ModelOption = Annotated[
     str | None, typer.Option("--model", "-m", help="Model: alias, directory, .gguf file or hub id.")
@@ -56,6 +56,9 @@ def worker(
         typer.Option("--trim-jobs/--keep-jobs", help="Trim acknowledged entries from the jobs stream."),
     ] = None,
     log_level: Annotated[str | None, typer.Option("--log-level", help="DEBUG, INFO, WARNING, ERROR.")] = None,
+    metrics_port: Annotated[
+        int | None, typer.Option("--metrics-port", help="Serve Prometheus /metrics on this port (0: off).")
+    ] = None,
 ) -> None:
     """Consume jobs until SIGINT/SIGTERM, then drain (within the drain timeout) and exit 0.
 
@@ -80,6 +83,7 @@ def worker(
         "worker.name": name,
         "worker.generator": generator,
         "worker.log_level": log_level,
+        "worker.metrics_port": metrics_port,
         "engine.model": model,
         "engine.device": device,
         "queue.min_idle_s": min_idle_s,
@@ -119,7 +123,21 @@ def worker(
         consumer_config.min_idle_ms,
         consumer_config.dead_after_ms,
     )
-    consumer = Consumer(queue_side, generation, consumer_config, served_models=settings.worker.served_models)
+    metrics = None
+    if settings.worker.metrics_port:
+        from worker.metrics import WorkerMetrics
+
+        metrics = WorkerMetrics(consumer_config.queue)
+        try:
+            metrics.serve(settings.worker.metrics_port)
+        except OSError as exc:
+            generation.close(0)
+            fail(f"--metrics-port {settings.worker.metrics_port}: {exc.strerror or exc}", exits.USAGE)
+    consumer = Consumer(
+        queue_side, generation, consumer_config, metrics=metrics, served_models=settings.worker.served_models
+    )
+    if metrics is not None:
+        metrics.gauges(lambda: consumer.held, generation)
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: consumer.request_stop())
     try:
@@ -161,6 +179,17 @@ def run(
         float | None, typer.Option("--timeout", help="Give up after this many seconds.")
     ] = None,
     drain_timeout_s: RunDrainOption = 30.0,
+    quiet: QuietOption = False,
+    progress_interval_s: ProgressIntervalOption = 10.0,
+    metrics_port: Annotated[
+        int,
+        typer.Option(
+            "--metrics-port",
+            min=0,
+            envvar="RADIXQ_METRICS_PORT",
+            help="Worker i serves Prometheus /metrics on this port + i (0: none).",
+        ),
+    ] = 0,
 ) -> None:
     """Enqueue FILE, start worker(s), collect into OUT, shut everything down.
 
@@ -187,6 +216,9 @@ def run(
         worker_args=worker_args,
         timeout_s=timeout_s,
         drain_timeout_s=drain_timeout_s,
+        quiet=quiet,
+        progress_interval_s=progress_interval_s,
+        metrics_port=metrics_port,
     )
     try:
         report = run_file(options, say=lambda text: typer.echo(text, err=True))

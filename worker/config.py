@@ -48,6 +48,11 @@ class WorkerSection:
     generator: str = "engine"
     log_level: str = "INFO"
     served_model_names: str = ""  # comma-separated; "": any model name a job gives is run
+    metrics_port: int = 0  # 0: no /metrics
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.metrics_port <= 65535:
+            raise ValueError(f"metrics_port={self.metrics_port}: must be a port in [1, 65535], or 0 for none")
 
     @property
     def served_models(self) -> tuple[str, ...]:
@@ -66,8 +71,9 @@ HELP: dict[str, str] = {
     "worker.redis_url": "Redis to use (`rediss://` for TLS)",
     "worker.name": "consumer name (default: hostname-pid)",
     "worker.generator": "`engine`, or a `module:callable` generator factory",
-    "worker.log_level": "DEBUG, INFO, WARNING, ERROR",
+    "worker.log_level": "DEBUG, INFO, WARNING, ERROR (DEBUG also shows model loading's progress bars)",
     "worker.served_model_names": "model names this worker answers to, comma-separated; a job naming another gets a `model_not_served` error (empty: any name runs on the worker's model)",
+    "worker.metrics_port": "serve Prometheus `/metrics` on this port (0: off)",
     "queue.block_s": "longest wait for new entries while nothing is held",
     "queue.poll_s": "longest wait for results while jobs are held",
     "queue.read_batch": "most entries one read returns",

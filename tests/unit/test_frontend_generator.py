@@ -6,11 +6,14 @@ import time
 from pathlib import Path
 
 import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from producer.schema import Job, SamplingParams
 from tests.model_fixtures import hf_from_dir, hf_greedy, tiny_hf_model
 from worker.engine.config import EngineConfig
 from worker.frontend import EngineGenerator
+from worker.metrics import WorkerMetrics
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +67,19 @@ def test_jobs_round_trip_and_bad_ones_fail_alone(model_dir: Path, monkeypatch: p
         assert results["long"].error is not None and results["long"].error.code == "prompt_too_long"
         assert "'long'" in results["long"].error.message
         assert backend.free_capacity() == 8 * 4
+        # The engine's load (worker.metrics' gauges): as of its last result, nothing held.
+        load = backend.load
+        assert load.running_reqs == 0 and 0 <= load.pages_used <= load.num_pages and load.step_s > 0
+        metrics = WorkerMetrics("q")
+        metrics.gauges(lambda: 0, backend)
+        gauges = {
+            s.name: s.value
+            for f in text_string_to_metric_families(generate_latest(metrics.registry).decode())
+            for s in f.samples
+        }
+        assert gauges["radixq_kv_pool_pages"] == load.num_pages > 0
+        assert gauges["radixq_kv_pages_used"] == load.pages_used
+        assert gauges["radixq_step_seconds"] == load.step_s
     finally:
         backend.close()
 

@@ -44,6 +44,16 @@ MAX_HELD_PER_SLOT = 8  # the most it accepts: a read window beyond that holds no
 
 
 @dataclass(frozen=True)
+class EngineLoad:
+    """The scheduler's load as its latest RequestFinished reported it (worker.metrics' gauges)."""
+
+    running_reqs: int = 0
+    pages_used: int = 0
+    num_pages: int = 0
+    step_s: float = 0.0
+
+
+@dataclass(frozen=True)
 class _Entry:
     uid: str
     job: Job
@@ -87,6 +97,7 @@ class EngineGenerator:
         self._start_at = 0.0  # when to start the next process (while self._proc is None)
         self._failed_starts = 0
         self._crash_reason: str | None = None  # the unexplained crash suspects are re-run for
+        self.load = EngineLoad(num_pages=ready.num_pages)
 
     # ---- Generator ------------------------------------------------------------------------
 
@@ -141,6 +152,9 @@ class EngineGenerator:
         assert self._proc is not None
         for message in self._proc.receive(timeout_s):
             if isinstance(message, RequestFinished):
+                self.load = EngineLoad(
+                    message.running_reqs, message.pages_used, self.load.num_pages, message.step_s
+                )
                 entry = self._inflight.pop(message.uid, None)
                 if entry is None:
                     continue

@@ -33,6 +33,16 @@ from worker.scheduler.messages import (
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
 
+def quiet_loading_env(log_level: str, environ: dict[str, str]) -> dict[str, str]:
+    """Environment that silences model loading's progress bars (transformers' GGUF
+    de-quantising, hub downloads) below DEBUG; variables the user set are kept. NOTE: tqdm
+    reads TQDM_* once, when imported, hence the environment of a new process."""
+    if log_level.upper() == "DEBUG":
+        return {}
+    wanted = {"TQDM_DISABLE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+    return {name: value for name, value in wanted.items() if name not in environ}
+
+
 class EngineStartError(RuntimeError):
     """The engine could not be started; ``str()`` is the one line to show."""
 
@@ -48,6 +58,7 @@ class SchedulerProcess:
         env = dict(os.environ)
         # NOTE: the child imports this very tree, whatever sys.path the parent was given.
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_ROOT, env.get("PYTHONPATH", "")]))
+        env.update(quiet_loading_env(log_level, env))
         args = [
             sys.executable,
             "-m",

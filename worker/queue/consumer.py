@@ -25,9 +25,11 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import msgspec
 
+from producer.progress import RateWindow
 from producer.schema import Job, JobError, Result, Timings, error_result
 from producer.status import Heartbeat, now_ms
 from worker.queue.config import ConsumerConfig
@@ -36,6 +38,9 @@ from worker.queue.guard import Guard
 from worker.queue.jobqueue import Completion, DeadLetter, Delivery, JobQueue, Release, decode_entry
 from worker.queue.outbox import Outbox
 from worker.queue.watch import QueueWatch
+
+if TYPE_CHECKING:
+    from worker.metrics import WorkerMetrics
 
 log = logging.getLogger("radixq.worker")
 
@@ -61,11 +66,13 @@ class Consumer:
         config: ConsumerConfig,
         clock: Callable[[], float] = time.monotonic,
         *,
+        metrics: WorkerMetrics | None = None,
         served_models: tuple[str, ...] = (),
     ) -> None:
         """``served_models``: the model names this worker answers to (a job naming another one
         gets a ``model_not_served`` error); empty: any name runs on the generator's model."""
         self.queue = queue
+        self.metrics = metrics  # told of each job started and each result (worker.metrics)
         self.generator = generator
         self.config = config
         self.served_models = served_models
@@ -75,6 +82,7 @@ class Consumer:
         self.watch = QueueWatch(config.queue)
         self.guard = Guard(config.max_backoff_s, self._wait, self._group_lost, self._recovered, clock)
         self.completed = 0
+        self._rate = RateWindow(window_s=60.0)  # of completed, for the heartbeat
         self._held: dict[str, _Held] = {}
         self._crashed: deque[_Held] = deque()
         self._stop_requested = False
@@ -204,7 +212,7 @@ class Consumer:
                 self._held.pop(entry.job_id, None)
                 message = f"the worker could not take entry {entry.entry_id} in: {type(exc).__name__}: {exc}"
                 result = error_result(entry.job_id, "internal", message, worker=self.name)
-                self.outbox.add(Completion(result, entry.entry_id))
+                self._complete(Completion(result, entry.entry_id))
         return submitted
 
     def _take_in(self, delivery: Delivery, done: bool) -> int:
@@ -223,7 +231,7 @@ class Consumer:
             job = decode_entry(entry)
         except JobError as exc:
             result = error_result(entry.job_id, "invalid_job", str(exc), worker=self.name)
-            self.outbox.add(Completion(result, entry.entry_id))
+            self._complete(Completion(result, entry.entry_id))
             return 0
         if self.served_models and job.model is not None and job.model not in self.served_models:
             served = ", ".join(repr(name) for name in self.served_models)
@@ -231,7 +239,7 @@ class Consumer:
             result = error_result(
                 job.id, "model_not_served", message, metadata=job.metadata, worker=self.name
             )
-            self.outbox.add(Completion(result, entry.entry_id))
+            self._complete(Completion(result, entry.entry_id))
             return 0
         if job.id in self._held:  # enqueued twice, or reclaimed while we run it
             self._held[job.id].duplicates.append(entry.entry_id)
@@ -245,9 +253,17 @@ class Consumer:
             result = error_result(
                 job.id, "internal", f"the generator rejected the job: {exc}", worker=self.name
             )
-            self.outbox.add(Completion(result, entry.entry_id))
+            self._complete(Completion(result, entry.entry_id))
             return 0
+        if self.metrics is not None:
+            self.metrics.started(job, self._held[job.id].started_at_ms)
         return 1
+
+    def _complete(self, completion: Completion) -> None:
+        """A result for the outbox to write."""
+        self.outbox.add(completion)
+        if self.metrics is not None:
+            self.metrics.result(completion.result, dead_lettered=completion.dead is not None)
 
     def _dead_letter(
         self,
@@ -259,7 +275,7 @@ class Consumer:
         also_ack: tuple[str, ...] = (),
     ) -> None:
         result = error_result(job_id, "dead_letter", reason, worker=self.name)
-        self.outbox.add(Completion(result, entry_id, also_ack, dead=DeadLetter(data, reason, attempts)))
+        self._complete(Completion(result, entry_id, also_ack, dead=DeadLetter(data, reason, attempts)))
         log.warning("job %s dead-lettered: %s", job_id, reason)
 
     def _take_results(self, results: list[Result]) -> None:
@@ -286,7 +302,7 @@ class Consumer:
                 model=result.model or self.generator.model_name,
                 timings=timings,
             )
-            self.outbox.add(Completion(filled, held.entry_id, tuple(held.duplicates)))
+            self._complete(Completion(filled, held.entry_id, tuple(held.duplicates)))
             self.completed += 1
 
     def _settle_crashes(self) -> None:
@@ -340,6 +356,7 @@ class Consumer:
             engine_restarts=self.generator.restarts,
             unattributed_crashes=self.generator.unattributed_crashes,
             data_losses=self.watch.losses,
+            jobs_per_s=self._rate.sample(self.clock(), self.completed)[0],
         )
         self.watch.beat(self.queue, beat)
 

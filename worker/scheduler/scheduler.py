@@ -13,6 +13,7 @@ from token_pool, so nothing waits for token values except ``_process``.
 from __future__ import annotations
 
 import logging
+import time
 from typing import NamedTuple
 
 import msgspec
@@ -106,6 +107,7 @@ class Scheduler:
         busy = last is not None or self.prefill.runnable or self.decode.runnable
         for message in self.io.receive(block=block and not busy and not self.shutdown):
             self._handle(message)
+        started_s = time.perf_counter()
         self._launching = []
         self._processing = last.reqs if last is not None else []
         current = None if self.shutdown else self._launch()
@@ -118,11 +120,20 @@ class Scheduler:
             current = None
         self._finish_retractions()
         if self.outbox:
-            self.io.send(self.outbox)
+            self.io.send(self._with_load(self.outbox, time.perf_counter() - started_s))
             self.outbox = []
         if current is None and not self.prefill.runnable and not self.decode.runnable:
             self.cache.check_integrity([])
         return current
+
+    def _with_load(self, messages: list[Outbound], step_s: float) -> list[Outbound]:
+        """The messages with the scheduler's load stamped on each RequestFinished."""
+        load = {
+            "running_reqs": len(self.groups),
+            "pages_used": self.engine.num_pages - self.cache.allocator.num_free_pages,
+            "step_s": step_s,
+        }
+        return [msgspec.structs.replace(m, **load) if isinstance(m, RequestFinished) else m for m in messages]
 
     @property
     def idle(self) -> bool:

@@ -1,0 +1,203 @@
+"""Live progress of a collect (``radixq collect --wait``, ``radixq run``).
+
+The collector tells a Progress how many jobs are in scope and hands it every counted result
+as it reads it (before the in-order write). Progress shows: done/total, failed, jobs/s and
+output tokens/s over the last RATE_WINDOW_S seconds, the prefix-cache hit rate (cached prompt
+tokens / prompt tokens of the results seen) and the ETA (jobs left / jobs/s). On a terminal it
+is a rich live line redrawn a few times a second; otherwise (a pipe, a log file) a plain line
+every ``interval_s`` seconds and one at the end; ``quiet`` shows nothing.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import IO, Any
+
+import msgspec
+
+from producer.schema import Usage
+
+RATE_WINDOW_S = 20.0
+
+
+class RateWindow:
+    """Rates of cumulative counters over the last ``window_s`` seconds: the counts are
+    sampled (time, *counts) and the rate is the change between the oldest sample in the
+    window and the newest, divided by the time between them."""
+
+    def __init__(self, window_s: float = RATE_WINDOW_S) -> None:
+        self.window_s = window_s
+        self._samples: deque[tuple[float, tuple[float, ...]]] = deque()
+
+    def sample(self, at_s: float, *counts: float) -> tuple[float, ...]:
+        """Record ``counts`` at ``at_s``; returns their rates per second (zeros until two
+        samples are at least a tenth of a second apart)."""
+        self._samples.append((at_s, counts))
+        while len(self._samples) > 2 and at_s - self._samples[1][0] >= self.window_s:
+            self._samples.popleft()
+        first_s, first = self._samples[0]
+        elapsed = at_s - first_s
+        if elapsed < 0.1:
+            return tuple(0.0 for _ in counts)
+        return tuple((now - then) / elapsed for now, then in zip(counts, first, strict=True))
+
+
+class _Seen(msgspec.Struct):
+    """The part of a stored Result that progress reads."""
+
+    usage: Usage = Usage()
+    error: Any = None
+
+
+_seen_decoder = msgspec.msgpack.Decoder(_Seen)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    done: int  # jobs in scope with a row, or a result read and not yet written
+    total: int  # jobs in scope (grows while jobs are enqueued)
+    failed: int  # of done: error rows
+    jobs_per_s: float
+    output_tokens_per_s: float
+    cache_hit: float | None  # cached prompt tokens / prompt tokens of results read; None: none read
+    eta_s: float | None  # None: no rate yet
+    elapsed_s: float  # since the display started
+
+    def line(self) -> str:
+        eta = _clock(self.eta_s) if self.eta_s is not None else "?"
+        hit = f"{self.cache_hit:.0%}" if self.cache_hit is not None else "-"
+        return (
+            f"{self.done}/{self.total} done  {self.failed} failed  {self.jobs_per_s:.1f} jobs/s  "
+            f"{self.output_tokens_per_s:.0f} tok/s out  cache {hit}  ETA {eta}  elapsed {_clock(self.elapsed_s)}"
+        )
+
+
+class Progress:
+    """Counts what a collect sees and shows it (see the module docstring). Use as a context
+    manager: the display runs between enter and exit, and exit shows the final state."""
+
+    def __init__(
+        self,
+        *,
+        quiet: bool = False,
+        interval_s: float = 10.0,
+        stream: IO[str] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.stream = stream or sys.stderr
+        self.quiet = quiet
+        self.interval_s = interval_s
+        self.clock = clock
+        self.total = 0
+        self._already = 0  # rows in scope before the current collect call
+        self._already_failed = 0
+        self._read = 0  # results read by the current collect call
+        self._read_failed = 0
+        self._all_read = 0  # results read by every call, for the rates
+        self.prompt_tokens = 0
+        self.cached_tokens = 0
+        self.output_tokens = 0
+        self._rates = RateWindow()
+        self._started_s = clock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._live: Any = None
+
+    # ---- what the collector calls -----------------------------------------------------------
+
+    def begin(self, total: int, already: int, already_failed: int) -> None:
+        """A collect call starts: ``already`` rows of its scope are in the output file."""
+        self.total, self._already, self._already_failed = total, already, already_failed
+        self._read = self._read_failed = 0
+
+    def scope(self, total: int) -> None:
+        self.total = total
+
+    def result(self, raw: bytes) -> None:
+        """A counted result read from Redis (stored msgpack)."""
+        try:
+            seen = _seen_decoder.decode(raw)
+        except msgspec.DecodeError:
+            seen = _Seen(error="undecodable")
+        self._read += 1
+        self._all_read += 1
+        self._read_failed += seen.error is not None
+        self.prompt_tokens += seen.usage.prompt_tokens
+        self.cached_tokens += seen.usage.cached_tokens
+        self.output_tokens += seen.usage.completion_tokens
+
+    # ---- what it shows ----------------------------------------------------------------------
+
+    def snapshot(self) -> Snapshot:
+        now_s = self.clock()
+        jobs_per_s, tokens_per_s = self._rates.sample(now_s, self._all_read, self.output_tokens)
+        done = self._already + self._read
+        total = max(self.total, done)
+        left = total - done
+        return Snapshot(
+            done=done,
+            total=total,
+            failed=self._already_failed + self._read_failed,
+            jobs_per_s=jobs_per_s,
+            output_tokens_per_s=tokens_per_s,
+            cache_hit=self.cached_tokens / self.prompt_tokens if self.prompt_tokens else None,
+            eta_s=0.0 if left == 0 else (left / jobs_per_s if jobs_per_s > 0 else None),
+            elapsed_s=now_s - self._started_s,
+        )
+
+    def __enter__(self) -> Progress:
+        self._started_s = self.clock()
+        if self.quiet:
+            return self
+        if self.stream.isatty():
+            from rich.console import Console
+            from rich.live import Live
+
+            self._live = Live(
+                get_renderable=self._render,
+                console=Console(file=self.stream),
+                refresh_per_second=4,
+                transient=False,
+            )
+            self._live.start()
+        else:
+            self._thread = threading.Thread(target=self._plain_lines, name="progress", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._live is not None:
+            self._live.stop()  # draws the final state
+            self._live = None
+        elif self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
+            self._say(self.snapshot().line())
+
+    def _render(self) -> Any:
+        from rich.progress_bar import ProgressBar
+        from rich.table import Table
+
+        snap = self.snapshot()
+        grid = Table.grid(padding=(0, 1))
+        grid.add_row(ProgressBar(total=max(snap.total, 1), completed=snap.done, width=20), snap.line())
+        return grid
+
+    def _plain_lines(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._say(self.snapshot().line())
+
+    def _say(self, line: str) -> None:
+        print(f"progress: {line}", file=self.stream, flush=True)
+
+
+def _clock(seconds: float) -> str:
+    whole = int(round(seconds))
+    hours, rest = divmod(whole, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}"

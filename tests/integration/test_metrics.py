@@ -1,0 +1,155 @@
+"""Prometheus metrics: a running worker's /metrics (fake generator, real redis-server) counts
+what happened, as Redis and the collected output record it; `status --prometheus` parses as
+the exposition format; every metric the example Grafana dashboard queries exists; `status`
+shows rate, ETA and queue lag."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import redis
+from prometheus_client.parser import text_string_to_metric_families
+
+from producer.client import Client
+from producer.keys import QueueKeys
+from producer.local_redis import free_port
+from producer.schema import Job, decode_result
+from tests.integration.procs import REPO_ROOT, radixq, start_worker, wait_for
+
+pytestmark = pytest.mark.integration
+
+DASHBOARD = REPO_ROOT / "examples" / "grafana-dashboard.json"
+
+
+def scrape(port: int) -> dict[str, float]:
+    """Every sample of /metrics: 'name{label="v",...}' (labels sorted, queue left out) -> value."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+        return samples(reply.read().decode())
+
+
+def samples(text: str) -> dict[str, float]:
+    found = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()) if k != "queue")
+            found[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    return found
+
+
+def names(text: str) -> set[str]:
+    """The names a query can use: families and their samples (x_total, x_bucket, x_count...)."""
+    found = set()
+    for family in text_string_to_metric_families(text):
+        found |= {family.name, *(sample.name for sample in family.samples)}
+    return found
+
+
+def enqueue(redis_url: str, jobs: list[Job]) -> None:
+    client = Client.from_url(redis_url, "default")
+    try:
+        client.enqueue(jobs)
+    finally:
+        client.close()
+
+
+def test_worker_metrics_count_what_happened(redis_url: str, tmp_path: Path) -> None:
+    failing = {"m4", "m9", "m13"}
+    jobs = [
+        Job(
+            id=f"m{i}",
+            prompt="a b c " * (i % 3 + 1),
+            metadata={"fake_error": "internal"} if f"m{i}" in failing else {},
+        )
+        for i in range(20)
+    ]
+    enqueue(redis_url, jobs)
+    keys = QueueKeys()
+    client = redis.Redis.from_url(redis_url)
+    # A consumer that reads the first two entries and vanishes: with --max-attempts 1 the
+    # worker dead-letters them when it reclaims them (their second delivery).
+    client.xreadgroup(keys.group, "ghost", {keys.jobs: ">"}, count=2)
+    port = free_port()
+    start_worker(
+        redis_url,
+        "w",
+        tmp_path / "w.log",
+        *("--metrics-port", str(port), "--max-attempts", "1", "--min-idle-s", "0.2"),
+        RADIXQ_FAKE_LATENCY_S="0.05",
+    )
+    wait_for(lambda: client.hlen(keys.done) == len(jobs), 30, "every job done")
+    out = tmp_path / "out.jsonl"
+    assert radixq("collect", "-o", str(out), "--redis-url", redis_url, "--keep-results").returncode == 1
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    ok = [row for row in rows if not row.get("error")]
+    metrics = scrape(port)
+    dead = [row["id"] for row in rows if (row.get("error") or {}).get("code") == "dead_letter"]
+    assert sorted(dead) == ["m0", "m1"] and client.xlen(keys.dead) == 2
+    assert metrics["radixq_jobs_started_total"] == len(jobs) - len(dead)
+    assert metrics["radixq_jobs_finished_total"] == len(ok) == len(jobs) - len(failing) - len(dead)
+    assert metrics['radixq_jobs_failed_total{code="internal"}'] == len(failing)
+    assert metrics['radixq_jobs_failed_total{code="dead_letter"}'] == len(dead)
+    assert metrics["radixq_jobs_dead_lettered_total"] == len(dead)
+    assert client.hlen(keys.failed) == len(failing) + len(dead)
+    assert metrics["radixq_prompt_tokens_total"] == sum(row["usage"]["prompt_tokens"] for row in ok)
+    assert metrics["radixq_output_tokens_total"] == sum(row["usage"]["completion_tokens"] for row in ok)
+    assert metrics["radixq_cached_tokens_total"] == sum(row["usage"]["cached_tokens"] for row in ok)
+    assert metrics["radixq_job_queue_wait_seconds_count"] == len(jobs) - len(dead)
+    assert metrics["radixq_job_latency_seconds_count"] == len(ok)
+    stored = [decode_result(fields[b"result"]) for _, fields in client.xrange(keys.results)]
+    latencies = [
+        (r.timings.finished_at_ms - r.timings.started_at_ms) / 1000 for r in stored if r.error is None
+    ]
+    assert len(latencies) == len(ok)
+    assert metrics["radixq_job_latency_seconds_sum"] == pytest.approx(sum(latencies), abs=1e-6)
+    assert metrics['radixq_job_latency_seconds_bucket{le="0.01"}'] == sum(t <= 0.01 for t in latencies) == 0
+    assert metrics["radixq_running_jobs"] == 0
+
+    # The dashboard names only metrics that exist: the worker's and status --prometheus's.
+    status = radixq("status", "--redis-url", redis_url, "--prometheus")
+    assert status.returncode == 0, status.stderr
+    queue = samples(status.stdout)
+    assert queue["radixq_queue_done"] == len(jobs) and queue["radixq_queue_failed"] == len(failing) + 2
+    assert queue["radixq_queue_dead_lettered"] == 2
+    workers = queue['radixq_queue_workers{state="alive"}'] + queue['radixq_queue_workers{state="dead"}']
+    assert workers == 2 and queue['radixq_queue_workers{state="alive"}'] >= 1  # w, and the ghost
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+        known = names(reply.read().decode()) | names(status.stdout)
+    exprs = [
+        target["expr"] for panel in json.loads(DASHBOARD.read_text())["panels"] for target in panel["targets"]
+    ]
+    named = {
+        re.sub(r"_(bucket|count|sum|total)$", "", name)
+        for e in exprs
+        for name in re.findall(r"radixq_\w+", e)
+    }
+    assert len(named) >= 10
+    assert named <= known, f"the dashboard queries metrics no one exports: {sorted(named - known)}"
+
+
+def test_status_shows_rate_eta_and_queue_lag(redis_url: str, tmp_path: Path) -> None:
+    enqueue(redis_url, [Job(id=f"s{i}", prompt="x") for i in range(120)])
+    time.sleep(0.5)
+    before = json.loads(radixq("status", "--redis-url", redis_url, "--json").stdout)
+    assert before["queue_lag_s"] >= 0.5 and before["eta_s"] is None and before["jobs_per_s"] == 0
+    start_worker(redis_url, "w", tmp_path / "w.log", RADIXQ_FAKE_LATENCY_S="0.2", RADIXQ_FAKE_CAPACITY="2")
+    client = redis.Redis.from_url(redis_url)
+    wait_for(lambda: client.hlen(QueueKeys().done) >= 16, 30, "some jobs done")
+    time.sleep(2.5)  # a heartbeat (every 2 s) carries the rate
+    shown = radixq("status", "--redis-url", redis_url, "--json")
+    snap = json.loads(shown.stdout)
+    rate = snap["consumers"][0]["heartbeat"]["jobs_per_s"]
+    assert 5 <= rate <= 11  # two at a time, 0.2 s each: 10 jobs/s at most
+    assert snap["jobs_per_s"] == rate
+    left = snap["queued"] + snap["in_flight"]
+    assert left > 0 and snap["eta_s"] == pytest.approx(left / rate)
+    assert snap["queue_lag_s"] > 0.5
+    text = radixq("status", "--redis-url", redis_url).stdout
+    assert re.search(r"rate +[\d.]+ jobs/s", text) and re.search(r"ETA +\d+ s", text), text
+    assert re.search(r"queue lag +[\d.]+ s", text) and re.search(
+        r"consumer w: running, .* jobs/s, \d+ done", text
+    )

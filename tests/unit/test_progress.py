@@ -1,0 +1,46 @@
+"""Progress arithmetic: rates over a sliding window, ETA, cache hit, totals across calls."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from producer.progress import Progress, RateWindow
+from producer.schema import ErrorInfo, Result, Usage, encode
+
+
+def test_rate_window_uses_only_the_last_window() -> None:
+    window = RateWindow(window_s=10.0)
+    assert window.sample(0.0, 0) == (0.0,)
+    window.sample(5.0, 100)  # 20/s during the first five seconds
+    for t in range(6, 31):
+        rate = window.sample(float(t), 100 + 2 * (t - 5))  # then 2/s
+    assert rate[0] == pytest.approx(2.0)
+
+
+def test_snapshot_counts_results_failures_tokens_and_eta() -> None:
+    now = [0.0]
+    progress = Progress(quiet=True, stream=io.StringIO(), clock=lambda: now[0])
+    progress.begin(total=10, already=2, already_failed=1)
+    progress.snapshot()
+    for i in range(4):
+        now[0] += 1.0
+        usage = Usage(prompt_tokens=10, completion_tokens=5, cached_tokens=4)
+        progress.result(encode(Result(id=f"j{i}", usage=usage)))
+    progress.result(encode(Result(id="bad", error=ErrorInfo(code="internal", message="x"))))
+    snap = progress.snapshot()
+    assert (snap.done, snap.total, snap.failed) == (7, 10, 2)
+    assert snap.jobs_per_s == pytest.approx(5 / 4) and snap.output_tokens_per_s == pytest.approx(20 / 4)
+    assert snap.cache_hit == pytest.approx(16 / 40)
+    assert snap.eta_s == pytest.approx(3 / (5 / 4))
+    assert "7/10 done  2 failed" in snap.line() and "cache 40%" in snap.line()
+
+
+def test_plain_mode_writes_a_final_line() -> None:
+    stream = io.StringIO()
+    with Progress(interval_s=60, stream=stream) as progress:
+        progress.begin(total=1, already=0, already_failed=0)
+        progress.result(encode(Result(id="a", usage=Usage(completion_tokens=3))))
+    assert stream.getvalue().startswith("progress: 1/1 done  0 failed")
+    assert "ETA 0:00:00" in stream.getvalue()
