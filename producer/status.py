@@ -8,7 +8,7 @@ from typing import Any
 import msgspec
 import redis
 
-from producer.keys import META_EPOCH, QueueKeys
+from producer.keys import META_EPOCH, META_PARTITIONS, QueueKeys
 
 
 class Heartbeat(msgspec.Struct, frozen=True, kw_only=True):
@@ -26,6 +26,15 @@ class Heartbeat(msgspec.Struct, frozen=True, kw_only=True):
     engine_restarts: int = 0  # scheduler processes restarted after a crash
     unattributed_crashes: int = 0  # engine crashes no single job reproduced (a workload shape)
     data_losses: int = 0  # times it saw Redis lose the queue's data (epoch gone or changed)
+    prompt_tokens: int = 0  # prompt tokens of the jobs it finished
+    cached_tokens: int = 0  # of which its prefix cache held (Result.usage.cached_tokens)
+    prefix_keys: int = 0  # distinct prefix keys among the jobs it ran lately (worker.queue.routing)
+    partitions: list[int] = []  # the partitions it owns now
+
+    @property
+    def hit_rate(self) -> float | None:
+        """Cached over prompt tokens of the jobs it finished; None before the first."""
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else None
 
 
 # A consumer is taken for dead when Redis has not seen it for this many heartbeat intervals
@@ -46,6 +55,7 @@ class ConsumerStatus(msgspec.Struct, frozen=True, kw_only=True):
 class QueueStatus(msgspec.Struct, frozen=True, kw_only=True):
     queue: str
     epoch: str | None = None  # written by the first enqueue; None: never enqueued, or Redis lost it
+    partitions: int = 1  # partition streams (producer.routing)
     enqueued: int  # distinct job ids ever enqueued
     queued: int  # in the stream, not yet delivered to any worker
     in_flight: int
@@ -82,60 +92,73 @@ def is_alive(beat: Heartbeat | None, idle_ms: int, at_ms: int) -> tuple[bool, fl
 
 
 def read_status(client: redis.Redis, keys: QueueKeys) -> QueueStatus:
-    """One consistent-enough snapshot (several reads, not a transaction)."""
+    """One consistent-enough snapshot (several reads, not a transaction), over every partition."""
+    partitions = read_partitions(client, keys)
     with client.pipeline(transaction=False) as pipe:
         pipe.hlen(keys.enqueued)
         pipe.hlen(keys.done)
         pipe.hlen(keys.failed)
         pipe.xlen(keys.dead)
-        pipe.xlen(keys.jobs)
         pipe.hgetall(keys.workers)
         pipe.hget(keys.meta, META_EPOCH)
         pipe.xlen(keys.results)
-        enqueued, done, failed, dead, stream_len, beats, epoch, results = pipe.execute()
-    group: dict[str, Any] = {}
-    consumers: list[dict[str, Any]] = []
-    try:
-        group = next((g for g in client.xinfo_groups(keys.jobs) if _text(g["name"]) == keys.group), {})
-        if group:
-            consumers = client.xinfo_consumers(keys.jobs, keys.group)
-    except redis.ResponseError:  # no stream yet
-        pass
-    if not group:
-        queued = stream_len
-    elif group.get("lag") is not None:
-        queued = int(group["lag"])
-    else:  # NOTE: Redis cannot tell the lag (after an AOF restart, or deletions): count.
-        queued = count_after(client, keys.jobs, _text(group["last-delivered-id"]))
+        enqueued, done, failed, dead, beats, epoch, results = pipe.execute()
+    queued = in_flight = 0
+    merged: dict[str, tuple[int, int]] = {}  # consumer -> (pending, idle ms) over the partitions
+    for stream in keys.partitions(partitions):
+        waiting, pending, consumers = _partition_status(client, keys, stream)
+        queued += waiting
+        in_flight += pending
+        for c in consumers:
+            name, held, idle = _text(c["name"]), int(c["pending"]), int(c["idle"])
+            before = merged.get(name)
+            merged[name] = (held, idle) if before is None else (before[0] + held, min(before[1], idle))
     heartbeats = {_text(name): decode_heartbeat(data) for name, data in beats.items()}
     at_ms = now_ms()
     listed = []
-    for c in consumers:
-        name, idle_ms = _text(c["name"]), int(c["idle"])
+    for name, (held, idle_ms) in merged.items():
         beat = heartbeats.get(name)
         alive, age_s = is_alive(beat, idle_ms, at_ms)
         listed.append(
             ConsumerStatus(
-                name=name,
-                in_flight=int(c["pending"]),
-                idle_ms=idle_ms,
-                heartbeat=beat,
-                heartbeat_age_s=age_s,
-                alive=alive,
+                name=name, in_flight=held, idle_ms=idle_ms, heartbeat=beat, heartbeat_age_s=age_s, alive=alive
             )
         )
     return QueueStatus(
         queue=keys.queue,
         epoch=_text(epoch) if epoch is not None else None,
+        partitions=partitions,
         enqueued=enqueued,
         queued=queued,
-        in_flight=int(group.get("pending") or 0),
+        in_flight=in_flight,
         done=done,
         failed=failed,
         dead_lettered=dead,
         results_kept=results,
         consumers=listed,
     )
+
+
+def read_partitions(client: redis.Redis, keys: QueueKeys) -> int:
+    value: Any = client.hget(keys.meta, META_PARTITIONS)
+    return max(1, int(value)) if value is not None else 1
+
+
+def _partition_status(client: redis.Redis, keys: QueueKeys, stream: str) -> tuple[int, int, list[Any]]:
+    """(queued, in flight, XINFO CONSUMERS) of one partition stream."""
+    try:
+        groups: Any = client.xinfo_groups(stream)
+    except redis.ResponseError:  # no stream yet
+        return int(client.xlen(stream)), 0, []
+    group = next((g for g in groups if _text(g["name"]) == keys.group), None)
+    if group is None:
+        return int(client.xlen(stream)), 0, []
+    if group.get("lag") is not None:
+        queued = int(group["lag"])
+    else:  # NOTE: Redis cannot tell the lag (after an AOF restart, or deletions): count.
+        queued = count_after(client, stream, _text(group["last-delivered-id"]))
+    consumers: Any = client.xinfo_consumers(stream, keys.group)
+    return queued, int(group.get("pending") or 0), consumers
 
 
 def count_after(client: redis.Redis, stream: str, entry_id: str, chunk: int = 1000) -> int:

@@ -49,7 +49,10 @@ def worker(
         float | None, typer.Option("--drain-timeout-s", help="SIGTERM to exit, all of it.")
     ] = None,
     read_window: Annotated[
-        int | None, typer.Option("--read-window", help="Most jobs held at once (0: the engine's slots).")
+        int | None,
+        typer.Option(
+            "--read-window", help="Most jobs held at once (0: what the engine takes, up to a fair share)."
+        ),
     ] = None,
     trim_jobs: Annotated[
         bool | None,

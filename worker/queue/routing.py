@@ -1,0 +1,158 @@
+"""Which partitions a worker reads: its own first, then others' when it runs dry.
+
+A queue's jobs sit in P partition streams by prefix key (producer.routing). Every worker
+computes the same owner for each partition from the live workers it sees in the heartbeats
+(``assign``): rendezvous hashing with a bound on load, so each worker owns at most
+ceil(P / workers) partitions and a worker joining or leaving moves few of them. A worker reads
+its own partitions first: the jobs of a prefix group go to the worker whose cache holds it.
+When its own partitions are empty and it has room, it steals from another's: the partition
+it stole from last while it still has jobs, else the one with the longest backlog, one at a
+time, so a stolen group moves whole instead of being spread over every worker.
+
+A worker that dies, drains or stops beating drops out of the live set: its partitions go to
+live workers, and its held entries come back through reclaim (worker.queue.consumer).
+Two workers that briefly disagree on the live set read a partition both or neither: the
+first costs cache hits, the second is covered by stealing; no job is lost either way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import TypeVar
+
+from producer.status import Heartbeat, is_alive
+
+T = TypeVar("T")
+PREFIX_KEYS_KEPT = 4096  # distinct prefix keys a worker remembers for its heartbeat
+
+
+def _score(worker: str, partition: int) -> int:
+    digest = hashlib.blake2b(f"{worker}\0{partition}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
+
+
+def assign(partitions: int, workers: list[str]) -> dict[str, list[int]]:
+    """Owner of each partition: its highest-scoring worker that owns fewer than ceil(P / W)."""
+    names = sorted(set(workers))
+    owned: dict[str, list[int]] = {name: [] for name in names}
+    if not names:
+        return owned
+    bound = math.ceil(partitions / len(names))
+    for partition in range(partitions):
+        for name in sorted(names, key=lambda n: _score(n, partition), reverse=True):
+            if len(owned[name]) < bound:
+                owned[name].append(partition)
+                break
+    return owned
+
+
+def live_workers(beats: dict[str, Heartbeat | None], me: str, at_ms: int) -> list[str]:
+    """Names of the workers whose heartbeat is recent and that are not draining; always ``me``."""
+    live = {me}
+    for name, beat in beats.items():
+        if beat is not None and beat.state == "running" and is_alive(beat, 1 << 62, at_ms)[0]:
+            live.add(name)
+    return sorted(live)
+
+
+@dataclass(frozen=True)
+class Survey:
+    """What a worker knows of its queue's backlog (refreshed every few hundred ms)."""
+
+    partitions: int
+    lag: list[int]  # per partition: entries never delivered
+    in_flight: int  # entries delivered and not acknowledged, all workers
+    workers: list[str]  # live, this one included
+    own: list[int] = field(default_factory=list)  # the partitions this worker owns (Router.update)
+
+    @property
+    def queued(self) -> int:
+        return sum(self.lag)
+
+    def fair_share(self) -> int:
+        """Jobs this worker may hold so that the queue's jobs spread over the live workers."""
+        return math.ceil((self.queued + self.in_flight) / max(1, len(self.workers)))
+
+
+class Router:
+    """One worker's view: which partitions are its own, which to steal from."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.survey = Survey(1, [0], 0, [name])
+        self.own: list[int] = [0]
+        self.adopted: int | None = None  # the partition it stole from last
+
+    def update(self, survey: Survey) -> Survey:
+        """Take a new survey; returns it with the partitions this worker owns now."""
+        self.own = assign(survey.partitions, survey.workers).get(self.name, [])
+        self.survey = replace(survey, own=self.own)
+        if self.adopted is not None and (self.adopted >= survey.partitions or self.adopted in self.own):
+            self.adopted = None
+        return self.survey
+
+    def steal_order(self) -> list[int]:
+        """Others' partitions with a backlog: the adopted one first, then the longest."""
+        lag = self.survey.lag
+        others = [p for p in range(self.survey.partitions) if p not in self.own and lag[p] > 0]
+        others.sort(key=lambda p: (p != self.adopted, -lag[p], p))
+        return others
+
+
+def read_routed(
+    router: Router,
+    count: int,
+    block_s: float | None,
+    read: Callable[[list[int], int, float | None], list[T]],
+    sleep: Callable[[float], object] = time.sleep,
+) -> list[T]:
+    """Read up to ``count`` entries the way ``Router`` says: own partitions with a backlog
+    (``count`` split evenly over them: one read, never more than ``count`` in all), else one
+    other partition, else wait up to ``block_s`` on the own partitions. ``read(partitions,
+    per_partition, block_s)`` reads the queue."""
+    lag = router.survey.lag
+    mine = sorted((p for p in router.own if lag[p] > 0), key=lambda p: (-lag[p], p))[:count]
+    if mine:
+        got = read(mine, count // len(mine), None)
+        if got:
+            return got
+    for partition in router.steal_order():
+        got = read([partition], count, None)
+        if got:
+            router.adopted = partition
+            return got
+    if block_s is None:
+        return []
+    if not router.own:  # more workers than partitions: this one only steals
+        sleep(block_s)
+        return []
+    waiting = router.own[:count]
+    return read(waiting, count // len(waiting), block_s)
+
+
+class PrefixTally:
+    """What a worker's heartbeat says of its cache: tokens and the prefix keys it ran lately."""
+
+    def __init__(self, kept: int = PREFIX_KEYS_KEPT) -> None:
+        self.kept = kept
+        self.prompt_tokens = 0
+        self.cached_tokens = 0
+        self._keys: OrderedDict[str, None] = OrderedDict()
+
+    def saw(self, key: str, prompt_tokens: int, cached_tokens: int) -> None:
+        self.prompt_tokens += prompt_tokens
+        self.cached_tokens += cached_tokens
+        if key:
+            self._keys[key] = None
+            self._keys.move_to_end(key)
+            if len(self._keys) > self.kept:
+                self._keys.popitem(last=False)
+
+    @property
+    def prefix_keys(self) -> int:
+        return len(self._keys)
