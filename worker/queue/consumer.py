@@ -169,7 +169,8 @@ class Consumer:
                 log.info("forgot %d dead consumers holding nothing: %s", len(forgotten), ", ".join(forgotten))
         room = self._room()
         if now >= self._next_survey or (
-            room <= 0 < self.generator.free_capacity() and now >= self._next_survey - 0.9 * self.config.survey_s
+            room <= 0 < self.generator.free_capacity()
+            and now >= self._next_survey - 0.9 * self.config.survey_s
         ):  # NOTE: a window held shut by an old survey (jobs came since) opens within a tenth of survey_s
             self._next_survey = now + self.config.survey_s
             self._survey = self.queue.survey()

@@ -4,10 +4,12 @@ A queue's jobs sit in P partition streams by prefix key (producer.routing). Ever
 computes the same owner for each partition from the live workers it sees in the heartbeats
 (``assign``): rendezvous hashing with a bound on load, so each worker owns at most
 ceil(P / workers) partitions and a worker joining or leaving moves few of them. A worker reads
-its own partitions first: the jobs of a prefix group go to the worker whose cache holds it.
-When its own partitions are empty and it has room, it steals from another's: the partition
-it stole from last while it still has jobs, else the one with the longest backlog, one at a
-time, so a stolen group moves whole instead of being spread over every worker.
+its own partitions first, one at a time in ascending order: the jobs of a prefix group go to
+the worker whose cache holds it, group after group. When its own partitions are empty and it
+has room, it steals, as in work stealing, from the other end: the partition it stole from last
+while that still has jobs, else the highest partition with a backlog of the worker with the
+longest backlog, the one its owner would reach last. So a stolen group moves whole instead of
+being read by two workers at once.
 
 A worker that dies, drains or stops beating drops out of the live set: its partitions go to
 live workers, and its held entries come back through reclaim (worker.queue.consumer).
@@ -96,11 +98,21 @@ class Router:
             self.adopted = None
         return self.survey
 
+    def read_order(self) -> list[int]:
+        """Own partitions with a backlog, lowest first."""
+        return [p for p in self.own if self.survey.lag[p] > 0]
+
     def steal_order(self) -> list[int]:
-        """Others' partitions with a backlog: the adopted one first, then the longest."""
-        lag = self.survey.lag
+        """Others' partitions with a backlog: the adopted one first, then those of the worker
+        with the longest backlog, highest first (its owner reads them last)."""
+        lag, owner = self.survey.lag, {}
+        for name, owned in assign(self.survey.partitions, self.survey.workers).items():
+            owner.update(dict.fromkeys(owned, name))
+        backlog: dict[str, int] = {}
+        for p, name in owner.items():
+            backlog[name] = backlog.get(name, 0) + lag[p]
         others = [p for p in range(self.survey.partitions) if p not in self.own and lag[p] > 0]
-        others.sort(key=lambda p: (p != self.adopted, -lag[p], p))
+        others.sort(key=lambda p: (p != self.adopted, -backlog.get(owner.get(p, ""), 0), -p))
         return others
 
 
@@ -111,14 +123,12 @@ def read_routed(
     read: Callable[[list[int], int, float | None], list[T]],
     sleep: Callable[[float], object] = time.sleep,
 ) -> list[T]:
-    """Read up to ``count`` entries the way ``Router`` says: own partitions with a backlog
-    (``count`` split evenly over them: one read, never more than ``count`` in all), else one
-    other partition, else wait up to ``block_s`` on the own partitions. ``read(partitions,
-    per_partition, block_s)`` reads the queue."""
-    lag = router.survey.lag
-    mine = sorted((p for p in router.own if lag[p] > 0), key=lambda p: (-lag[p], p))[:count]
-    if mine:
-        got = read(mine, count // len(mine), None)
+    """Read up to ``count`` entries the way ``Router`` says, from one partition: the first own
+    one with a backlog, else the first to steal from, else wait up to ``block_s`` on the own
+    partitions (``count`` split over them, so never more than ``count`` in all).
+    ``read(partitions, per_partition, block_s)`` reads the queue."""
+    for partition in router.read_order():
+        got = read([partition], count, None)
         if got:
             return got
     for partition in router.steal_order():
