@@ -121,6 +121,7 @@ def worker(
         consumer_config.name,
         consumer_config.min_idle_ms,
         consumer_config.dead_after_ms,
+        steal_after_s=consumer_config.steal_after_s,
     )
     consumer = Consumer(queue_side, generation, consumer_config)
     for signum in (signal.SIGINT, signal.SIGTERM):

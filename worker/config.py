@@ -66,6 +66,7 @@ HELP: dict[str, str] = {
     "queue.poll_s": "longest wait for results while jobs are held",
     "queue.read_batch": "most entries one read returns",
     "queue.read_window": "most jobs held at once (always also at most what the engine takes, 8 per running slot, and a fair share of the queue's jobs over the live workers); 0: no further cap",
+    "queue.steal_after_s": "a partition's backlog must be this old before a worker that ran dry steals from it (its owner first)",
     "queue.survey_s": "how often to read the queue's backlog and live workers (window, partition owners)",
     "queue.min_idle_s": "an entry idle this long belongs to a dead worker and is reclaimed",
     "queue.max_attempts": "deliveries (or crashes of the engine while run alone) before the dead-letter stream",

@@ -54,7 +54,7 @@ class MemoryWorld:
 
     def consumer(self, generator: FakeGenerator, name: str = "c1", **settings: Any) -> Consumer:
         config = config_for(name, **settings)
-        return Consumer(self.store.queue(name, config.min_idle_s), generator, config)
+        return Consumer(self.store.queue(name, config.min_idle_s, config.steal_after_s), generator, config)
 
     def done(self) -> int:
         return len(self.store.done)
@@ -92,7 +92,9 @@ class RedisWorld:
 
     def consumer(self, generator: FakeGenerator, name: str = "c1", **settings: Any) -> Consumer:
         config = config_for(name, **settings)
-        queue = RedisJobQueue(self.redis, KEYS.queue, name, config.min_idle_ms, config.dead_after_ms)
+        queue = RedisJobQueue(
+            self.redis, KEYS.queue, name, config.min_idle_ms, config.dead_after_ms, config.steal_after_s
+        )
         return Consumer(queue, generator, config)
 
     def done(self) -> int:

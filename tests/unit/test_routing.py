@@ -18,7 +18,7 @@ from worker.queue.consumer import Consumer
 from worker.queue.routing import Router, Survey, assign
 
 P = 8
-FAST = {"survey_s": 0.01, "heartbeat_s": 0.02}
+FAST = {"survey_s": 0.01, "heartbeat_s": 0.02, "steal_after_s": 0.0}
 
 
 @pytest.fixture(params=["memory", "redis"])
@@ -102,14 +102,26 @@ def test_assignment_is_balanced_and_moves_few_partitions() -> None:
     assert sum(before[p] != after_join[p] for p in range(64)) <= 13 + 8
 
 
-def test_steal_order_prefers_the_adopted_partition_then_the_longest() -> None:
-    router = Router("a")
-    survey = router.update(Survey(4, [5, 9, 0, 7], 0, ["a", "b"]))
-    theirs = [p for p in range(4) if p not in survey.own]
-    assert router.steal_order() == sorted((p for p in theirs if survey.lag[p]), key=lambda p: -survey.lag[p])
-    router.adopted = theirs[-1] if survey.lag[theirs[-1]] else router.adopted
-    if router.adopted is not None:
-        assert router.steal_order()[0] == router.adopted
+def test_steal_order_waits_for_the_owner_then_takes_from_the_far_end_of_the_longest_backlog() -> None:
+    now = [0.0]
+    router = Router("a", steal_after_s=1.0, clock=lambda: now[0])
+    lag = [3, 1, 4, 1, 5, 9, 2, 6]
+    survey = router.update(Survey(8, lag, 0, ["a", "b", "c"]))
+    assert router.steal_order() == []  # the owners get steal_after_s to take their jobs
+    now[0] = 1.0
+    router.update(survey)
+    owned = assign(8, ["a", "b", "c"])
+    backlog = {name: sum(lag[p] for p in parts) for name, parts in owned.items() if name != "a"}
+    expected = [
+        p
+        for name in sorted(backlog, key=lambda n: -backlog[n])
+        for p in sorted(owned[name], reverse=True)
+        if lag[p]
+    ]
+    assert router.steal_order() == expected
+    router.adopted = expected[-1]
+    assert router.steal_order() == [expected[-1], *expected[:-1]]
+    assert router.read_order() == [p for p in owned["a"] if lag[p]]
 
 
 def test_entry_ids_name_their_partition() -> None:

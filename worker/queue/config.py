@@ -21,6 +21,7 @@ class ConsumerConfig:
     poll_s: float = 0.02  # longest wait for backend results while jobs are held
     read_batch: int = 256  # most entries one XREADGROUP returns
     read_window: int = 0  # most jobs held at once; 0: what the generator takes (and a fair share)
+    steal_after_s: float = 2.0  # a partition's backlog this old may be stolen by a dry worker
     survey_s: float = 0.5  # how often to read the queue's backlog and live workers (worker.queue.routing)
     min_idle_s: float = 60.0  # an entry pending this long without renewal is reclaimed
     max_attempts: int = 3  # deliveries (or crashes when run alone) before the dead-letter stream
@@ -41,6 +42,7 @@ class ConsumerConfig:
                 "must be >= 0 (0: no cap but the engine's and a fair share)",
             ),
             ("survey_s", self.survey_s > 0, "must be > 0"),
+            ("steal_after_s", self.steal_after_s >= 0, "must be >= 0"),
             ("drain_timeout_s", self.drain_timeout_s >= 0, "must be >= 0"),
             ("heartbeat_s", self.heartbeat_s >= 0, "must be >= 0 (0: every step)"),
             ("block_s", self.block_s >= 0, "must be >= 0"),

@@ -33,12 +33,12 @@ class _Pending:
 class InMemoryJobQueue:
     """See worker.queue.jobqueue.JobQueue. One instance per consumer, sharing a ``MemoryStore``."""
 
-    def __init__(self, store: MemoryStore, name: str, min_idle_s: float) -> None:
+    def __init__(self, store: MemoryStore, name: str, min_idle_s: float, steal_after_s: float = 2.0) -> None:
         self.store = store
         self.name = name
         self.where = "memory"
         self.min_idle_s = min_idle_s
-        self.router = Router(name)
+        self.router = Router(name, steal_after_s, store.clock)
 
     def _check(self) -> None:
         if self.store.failure is not None:
@@ -202,5 +202,5 @@ class MemoryStore:
         """Every call of every queue on this store raises ``failure`` until it is set to None."""
         self.failure = failure
 
-    def queue(self, name: str, min_idle_s: float = 60.0) -> InMemoryJobQueue:
-        return InMemoryJobQueue(self, name, min_idle_s)
+    def queue(self, name: str, min_idle_s: float = 60.0, steal_after_s: float = 2.0) -> InMemoryJobQueue:
+        return InMemoryJobQueue(self, name, min_idle_s, steal_after_s)

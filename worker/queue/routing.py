@@ -84,16 +84,25 @@ class Survey:
 class Router:
     """One worker's view: which partitions are its own, which to steal from."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(
+        self, name: str, steal_after_s: float = 2.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.name = name
+        self.steal_after_s = steal_after_s
+        self.clock = clock
         self.survey = Survey(1, [0], 0, [name])
         self.own: list[int] = [0]
         self.adopted: int | None = None  # the partition it stole from last
+        self._waiting_since: dict[int, float] = {}  # partition -> when its backlog was first seen
 
     def update(self, survey: Survey) -> Survey:
         """Take a new survey; returns it with the partitions this worker owns now."""
         self.own = assign(survey.partitions, survey.workers).get(self.name, [])
         self.survey = replace(survey, own=self.own)
+        now = self.clock()
+        self._waiting_since = {
+            p: self._waiting_since.get(p, now) for p in range(survey.partitions) if survey.lag[p] > 0
+        }
         if self.adopted is not None and (self.adopted >= survey.partitions or self.adopted in self.own):
             self.adopted = None
         return self.survey
@@ -103,15 +112,21 @@ class Router:
         return [p for p in self.own if self.survey.lag[p] > 0]
 
     def steal_order(self) -> list[int]:
-        """Others' partitions with a backlog: the adopted one first, then those of the worker
-        with the longest backlog, highest first (its owner reads them last)."""
+        """Others' partitions with a backlog seen for steal_after_s (their owner had time to
+        take it): the adopted one first, then those of the worker with the longest backlog,
+        highest first (its owner reads them last)."""
         lag, owner = self.survey.lag, {}
         for name, owned in assign(self.survey.partitions, self.survey.workers).items():
             owner.update(dict.fromkeys(owned, name))
         backlog: dict[str, int] = {}
         for p, name in owner.items():
             backlog[name] = backlog.get(name, 0) + lag[p]
-        others = [p for p in range(self.survey.partitions) if p not in self.own and lag[p] > 0]
+        ripe = self.clock() - self.steal_after_s
+        others = [
+            p
+            for p in range(self.survey.partitions)
+            if p not in self.own and lag[p] > 0 and self._waiting_since.get(p, ripe + 1) <= ripe
+        ]
         others.sort(key=lambda p: (p != self.adopted, -backlog.get(owner.get(p, ""), 0), -p))
         return others
 

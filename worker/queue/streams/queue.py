@@ -99,7 +99,13 @@ class RedisJobQueue:
     """See worker.queue.jobqueue.JobQueue."""
 
     def __init__(
-        self, client: redis.Redis, queue: str, name: str, min_idle_ms: int, dead_after_ms: int
+        self,
+        client: redis.Redis,
+        queue: str,
+        name: str,
+        min_idle_ms: int,
+        dead_after_ms: int,
+        steal_after_s: float = 2.0,
     ) -> None:
         self.redis = client
         self.keys = QueueKeys(queue)
@@ -107,7 +113,7 @@ class RedisJobQueue:
         self.where = url_of(client)
         self.leases = Leases(self.keys, name, min_idle_ms)
         self.janitor = ConsumerJanitor(self.keys, name, dead_after_ms)
-        self.router = Router(name)
+        self.router = Router(name, steal_after_s)
         self.partitions = 1
 
     def _streams(self) -> list[str]:
