@@ -8,14 +8,18 @@ import random
 import time
 from collections import defaultdict
 
+import fakeredis
 import pytest
 
+from producer.client import Client
+from producer.keys import QueueKeys
 from producer.routing import partition_of, prefix_key, qualify, split_id
 from producer.schema import Job
 from tests.fake_generator import FakeGenerator
-from tests.unit.queue_worlds import World, make_world
+from tests.unit.queue_worlds import World, config_for, make_world
 from worker.queue.consumer import Consumer
-from worker.queue.routing import Router, Survey, assign
+from worker.queue.routing import PrefixTally, Router, Survey, assign
+from worker.queue.streams import RedisJobQueue
 
 P = 8
 FAST = {"survey_s": 0.01, "heartbeat_s": 0.02, "steal_after_s": 0.0}
@@ -144,7 +148,10 @@ def test_prefix_key_is_the_explicit_key_or_the_prompt_start() -> None:
 
 def test_groups_run_on_the_worker_that_owns_them(kind: str) -> None:
     world = make_world(kind, P)
-    pool = [world.consumer(FakeGenerator(capacity=64, latency_s=0.02), name, **FAST) for name in ("c1", "c2")]
+    settings = {**FAST, "steal_after_s": 60.0}  # no stealing: only ownership decides
+    pool = [
+        world.consumer(FakeGenerator(capacity=64, latency_s=0.02), name, **settings) for name in ("c1", "c2")
+    ]
     warm(pool)
     keys = group_keys({"c1": 3, "c2": 3}, ["c1", "c2"])
     world.enqueue(group_jobs(list(keys), 6))
@@ -220,3 +227,83 @@ def test_a_dead_workers_groups_and_jobs_move_to_a_live_one(kind: str) -> None:
     world.enqueue(group_jobs([k for k, owner in keys.items() if owner == "c2"], 3, tag="late"))
     run_until([c1], world, 26)
     assert all(len(r) == 1 for r in world.results_by_id().values())
+
+
+# ---- producer side, window, heartbeat ----------------------------------------------------------
+
+
+def test_enqueue_routes_by_prefix_key_and_the_queue_keeps_its_routing(
+    fake_redis: fakeredis.FakeRedis,
+) -> None:
+    keys = QueueKeys()
+    jobs = group_jobs([f"g{i}" for i in range(10)], 3)
+    Client(fake_redis, partitions=P).enqueue(jobs)
+    Client(fake_redis, partitions=3).enqueue([Job(id="later", prompt="x", prefix_key="g1")])  # P stays
+    by_id = {}
+    for p, stream in enumerate(keys.partitions(P)):
+        for _, fields in fake_redis.xrange(stream):
+            by_id[fields[b"id"].decode()] = (p, fields[b"key"].decode())
+    for job in [*jobs, Job(id="later", prompt="x", prefix_key="g1")]:
+        key = prefix_key(job)
+        assert by_id[job.id] == (partition_of(key, P), key)
+    status = Client(fake_redis).status()
+    assert (status.partitions, status.queued, status.enqueued) == (P, 31, 31)
+
+
+def test_a_dead_letter_goes_back_to_its_partition(fake_redis: fakeredis.FakeRedis) -> None:
+    client = Client(fake_redis, partitions=P)
+    job = Job(id="lost", prompt="x", prefix_key="g3")
+    client.enqueue([job])
+    settings = {**FAST, "max_attempts": 1, "min_idle_s": 0.05}
+
+    def consumer(name: str) -> Consumer:
+        config = config_for(name, **settings)
+        queue = RedisJobQueue(fake_redis, "default", name, config.min_idle_ms, config.dead_after_ms, 0.0)
+        return Consumer(queue, FakeGenerator(capacity=4, latency_s=3600), config)
+
+    holder, other = consumer("c1"), consumer("c2")
+    deadline = time.monotonic() + 10
+    while holder.held == 0:  # c1 takes it (by ownership or stealing), then stops renewing: it "died"
+        assert time.monotonic() < deadline
+        holder.guarded(holder.step)
+    while not client.dead_letters():  # c2 reclaims it: a second delivery, over max_attempts
+        assert time.monotonic() < deadline
+        other.guarded(other.step)
+        time.sleep(0.01)
+    assert client.requeue_dead() == ["lost"]
+    stream = QueueKeys().partition(partition_of(prefix_key(job), P))
+    assert [f[b"id"] for _, f in fake_redis.xrange(stream)][-1] == b"lost"
+
+
+def test_a_small_queue_is_shared_by_the_live_workers(kind: str) -> None:
+    world = make_world(kind, 1)
+    pool = [world.consumer(FakeGenerator(capacity=64, latency_s=3600), n, **FAST) for n in ("c1", "c2")]
+    warm(pool)
+    world.enqueue(group_jobs(["g0"], 10))
+    for _ in range(3):
+        for consumer in pool:
+            consumer.guarded(consumer.step)
+            time.sleep(0.02)
+    assert [c.held for c in pool] == [5, 5]  # a fair share each, though one could hold all 10
+
+
+def test_heartbeat_reports_tokens_and_prefix_keys(kind: str) -> None:
+    world = make_world(kind, P)
+    consumer = world.consumer(FakeGenerator(capacity=8), "c1", **FAST)
+    jobs = group_jobs(["g0", "g1", "g2"], 4)
+    world.enqueue(jobs)
+    run_until([consumer], world, len(jobs))
+    time.sleep(0.03)
+    consumer.guarded(consumer.step)
+    beat = consumer.tally
+    assert beat.prompt_tokens == sum(
+        len(job.prompt.split()) for job in jobs if job.prompt
+    )  # the fake's count
+    assert beat.prefix_keys == 3 and beat.cached_tokens == 0
+
+
+def test_prefix_tally_keeps_the_latest_distinct_keys() -> None:
+    tally = PrefixTally(kept=3)
+    for key in ["a", "b", "a", "c", "d", "a"]:
+        tally.saw(key, 10, 4)
+    assert (tally.prefix_keys, tally.prompt_tokens, tally.cached_tokens) == (3, 60, 24)
