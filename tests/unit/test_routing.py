@@ -178,7 +178,7 @@ def test_a_dry_worker_steals_whole_partitions_and_an_unpartitioned_queue_splits_
         assert all(len(results) == 1 for results in world.results_by_id().values())
         assert "c2" in ran.values()  # c2 did not idle
         splits[partitions] = split_groups(world)
-    assert splits[P] <= 2 < splits[1]
+    assert splits[P] <= 3 and splits[1] >= 5  # owner and thief meet in one partition; FCFS splits most
 
 
 def test_workers_joining_and_leaving_rebalance_partitions(kind: str) -> None:

@@ -97,7 +97,9 @@ class Router:
 
     def update(self, survey: Survey) -> Survey:
         """Take a new survey; returns it with the partitions this worker owns now."""
-        self.own = assign(survey.partitions, survey.workers).get(self.name, [])
+        # NOTE: one partition is no routing: every worker reads it, as before partitions existed.
+        single = survey.partitions == 1
+        self.own = [0] if single else assign(survey.partitions, survey.workers).get(self.name, [])
         self.survey = replace(survey, own=self.own)
         now = self.clock()
         self._waiting_since = {
