@@ -140,14 +140,23 @@ def read_routed(
     read: Callable[[list[int], int, float | None], list[T]],
     sleep: Callable[[float], object] = time.sleep,
 ) -> list[T]:
-    """Read up to ``count`` entries the way ``Router`` says, from one partition: the first own
-    one with a backlog, else the first to steal from, else wait up to ``block_s`` on the own
-    partitions (``count`` split over them, so never more than ``count`` in all).
-    ``read(partitions, per_partition, block_s)`` reads the queue."""
+    """Read up to ``count`` entries the way ``Router`` says: from the first own partition with
+    a backlog in the last survey, else from every own partition (jobs that came since), else
+    from the first partition to steal from, else wait up to ``block_s`` on the own partitions.
+    ``read(partitions, per_partition, block_s)`` reads the queue; reads spread over several
+    partitions split ``count`` among them, so never more than ``count`` come in all."""
+
+    def spread(partitions: list[int], wait_s: float | None) -> list[T]:
+        chosen = partitions[:count]
+        return read(chosen, count // len(chosen), wait_s) if chosen else []
+
     for partition in router.read_order():
         got = read([partition], count, None)
         if got:
             return got
+    got = spread(router.own, None)
+    if got:
+        return got
     for partition in router.steal_order():
         got = read([partition], count, None)
         if got:
@@ -158,8 +167,7 @@ def read_routed(
     if not router.own:  # more workers than partitions: this one only steals
         sleep(block_s)
         return []
-    waiting = router.own[:count]
-    return read(waiting, count // len(waiting), block_s)
+    return spread(router.own, block_s)
 
 
 class PrefixTally:
