@@ -18,7 +18,7 @@ from producer.routing import partition_of, prefix_key
 from producer.schema import decode_result
 from producer.status import decode_heartbeat
 from tests.fake_generator import FakeGenerator, fake_text
-from tests.integration.procs import start_worker
+from tests.integration.procs import radixq, start_worker
 from tests.redis_cluster import cluster_client, local_cluster
 from tests.unit.queue_worlds import config_for
 from tests.unit.test_routing import group_jobs, group_keys
@@ -144,3 +144,25 @@ def test_a_partitioned_queue_runs_on_a_redis_cluster(cluster_ports: list[int], t
     for stream in streams:
         assert redis.xpending(stream, client.keys.group)["pending"] == 0
     redis.close()
+
+
+def test_status_shows_each_workers_cache_and_partitions(redis_url: str) -> None:
+    client = Client.from_url(redis_url, partitions=P)
+    client.enqueue(group_jobs(["g0", "g1"], 3))
+    config = config_for("w1", survey_s=0.01, heartbeat_s=30)  # alive while status starts
+    queue = RedisJobQueue(client.redis, "default", "w1", config.min_idle_ms, config.dead_after_ms)
+    consumer = Consumer(queue, FakeGenerator(capacity=8), config)
+    while client.redis.hlen(KEYS.done) < 6:
+        consumer.guarded(consumer.step)
+    consumer.tally.saw("extra", 100, 60)  # the fake engine caches nothing: count some hits
+    consumer._heartbeat("running")
+    tally = consumer.tally
+    text = radixq("status", "--redis-url", redis_url).stdout
+    rate = tally.cached_tokens / tally.prompt_tokens
+    assert f"cache hits {rate:.0%} ({tally.cached_tokens} of {tally.prompt_tokens} prompt tokens)" in text
+    assert f"{tally.prefix_keys} prefix keys, owns partitions 0,1,2,3" in text
+    assert "partitions    4" in text
+    snapshot = json.loads(radixq("status", "--redis-url", redis_url, "--json").stdout)
+    (listed,) = snapshot["consumers"]
+    assert snapshot["partitions"] == P and listed["heartbeat"]["prefix_keys"] == 3
+    client.close()
