@@ -11,6 +11,7 @@ while that still has jobs, else the highest partition with a backlog of the work
 longest backlog, the one its owner would reach last. So a stolen group moves whole instead of
 being read by two workers at once.
 
+A queue of one partition is not routed: every worker reads it (as before partitions existed).
 A worker that dies, drains or stops beating drops out of the live set: its partitions go to
 live workers, and its held entries come back through reclaim (worker.queue.consumer).
 Two workers that briefly disagree on the live set read a partition both or neither: the
@@ -94,12 +95,14 @@ class Router:
         self.own: list[int] = [0]
         self.adopted: int | None = None  # the partition it stole from last
         self._waiting_since: dict[int, float] = {}  # partition -> when its backlog was first seen
+        self._owner: dict[int, str] = {}  # partition -> its owner (assign)
 
     def update(self, survey: Survey) -> Survey:
         """Take a new survey; returns it with the partitions this worker owns now."""
+        owners = assign(survey.partitions, survey.workers)
+        self._owner = {p: name for name, owned in owners.items() for p in owned}
         # NOTE: one partition is no routing: every worker reads it, as before partitions existed.
-        single = survey.partitions == 1
-        self.own = [0] if single else assign(survey.partitions, survey.workers).get(self.name, [])
+        self.own = [0] if survey.partitions == 1 else owners.get(self.name, [])
         self.survey = replace(survey, own=self.own)
         now = self.clock()
         self._waiting_since = {
@@ -117,9 +120,7 @@ class Router:
         """Others' partitions with a backlog seen for steal_after_s (their owner had time to
         take it): the adopted one first, then those of the worker with the longest backlog,
         highest first (its owner reads them last)."""
-        lag, owner = self.survey.lag, {}
-        for name, owned in assign(self.survey.partitions, self.survey.workers).items():
-            owner.update(dict.fromkeys(owned, name))
+        lag, owner = self.survey.lag, self._owner
         backlog: dict[str, int] = {}
         for p, name in owner.items():
             backlog[name] = backlog.get(name, 0) + lag[p]
