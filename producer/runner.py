@@ -53,6 +53,7 @@ class RunOptions:
     worker_args: list[str] = field(default_factory=list)  # passed to each `radixq worker`
     timeout_s: float | None = None
     drain_timeout_s: float = 30.0
+    partitions: int = 1  # partition streams of a new queue (producer.routing)
 
 
 @dataclass(frozen=True)
@@ -196,7 +197,7 @@ def _run_jobs(
             redis_url = local.url
             say(f"started a private {local.kind} at {redact(redis_url)}")
         outcome.redis_url = redis_url
-        client = Client.from_url(redis_url, options.queue)
+        client = Client.from_url(redis_url, options.queue, partitions=options.partitions)
         stack.callback(client.close)
         try:
             report = client.enqueue(jobs)

@@ -165,6 +165,12 @@ def run(
         float | None, typer.Option("--timeout", help="Give up after this many seconds.")
     ] = None,
     drain_timeout_s: RunDrainOption = 30.0,
+    partitions: Annotated[
+        int,
+        typer.Option(
+            "--partitions", min=1, max=1024, help="Partition streams of a new queue (README Routing)."
+        ),
+    ] = 1,
 ) -> None:
     """Enqueue FILE, start worker(s), collect into OUT, shut everything down.
 
@@ -191,6 +197,7 @@ def run(
         worker_args=worker_args,
         timeout_s=timeout_s,
         drain_timeout_s=drain_timeout_s,
+        partitions=partitions,
     )
     try:
         report = run_file(options, say=lambda text: typer.echo(text, err=True))
