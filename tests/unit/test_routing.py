@@ -22,7 +22,7 @@ from worker.queue.routing import PrefixTally, Router, Survey, assign
 from worker.queue.streams import RedisJobQueue
 
 P = 8
-FAST = {"survey_s": 0.01, "heartbeat_s": 0.02, "steal_after_s": 0.0}
+FAST = {"survey_s": 0.01, "heartbeat_s": 0.2, "steal_after_s": 0.0}  # a worker is dead after 5 beats: 1 s
 
 
 @pytest.fixture(params=["memory", "redis"])
@@ -222,7 +222,10 @@ def test_a_dead_workers_groups_and_jobs_move_to_a_live_one(kind: str) -> None:
             consumer.guarded(consumer.step)
     assert c2.held == 10
     run_until([c1], world, 20, timeout_s=20)
-    assert c1._survey is not None and c1._survey.own == list(range(P))  # c2's partitions moved
+    deadline = time.monotonic() + 10
+    while c1._survey is None or c1._survey.own != list(range(P)):  # c2's beat ages out: its partitions move
+        assert time.monotonic() < deadline
+        c1.guarded(c1.step)
     assert set(runner_of(world).values()) == {"c1"}
     world.enqueue(group_jobs([k for k, owner in keys.items() if owner == "c2"], 3, tag="late"))
     run_until([c1], world, 26)
