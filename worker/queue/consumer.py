@@ -185,8 +185,8 @@ class Consumer:
         if room > 0:
             block_s = None if (self._held or len(self.outbox)) else self.config.block_s
             fresh = self.queue.read(min(room, self.config.read_batch), block_s)
-            if fresh:
-                self.watch.saw(fresh[-1].entry.entry_id)
+            for delivery in fresh:  # NOTE: from several partitions, the last is not the newest
+                self.watch.saw(delivery.entry.entry_id)
             got = self._intake(fresh)
         if self._held and not got:
             self._take_results(self.generator.poll(self.config.poll_s))
