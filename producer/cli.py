@@ -19,7 +19,7 @@ from producer import exits
 
 if TYPE_CHECKING:
     from producer.client import Client
-    from producer.status import ConsumerStatus
+    from producer.status import ConsumerStatus, Heartbeat
 
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 
@@ -121,6 +121,21 @@ def enqueue(
     queue: QueueOption = "default",
     redis_url: RedisUrlOption = None,
     retry_timeout_s: RetryTimeoutOption = 60.0,
+    partitions: Annotated[
+        int,
+        typer.Option(
+            "--partitions",
+            min=1,
+            max=1024,
+            help="Partition streams of a new queue: jobs sharing a prefix go to one worker (README Routing).",
+        ),
+    ] = 1,
+    prefix_chars: Annotated[
+        int,
+        typer.Option(
+            "--prefix-chars", min=1, help="Characters of a prompt that make its prefix key (new queue)."
+        ),
+    ] = 256,
 ) -> None:
     """Validate every line of FILE, then enqueue the valid ones (idempotent by job id).
 
@@ -137,7 +152,14 @@ def enqueue(
         warn(f"rejected {input_path}:{rejected}")
     for note in parsed.notes():
         warn(f"note {input_path}: {note}")
-    client = open_client(url, queue, retry_timeout_s=retry_timeout_s, say=warn)
+    client = open_client(
+        url,
+        queue,
+        retry_timeout_s=retry_timeout_s,
+        say=warn,
+        partitions=partitions,
+        prefix_chars=prefix_chars,
+    )
     try:
         with expected_errors(url):
             report = client.enqueue(parsed.jobs)
@@ -279,6 +301,8 @@ def status(
     typer.echo(f"  rate          {snapshot.jobs_per_s:.2f} jobs/s (live workers, last minute)")
     typer.echo(f"  ETA           {eta}")
     typer.echo(f"  queue lag     {lag} (oldest job not yet delivered)")
+    if snapshot.partitions > 1:
+        typer.echo(f"  partitions    {snapshot.partitions}")
     for consumer in snapshot.consumers:
         typer.echo(f"  consumer {consumer.name}: {describe_consumer(consumer)}")
 
@@ -292,7 +316,21 @@ def describe_consumer(consumer: ConsumerStatus) -> str:
     model = f", model {beat.model}" if beat is not None and beat.model else ""
     heard = f", heartbeat {age_s:.1f} s ago" if age_s is not None else ""
     rate = f", {beat.jobs_per_s:.2f} jobs/s, {beat.completed} done" if beat is not None else ""
-    return f"{state}, {consumer.in_flight} in flight, idle {consumer.idle_ms} ms{heard}{model}{rate}"
+    return (
+        f"{state}, {consumer.in_flight} in flight, idle {consumer.idle_ms} ms{heard}{model}{rate}"
+        f"{describe_cache(beat)}"
+    )
+
+
+def describe_cache(beat: Heartbeat | None) -> str:
+    """The worker's prefix cache as its heartbeat tells it ("" before its first finished job)."""
+    if beat is None or beat.hit_rate is None:
+        return ""
+    owns = f", owns partitions {','.join(map(str, beat.partitions))}" if beat.partitions else ""
+    return (
+        f"; cache hits {beat.hit_rate:.0%} ({beat.cached_tokens} of {beat.prompt_tokens} prompt tokens), "
+        f"{beat.prefix_keys} prefix keys{owns}"
+    )
 
 
 @dlq_app.command("list")

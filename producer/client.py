@@ -17,13 +17,24 @@ from producer.keys import (
     FIELD_ATTEMPTS,
     FIELD_ID,
     FIELD_JOB,
+    FIELD_KEY,
     FIELD_REASON,
     META_EPOCH,
+    META_PARTITIONS,
+    META_PREFIX_CHARS,
     QueueKeys,
 )
 from producer.redis_errors import url_of
 from producer.retry import Backoff, RedisUnavailable
-from producer.schema import Job, encode_job
+from producer.routing import (
+    DEFAULT_PARTITIONS,
+    DEFAULT_PREFIX_CHARS,
+    check_partitions,
+    partition_of,
+    prefix_key,
+    read_routing,
+)
+from producer.schema import Job, JobError, decode_job, encode_job
 from producer.status import QueueStatus, now_ms, read_status
 
 
@@ -82,13 +93,14 @@ def connect(url: str) -> redis.Redis:
     )
 
 
-def ensure_group(client: redis.Redis, keys: QueueKeys) -> None:
-    """Create the jobs stream and its consumer group (reading from the start) if missing."""
-    try:
-        client.xgroup_create(keys.jobs, keys.group, id="0", mkstream=True)
-    except redis.ResponseError as exc:
-        if "BUSYGROUP" not in str(exc):
-            raise
+def ensure_groups(client: redis.Redis, keys: QueueKeys, partitions: int = 1) -> None:
+    """Create the partition streams and their consumer groups (reading from the start) if missing."""
+    for stream in keys.partitions(partitions):
+        try:
+            client.xgroup_create(stream, keys.group, id="0", mkstream=True)
+        except redis.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
 
 
 def read_order(client: redis.Redis, keys: QueueKeys) -> list[str]:
@@ -119,6 +131,9 @@ class Client:
     enqueueing the same file twice creates no duplicate work. Transient Redis errors
     (connection loss, LOADING, OOM at maxmemory, READONLY) are retried with backoff for up to
     ``retry_timeout_s`` without progress; ``say`` hears about each outage once.
+
+    ``partitions`` and ``prefix_chars`` set the queue's routing (producer.routing) when this
+    client enqueues first; a queue keeps the routing its first enqueue gave it.
     """
 
     def __init__(
@@ -128,9 +143,13 @@ class Client:
         *,
         retry_timeout_s: float = 60.0,
         say: Callable[[str], None] | None = None,
+        partitions: int = DEFAULT_PARTITIONS,
+        prefix_chars: int = DEFAULT_PREFIX_CHARS,
     ) -> None:
         self.redis = client
         self.keys = QueueKeys(queue)
+        self.wanted_routing = (check_partitions(partitions), prefix_chars)
+        self.routing = (1, prefix_chars)  # the queue's, once known (_prepare)
         self.backoff = Backoff(url_of(client), give_up_s=retry_timeout_s, say=say)
 
     @classmethod
@@ -166,7 +185,20 @@ class Client:
 
     def _prepare(self) -> None:
         create_epoch(self.redis, self.keys)
-        ensure_group(self.redis, self.keys)
+        partitions, chars = self.wanted_routing
+        with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hsetnx(self.keys.meta, META_PARTITIONS, partitions)
+            pipe.hsetnx(self.keys.meta, META_PREFIX_CHARS, chars)
+            pipe.execute()
+        self.routing = read_routing(self.redis, self.keys)
+        ensure_groups(self.redis, self.keys, self.routing[0])
+
+    def _fields(self, job: Job, data: bytes) -> tuple[str, dict[Any, Any]]:
+        """The partition stream of a job and its entry's fields."""
+        partitions, chars = self.routing
+        key = prefix_key(job, chars)
+        stream = self.keys.partition(partition_of(key, partitions))
+        return stream, {FIELD_ID: job.id, FIELD_JOB: data, FIELD_KEY: key}
 
     def _enqueue_batch(self, jobs: list[Job], report: EnqueueReport, uncertain: set[str]) -> None:
         # WATCH the id hash so that two producers racing on the same ids cannot both add them:
@@ -186,7 +218,8 @@ class Client:
                         pipe.multi()
                         for job in new:
                             data = encode_job(msgspec.structs.replace(job, enqueued_at_ms=enqueued_at_ms))
-                            pipe.xadd(keys.jobs, {FIELD_ID: job.id, FIELD_JOB: data})
+                            stream, fields = self._fields(job, data)
+                            pipe.xadd(stream, fields)
                         if new:
                             pipe.hset(keys.enqueued, mapping={job.id: enqueued_at_ms for job in new})
                             pipe.rpush(keys.order, *[job.id for job in new])
@@ -247,6 +280,12 @@ class Client:
             if (wanted is None or letter.job_id in wanted) and self._requeue_one(letter)
         ]
 
+    def _letter_fields(self, letter: DeadLetter) -> tuple[str, dict[Any, Any]]:
+        try:
+            return self._fields(decode_job(letter.job), letter.job)
+        except JobError:  # it gets its error again, from partition 0
+            return self.keys.jobs, {FIELD_ID: letter.job_id, FIELD_JOB: letter.job}
+
     def _requeue_one(self, letter: DeadLetter) -> bool:
         # The dead-letter entry leaves in the same transaction that requeues the job, so a
         # retry after a lost EXEC reply finds it gone and does not requeue the job twice.
@@ -262,7 +301,8 @@ class Client:
                         if not pipe.xrange(keys.dead, letter.entry_id, letter.entry_id):
                             return tried
                         pipe.multi()
-                        pipe.xadd(keys.jobs, {FIELD_ID: letter.job_id, FIELD_JOB: letter.job})
+                        stream, fields = self._letter_fields(letter)
+                        pipe.xadd(stream, fields)
                         pipe.hdel(keys.done, letter.job_id)
                         pipe.hdel(keys.failed, letter.job_id)
                         pipe.hincrby(keys.requeued, letter.job_id, 1)

@@ -23,6 +23,13 @@ class QueueKeys:
         """Stream of encoded jobs (field ``job``), read by the consumer group."""
         return self._key("jobs")
 
+    def partition(self, index: int) -> str:
+        """Stream of partition ``index`` (producer.routing): partition 0 is ``jobs`` itself."""
+        return self.jobs if index == 0 else f"{self.jobs}:{index}"
+
+    def partitions(self, count: int) -> list[str]:
+        return [self.partition(index) for index in range(count)]
+
     @property
     def results(self) -> str:
         """Stream of encoded results (field ``result``); may hold duplicates, collect dedupes."""
@@ -65,8 +72,8 @@ class QueueKeys:
 
     @property
     def meta(self) -> str:
-        """Hash with the queue's ``epoch`` (a random token written once, by the first enqueue)
-        and ``created_ms``. Workers and collectors remember the epoch they saw: when Redis
+        """Hash with the queue's ``epoch`` (a random token written once, by the first enqueue),
+        ``created_ms``, and its routing (``partitions``, ``prefix_chars``: producer.routing). Workers and collectors remember the epoch they saw: when Redis
         comes back without it, or with another one, they know it lost the queue's data."""
         return self._key("meta")
 
@@ -81,10 +88,11 @@ class QueueKeys:
         return GROUP
 
 
-# Field names inside stream entries. jobs: id, job. results: id, entry (the jobs-stream entry
+# Field names inside stream entries. jobs: id, job, key (the prefix key, producer.routing). results: id, entry (the jobs-stream entry
 # id it answers), result. dead: id, entry, job, reason, attempts.
 FIELD_ID = "id"
 FIELD_JOB = "job"
+FIELD_KEY = "key"
 FIELD_RESULT = "result"
 FIELD_ENTRY = "entry"
 FIELD_REASON = "reason"
@@ -92,4 +100,6 @@ FIELD_ATTEMPTS = "attempts"
 # Fields of the meta hash.
 META_EPOCH = "epoch"
 META_CREATED_MS = "created_ms"
+META_PARTITIONS = "partitions"  # partition streams of the queue (absent: 1)
+META_PREFIX_CHARS = "prefix_chars"  # characters of a prompt that make its prefix key
 META_RESULTS_TRIMMED = "results_trimmed"  # results-stream entries below this id were trimmed

@@ -107,12 +107,14 @@ class Progress:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._live: Any = None
+        self._begun = False  # a collect call has begun (it reached Redis)
 
     # ---- what the collector calls -----------------------------------------------------------
 
     def begin(self, total: int, already: int, already_failed: int) -> None:
         """A collect call starts: ``already`` rows of its scope are in the output file."""
         self.total, self._already, self._already_failed = total, already, already_failed
+        self._begun = True
         self._read = self._read_failed = 0
 
     def scope(self, total: int) -> None:
@@ -170,7 +172,9 @@ class Progress:
             self._thread.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        """Shows the final state, unless the collect failed before it began (its error is the
+        message then) or while it ran (the last line shown stands)."""
         if self._live is not None:
             self._live.stop()  # draws the final state
             self._live = None
@@ -178,7 +182,8 @@ class Progress:
             self._stop.set()
             self._thread.join()
             self._thread = None
-            self._say(self.snapshot().line())
+            if exc_type is None and self._begun:
+                self._say(self.snapshot().line())
 
     def _render(self) -> Any:
         from rich.progress_bar import ProgressBar

@@ -70,8 +70,13 @@ def redact(url: str) -> str:
 
 
 def url_of(client: redis.Redis) -> str:
-    """The client's address as a URL without its password, for messages."""
-    kwargs = client.connection_pool.connection_kwargs
+    """The client's address as a URL without its password, for messages (a cluster client:
+    its default node's)."""
+    pool = getattr(client, "connection_pool", None)
+    if pool is None:
+        node = client.get_default_node()  # type: ignore[attr-defined]
+        return f"redis://{node.host}:{node.port} (cluster)"
+    kwargs = pool.connection_kwargs
     if "path" in kwargs:
         return f"unix://{kwargs['path']}"
     scheme = "rediss" if "ssl_cert_reqs" in kwargs else "redis"

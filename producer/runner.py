@@ -57,6 +57,7 @@ class RunOptions:
     quiet: bool = False  # no progress display
     progress_interval_s: float = 10.0  # plain progress lines when stderr is not a terminal
     metrics_port: int = 0  # >0: worker i serves /metrics on metrics_port + i
+    partitions: int = 1  # partition streams of a new queue (producer.routing)
 
 
 @dataclass(frozen=True)
@@ -203,7 +204,7 @@ def _run_jobs(
             redis_url = local.url
             say(f"started a private {local.kind} at {redact(redis_url)}")
         outcome.redis_url = redis_url
-        client = Client.from_url(redis_url, options.queue)
+        client = Client.from_url(redis_url, options.queue, partitions=options.partitions)
         stack.callback(client.close)
         try:
             report = client.enqueue(jobs)

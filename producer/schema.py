@@ -211,6 +211,7 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True)
     input_ids: list[int] | None = None
     sampling: SamplingParams = SamplingParams()
     metadata: dict[str, Any] = {}
+    prefix_key: str | None = None  # jobs with equal keys share a prompt prefix (producer.routing)
     enqueued_at_ms: int = 0
     v: int = SCHEMA_VERSION
     model: str | None = None
@@ -239,6 +240,13 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True)
                 )
         check(isinstance(self.metadata, dict), "metadata", None, "must be an object")
         check_json_value(self.metadata, "metadata", MAX_METADATA_DEPTH)
+        if self.prefix_key is not None:
+            check(
+                isinstance(self.prefix_key, str) and 0 < len(self.prefix_key) <= MAX_ID_CHARS,
+                "prefix_key",
+                self.prefix_key,
+                f"must be a non-empty string of at most {MAX_ID_CHARS} characters",
+            )
         check_int(self.enqueued_at_ms, "enqueued_at_ms", 0, SEED_LIMIT - 1)
         if self.model is not None:
             ok = isinstance(self.model, str) and 0 < len(self.model) <= MAX_ID_CHARS

@@ -4,12 +4,12 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 import redis
 
-from producer.keys import META_EPOCH, QueueKeys
+from producer.keys import META_EPOCH, META_PARTITIONS, QueueKeys
 
 
 class Heartbeat(msgspec.Struct, frozen=True, kw_only=True):
@@ -28,6 +28,15 @@ class Heartbeat(msgspec.Struct, frozen=True, kw_only=True):
     unattributed_crashes: int = 0  # engine crashes no single job reproduced (a workload shape)
     data_losses: int = 0  # times it saw Redis lose the queue's data (epoch gone or changed)
     jobs_per_s: float = 0.0  # jobs it finished per second over the last minute or so
+    prompt_tokens: int = 0  # prompt tokens of the jobs it finished
+    cached_tokens: int = 0  # of which its prefix cache held (Result.usage.cached_tokens)
+    prefix_keys: int = 0  # distinct prefix keys among the jobs it ran lately (worker.queue.routing)
+    partitions: list[int] = []  # the partitions it owns now
+
+    @property
+    def hit_rate(self) -> float | None:
+        """Cached over prompt tokens of the jobs it finished; None before the first."""
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else None
 
 
 # A consumer is taken for dead when Redis has not seen it for this many heartbeat intervals
@@ -48,6 +57,7 @@ class ConsumerStatus(msgspec.Struct, frozen=True, kw_only=True):
 class QueueStatus(msgspec.Struct, frozen=True, kw_only=True):
     queue: str
     epoch: str | None = None  # written by the first enqueue; None: never enqueued, or Redis lost it
+    partitions: int = 1  # partition streams (producer.routing)
     enqueued: int  # distinct job ids ever enqueued
     queued: int  # in the stream, not yet delivered to any worker
     in_flight: int
@@ -87,60 +97,49 @@ def is_alive(beat: Heartbeat | None, idle_ms: int, at_ms: int) -> tuple[bool, fl
 
 
 def read_status(client: redis.Redis, keys: QueueKeys) -> QueueStatus:
-    """One consistent-enough snapshot (several reads, not a transaction)."""
+    """One consistent-enough snapshot (several reads, not a transaction), over every partition."""
+    partitions = read_partitions(client, keys)
     with client.pipeline(transaction=False) as pipe:
         pipe.hlen(keys.enqueued)
         pipe.hlen(keys.done)
         pipe.hlen(keys.failed)
         pipe.xlen(keys.dead)
-        pipe.xlen(keys.jobs)
         pipe.hgetall(keys.workers)
         pipe.hget(keys.meta, META_EPOCH)
         pipe.xlen(keys.results)
         pipe.time()
-        enqueued, done, failed, dead, stream_len, beats, epoch, results, (secs, micros) = pipe.execute()
+        enqueued, done, failed, dead, beats, epoch, results, (secs, micros) = pipe.execute()
     redis_now_ms = secs * 1000 + micros // 1000
-    group: dict[str, Any] = {}
-    consumers: list[dict[str, Any]] = []
-    try:
-        group = next((g for g in client.xinfo_groups(keys.jobs) if _text(g["name"]) == keys.group), {})
-        if group:
-            consumers = client.xinfo_consumers(keys.jobs, keys.group)
-    except redis.ResponseError:  # no stream yet
-        pass
-    oldest: Any = client.xrange(
-        keys.jobs, min=f"({_text(group['last-delivered-id'])}" if group else "-", count=1
-    )
-    queue_lag_s = max(0, redis_now_ms - int(_text(oldest[0][0]).split("-")[0])) / 1000 if oldest else None
-    if not group:
-        queued = stream_len
-    elif group.get("lag") is not None:
-        queued = int(group["lag"])
-    else:  # NOTE: Redis cannot tell the lag (after an AOF restart, or deletions): count.
-        queued = count_after(client, keys.jobs, _text(group["last-delivered-id"]))
+    queued = in_flight = 0
+    oldest_ms: int | None = None  # enqueue time of the oldest job not yet delivered, any partition
+    merged: dict[str, tuple[int, int]] = {}  # consumer -> (pending, idle ms) over the partitions
+    for stream in keys.partitions(partitions):
+        part = _partition_status(client, keys, stream)
+        queued += part.queued
+        in_flight += part.in_flight
+        if part.oldest_ms is not None:
+            oldest_ms = part.oldest_ms if oldest_ms is None else min(oldest_ms, part.oldest_ms)
+        for c in part.consumers:
+            name, held, idle = _text(c["name"]), int(c["pending"]), int(c["idle"])
+            before = merged.get(name)
+            merged[name] = (held, idle) if before is None else (before[0] + held, min(before[1], idle))
     heartbeats = {_text(name): decode_heartbeat(data) for name, data in beats.items()}
     at_ms = now_ms()
     listed = []
-    for c in consumers:
-        name, idle_ms = _text(c["name"]), int(c["idle"])
+    for name, (held, idle_ms) in merged.items():
         beat = heartbeats.get(name)
         alive, age_s = is_alive(beat, idle_ms, at_ms)
         listed.append(
             ConsumerStatus(
-                name=name,
-                in_flight=int(c["pending"]),
-                idle_ms=idle_ms,
-                heartbeat=beat,
-                heartbeat_age_s=age_s,
-                alive=alive,
+                name=name, in_flight=held, idle_ms=idle_ms, heartbeat=beat, heartbeat_age_s=age_s, alive=alive
             )
         )
     jobs_per_s = sum(c.heartbeat.jobs_per_s for c in listed if c.alive and c.heartbeat is not None)
-    in_flight = int(group.get("pending") or 0)
     left = queued + in_flight
     return QueueStatus(
         queue=keys.queue,
         epoch=_text(epoch) if epoch is not None else None,
+        partitions=partitions,
         enqueued=enqueued,
         queued=queued,
         in_flight=in_flight,
@@ -150,7 +149,7 @@ def read_status(client: redis.Redis, keys: QueueKeys) -> QueueStatus:
         results_kept=results,
         jobs_per_s=jobs_per_s,
         eta_s=0.0 if not left else (left / jobs_per_s if jobs_per_s > 0 else None),
-        queue_lag_s=queue_lag_s,
+        queue_lag_s=max(0, redis_now_ms - oldest_ms) / 1000 if oldest_ms is not None else None,
         consumers=listed,
     )
 
@@ -192,6 +191,38 @@ def exposition(status: QueueStatus) -> str:
         lines += [f"# HELP {name} {doc}", f"# TYPE {name} gauge"]
         lines += [f"{name}{{{label}{extra}}} {float(value)!r}" for extra, value in samples]
     return "\n".join(lines) + "\n"
+
+
+def read_partitions(client: redis.Redis, keys: QueueKeys) -> int:
+    value: Any = client.hget(keys.meta, META_PARTITIONS)
+    return max(1, int(value)) if value is not None else 1
+
+
+class _Partition(NamedTuple):
+    queued: int
+    in_flight: int
+    oldest_ms: int | None  # enqueue time (its entry id) of the oldest entry not yet delivered
+    consumers: list[Any]  # XINFO CONSUMERS
+
+
+def _partition_status(client: redis.Redis, keys: QueueKeys, stream: str) -> _Partition:
+    try:
+        groups: Any = client.xinfo_groups(stream)
+    except redis.ResponseError:  # no stream yet
+        groups = []
+    group = next((g for g in groups if _text(g["name"]) == keys.group), None)
+    oldest: Any = client.xrange(
+        stream, min=f"({_text(group['last-delivered-id'])}" if group else "-", count=1
+    )
+    oldest_ms = int(_text(oldest[0][0]).split("-")[0]) if oldest else None
+    if group is None:
+        return _Partition(int(client.xlen(stream)), 0, oldest_ms, [])
+    if group.get("lag") is not None:
+        queued = int(group["lag"])
+    else:  # NOTE: Redis cannot tell the lag (after an AOF restart, or deletions): count.
+        queued = count_after(client, stream, _text(group["last-delivered-id"]))
+    consumers: Any = client.xinfo_consumers(stream, keys.group)
+    return _Partition(queued, int(group.get("pending") or 0), oldest_ms, consumers)
 
 
 def count_after(client: redis.Redis, stream: str, entry_id: str, chunk: int = 1000) -> int:

@@ -49,7 +49,10 @@ def worker(
         float | None, typer.Option("--drain-timeout-s", help="SIGTERM to exit, all of it.")
     ] = None,
     read_window: Annotated[
-        int | None, typer.Option("--read-window", help="Most jobs held at once (0: the engine's slots).")
+        int | None,
+        typer.Option(
+            "--read-window", help="Most jobs held at once (0: what the engine takes, up to a fair share)."
+        ),
     ] = None,
     trim_jobs: Annotated[
         bool | None,
@@ -122,6 +125,7 @@ def worker(
         consumer_config.name,
         consumer_config.min_idle_ms,
         consumer_config.dead_after_ms,
+        steal_after_s=consumer_config.steal_after_s,
     )
     metrics = None
     if settings.worker.metrics_port:
@@ -190,6 +194,12 @@ def run(
             help="Worker i serves Prometheus /metrics on this port + i (0: none).",
         ),
     ] = 0,
+    partitions: Annotated[
+        int,
+        typer.Option(
+            "--partitions", min=1, max=1024, help="Partition streams of a new queue (README Routing)."
+        ),
+    ] = 1,
 ) -> None:
     """Enqueue FILE, start worker(s), collect into OUT, shut everything down.
 
@@ -219,6 +229,7 @@ def run(
         quiet=quiet,
         progress_interval_s=progress_interval_s,
         metrics_port=metrics_port,
+        partitions=partitions,
     )
     try:
         report = run_file(options, say=lambda text: typer.echo(text, err=True))

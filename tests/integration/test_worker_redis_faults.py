@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from producer.client import Client, ensure_group
+from producer.client import Client, ensure_groups
 from producer.epoch import create_epoch
 from producer.keys import QueueKeys
 from producer.local_redis import LocalRedis
@@ -115,7 +115,7 @@ def test_trimming_never_drops_a_pending_or_undelivered_entry(redis_url: str) -> 
     """Random reads, acks, releases and trims from several consumers against a real Redis:
     after every trim, every entry still pending or never delivered is in the stream."""
     admin = redis.Redis.from_url(redis_url)
-    ensure_group(admin, KEYS)
+    ensure_groups(admin, KEYS)
     rng = random.Random(7)
     added: list[str] = []
     for step in range(400):

@@ -43,8 +43,8 @@ class World(Protocol):
 
 
 class MemoryWorld:
-    def __init__(self) -> None:
-        self.store = MemoryStore()
+    def __init__(self, partitions: int = 1) -> None:
+        self.store = MemoryStore(partitions=partitions)
 
     def enqueue(self, jobs: list[Job]) -> None:
         self.store.add(jobs)
@@ -54,7 +54,7 @@ class MemoryWorld:
 
     def consumer(self, generator: FakeGenerator, name: str = "c1", **settings: Any) -> Consumer:
         config = config_for(name, **settings)
-        return Consumer(self.store.queue(name, config.min_idle_s), generator, config)
+        return Consumer(self.store.queue(name, config.min_idle_s, config.steal_after_s), generator, config)
 
     def done(self) -> int:
         return len(self.store.done)
@@ -75,23 +75,26 @@ class MemoryWorld:
         self.store.fail_with(QueueUnavailable("the test took the queue away") if on else None)
 
     def lose_everything(self) -> None:
-        self.store.__init__(self.store.clock)  # type: ignore[misc]
+        self.store.__init__(self.store.clock, self.store.partitions)  # type: ignore[misc]
 
 
 class RedisWorld:
-    def __init__(self) -> None:
+    def __init__(self, partitions: int = 1) -> None:
         self.server = fakeredis.FakeServer()
         self.redis = fakeredis.FakeRedis(server=self.server)
+        self.partitions = partitions
 
     def enqueue(self, jobs: list[Job]) -> None:
-        Client(self.redis).enqueue(jobs)
+        Client(self.redis, partitions=self.partitions).enqueue(jobs)
 
     def add_raw(self, job_id: str, data: bytes) -> str:
         return self.redis.xadd(KEYS.jobs, {FIELD_ID: job_id, FIELD_JOB: data}).decode()
 
     def consumer(self, generator: FakeGenerator, name: str = "c1", **settings: Any) -> Consumer:
         config = config_for(name, **settings)
-        queue = RedisJobQueue(self.redis, KEYS.queue, name, config.min_idle_ms, config.dead_after_ms)
+        queue = RedisJobQueue(
+            self.redis, KEYS.queue, name, config.min_idle_ms, config.dead_after_ms, config.steal_after_s
+        )
         return Consumer(queue, generator, config)
 
     def done(self) -> int:
@@ -101,7 +104,11 @@ class RedisWorld:
         return {k.decode(): v.decode() for k, v in self.redis.hgetall(KEYS.failed).items()}
 
     def pending(self) -> int:
-        return int(self.redis.xpending(KEYS.jobs, KEYS.group)["pending"])
+        return sum(
+            int(self.redis.xpending(stream, KEYS.group)["pending"])
+            for stream in KEYS.partitions(self.partitions)
+            if self.redis.exists(stream)
+        )
 
     def results_by_id(self) -> dict[str, list[Result]]:
         found: dict[str, list[Result]] = {}
@@ -123,8 +130,8 @@ class RedisWorld:
         self.redis.flushall()
 
 
-def make_world(kind: str) -> World:
-    return MemoryWorld() if kind == "memory" else RedisWorld()
+def make_world(kind: str, partitions: int = 1) -> World:
+    return MemoryWorld(partitions) if kind == "memory" else RedisWorld(partitions)
 
 
 def step_until(consumers: list[Consumer], done: int, world: World, timeout_s: float = 20) -> None:

@@ -98,5 +98,5 @@ def test_worker_with_a_bad_setting_exits_2_with_one_line() -> None:
     (line,) = done.stderr.strip().splitlines()
     assert (
         line
-        == "error: setting [queue] read_window (from --read-window): read_window=-3: must be >= 0 (0: the engine's slots)"
+        == "error: setting [queue] read_window (from --read-window): read_window=-3: must be >= 0 (0: no cap but the engine's and a fair share)"
     )

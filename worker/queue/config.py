@@ -20,7 +20,9 @@ class ConsumerConfig:
     block_s: float = 1.0  # longest XREADGROUP wait while nothing is held
     poll_s: float = 0.02  # longest wait for backend results while jobs are held
     read_batch: int = 256  # most entries one XREADGROUP returns
-    read_window: int = 0  # most jobs held at once; 0: as many as the backend runs at once (its slots)
+    read_window: int = 0  # most jobs held at once; 0: what the generator takes (and a fair share)
+    steal_after_s: float = 2.0  # a partition's backlog this old may be stolen by a dry worker
+    survey_s: float = 0.5  # how often to read the queue's backlog and live workers (worker.queue.routing)
     min_idle_s: float = 60.0  # an entry pending this long without renewal is reclaimed
     max_attempts: int = 3  # deliveries (or crashes when run alone) before the dead-letter stream
     heartbeat_s: float = 2.0
@@ -34,7 +36,13 @@ class ConsumerConfig:
             ("min_idle_s", self.min_idle_s > 0, "must be > 0"),
             ("max_attempts", self.max_attempts >= 1, "must be >= 1"),
             ("read_batch", self.read_batch >= 1, "must be >= 1"),
-            ("read_window", self.read_window >= 0, "must be >= 0 (0: the engine's slots)"),
+            (
+                "read_window",
+                self.read_window >= 0,
+                "must be >= 0 (0: no cap but the engine's and a fair share)",
+            ),
+            ("survey_s", self.survey_s > 0, "must be > 0"),
+            ("steal_after_s", self.steal_after_s >= 0, "must be >= 0"),
             ("drain_timeout_s", self.drain_timeout_s >= 0, "must be >= 0"),
             ("heartbeat_s", self.heartbeat_s >= 0, "must be >= 0 (0: every step)"),
             ("block_s", self.block_s >= 0, "must be >= 0"),

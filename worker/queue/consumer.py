@@ -6,9 +6,12 @@
 One thread runs the loop. Each step: take finished results, renew the leases of held entries,
 write results (through the outbox: all or nothing per batch), heartbeat, settle jobs that
 crashed the engine, then, only once every result is written, reclaim entries of dead consumers
-and read new entries, never more than the read window (by default the generator's slots), so a
-worker does not take jobs a sibling could start now. Every few seconds the queue trims
-acknowledged entries and forgets consumers that died holding nothing.
+and read new entries (own partitions first, then stolen: worker.queue.routing), never more than
+the window: what the generator takes (the engine queues a lookahead beyond its running slots
+for its scheduling policy to order), capped by ``read_window`` and by a fair share of the
+queue's jobs over the live workers, so one worker does not take a small queue from its
+siblings. Every few seconds the queue trims acknowledged entries and forgets consumers that
+died holding nothing.
 
 Failure belongs to the job: anything that goes wrong with one entry becomes that entry's error
 result, and a job that crashes the engine alone collects attempts until it is dead-lettered.
@@ -37,6 +40,7 @@ from worker.queue.generator import ENGINE_CRASH, Generator, GeneratorUnavailable
 from worker.queue.guard import Guard
 from worker.queue.jobqueue import Completion, DeadLetter, Delivery, JobQueue, Release, decode_entry
 from worker.queue.outbox import Outbox
+from worker.queue.routing import PrefixTally, Survey
 from worker.queue.watch import QueueWatch
 
 if TYPE_CHECKING:
@@ -52,6 +56,7 @@ class _Held:
     job: Job
     entry_id: str
     data: bytes
+    key: str  # prefix key
     started_at_ms: int
     duplicates: list[str] = field(default_factory=list)
     crashes: int = 0  # times it crashed the engine while it ran alone
@@ -83,6 +88,9 @@ class Consumer:
         self.guard = Guard(config.max_backoff_s, self._wait, self._group_lost, self._recovered, clock)
         self.completed = 0
         self._rate = RateWindow(window_s=60.0)  # of completed, for the heartbeat
+        self.tally = PrefixTally()
+        self._survey: Survey | None = None
+        self._next_survey = 0.0
         self._held: dict[str, _Held] = {}
         self._crashed: deque[_Held] = deque()
         self._stop_requested = False
@@ -173,6 +181,13 @@ class Consumer:
             if forgotten:
                 log.info("forgot %d dead consumers holding nothing: %s", len(forgotten), ", ".join(forgotten))
         room = self._room()
+        if now >= self._next_survey or (
+            room <= 0 < self.generator.free_capacity()
+            and now >= self._next_survey - 0.9 * self.config.survey_s
+        ):  # NOTE: a window held shut by an old survey (jobs came since) opens within a tenth of survey_s
+            self._next_survey = now + self.config.survey_s
+            self._survey = self.queue.survey()
+            room = self._room()
         if room > 0 and now >= self._next_reclaim:
             self._next_reclaim = now + self.config.reclaim_every_s
             claimed = self.queue.reclaim(room)
@@ -183,8 +198,8 @@ class Consumer:
         if room > 0:
             block_s = None if (self._held or len(self.outbox)) else self.config.block_s
             fresh = self.queue.read(min(room, self.config.read_batch), block_s)
-            if fresh:
-                self.watch.saw(fresh[-1].entry.entry_id)
+            for delivery in fresh:  # NOTE: from several partitions, the last is not the newest
+                self.watch.saw(delivery.entry.entry_id)
             got = self._intake(fresh)
         if self._held and not got:
             self._take_results(self.generator.poll(self.config.poll_s))
@@ -192,9 +207,11 @@ class Consumer:
             self._wait(self.config.poll_s)
 
     def _room(self) -> int:
-        """How many entries to take now: up to the read window (default: the generator's
-        slots), never more than the generator takes."""
-        window = self.config.read_window or self.generator.slots
+        """How many entries to take now: never more than the generator takes, nor beyond the
+        window: ``read_window`` (0: no cap) and the fair share of the last survey, at least 1."""
+        window = self.config.read_window or 1 << 30
+        if self._survey is not None:
+            window = max(1, min(window, self._survey.fair_share()))
         return min(window - len(self._held), self.generator.free_capacity())
 
     def _intake(self, deliveries: list[Delivery]) -> int:
@@ -244,7 +261,7 @@ class Consumer:
         if job.id in self._held:  # enqueued twice, or reclaimed while we run it
             self._held[job.id].duplicates.append(entry.entry_id)
             return 0
-        self._held[job.id] = _Held(job, entry.entry_id, entry.data, now_ms())
+        self._held[job.id] = _Held(job, entry.entry_id, entry.data, entry.key, now_ms())
         try:
             self.generator.submit(job)
         except Exception as exc:  # the contract says submit never raises; one job must not stop others
@@ -291,6 +308,7 @@ class Consumer:
                 self._crashed.append(held)
                 continue
             del self._held[result.id]
+            self.tally.saw(held.key, result.usage.prompt_tokens, result.usage.cached_tokens)
             job = held.job
             timings = Timings(
                 enqueued_at_ms=job.enqueued_at_ms, started_at_ms=held.started_at_ms, finished_at_ms=now_ms()
@@ -357,6 +375,10 @@ class Consumer:
             unattributed_crashes=self.generator.unattributed_crashes,
             data_losses=self.watch.losses,
             jobs_per_s=self._rate.sample(self.clock(), self.completed)[0],
+            prompt_tokens=self.tally.prompt_tokens,
+            cached_tokens=self.tally.cached_tokens,
+            prefix_keys=self.tally.prefix_keys,
+            partitions=self._survey.own if self._survey is not None else [],
         )
         self.watch.beat(self.queue, beat)
 
@@ -396,7 +418,7 @@ class Consumer:
         self.outbox.flush(self.queue)
         if self._held:
             self.queue.release(
-                [Release(h.job.id, h.data, (h.entry_id, *h.duplicates)) for h in self._held.values()]
+                [Release(h.job.id, h.data, (h.entry_id, *h.duplicates), h.key) for h in self._held.values()]
             )
             log.info("released %d unfinished jobs back to the queue", len(self._held))
             self._held.clear()

@@ -16,8 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from producer.routing import split_id
 from producer.schema import Job, JobError, Result, decode_job
 from producer.status import Heartbeat
+from worker.queue.routing import Survey
 
 
 class QueueUnavailable(Exception):
@@ -37,10 +39,11 @@ class Entry:
     """One delivered entry. ``job_id`` is always printable text, so the entry can be answered and
     acknowledged whatever it holds; ``problem`` says why its id cannot be trusted."""
 
-    entry_id: str
+    entry_id: str  # qualified by its partition (producer.routing)
     job_id: str
     data: bytes  # the encoded job, b"" when missing
     problem: str | None = None
+    key: str = ""  # the job's prefix key ("" when the entry has none)
 
 
 @dataclass(frozen=True)
@@ -74,11 +77,13 @@ class Write:
 
 @dataclass(frozen=True)
 class Release:
-    """A job given back unfinished: put back as a new entry, its entries acknowledged."""
+    """A job given back unfinished: put back as a new entry of the same partition (the first
+    entry's) with the same prefix key, its entries acknowledged."""
 
     job_id: str
     data: bytes
     entry_ids: tuple[str, ...]
+    key: str = ""
 
 
 def decode_entry(entry: Entry) -> Job:
@@ -96,10 +101,15 @@ def decode_entry(entry: Entry) -> Job:
 class JobQueue(Protocol):
     """What a consumer named ``name`` asks of the queue.
 
-    - ``read(count, block_s)``: up to ``count`` entries never delivered before, waiting up to
-      ``block_s`` for the first (None: do not wait); they are now held by this consumer.
+    - ``survey()``: the queue's backlog and live workers now (worker.queue.routing.Survey);
+      it also decides which partitions this consumer owns, for ``read``.
+    - ``read(count, block_s)``: up to ``count`` entries never delivered before, from this
+      consumer's own partitions, else stolen from one other partition (worker.queue.routing),
+      waiting up to ``block_s`` for the first (None: do not wait); they are now held by this
+      consumer.
     - ``reclaim(count)``: up to ``count`` entries held by consumers that stopped renewing them
-      (idle longer than the queue's min-idle time); their delivery count goes up by one.
+      (idle longer than the queue's min-idle time), own partitions first; their delivery
+      count goes up by one.
     - ``completed(job_ids)``: which of these jobs already have a result that counts.
     - ``complete(writes, acks)``: for each write, its result, the job's done mark (the first
       one wins), its error code, its dead letter if any, and the acknowledgement of its
@@ -120,6 +130,8 @@ class JobQueue(Protocol):
     where: str  # for messages: the queue's address, no secrets
 
     def prepare(self) -> None: ...
+
+    def survey(self) -> Survey: ...
 
     def read(self, count: int, block_s: float | None) -> list[Delivery]: ...
 
@@ -145,6 +157,6 @@ class JobQueue(Protocol):
 
 
 def entry_key(entry_id: str) -> tuple[int, int]:
-    """A stream entry id as a comparable (ms, seq)."""
-    ms, _, seq = entry_id.partition("-")
+    """A stream entry id (of any partition) as a comparable (ms, seq)."""
+    ms, _, seq = split_id(entry_id)[1].partition("-")
     return int(ms), int(seq or 0)

@@ -1,6 +1,7 @@
 """InMemoryJobQueue: the JobQueue contract in one process (tests of the consumer's policy).
 
-It keeps what a Redis Streams consumer group keeps: entries in order, a pending list of
+It keeps what Redis Streams consumer groups keep: entries in order per partition (routed as
+the producer routes them, producer.routing; read as worker.queue.routing says), a pending list of
 (entry -> consumer, deliveries, last touched), the done marks and error codes, results and
 dead letters, heartbeats and an epoch. Time is the given clock (seconds), so a test can make
 entries idle without sleeping. ``add`` plays the producer; ``fail_with`` makes the next calls
@@ -15,9 +16,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from producer.routing import DEFAULT_PREFIX_CHARS, partition_of, prefix_key, qualify, split_id
 from producer.schema import Job, Result, decode_result, encode_job
-from producer.status import Heartbeat
+from producer.status import Heartbeat, now_ms
 from worker.queue.jobqueue import Delivery, Entry, Release, Write, entry_key
+from worker.queue.routing import Router, Survey, live_workers, read_routed
 
 
 @dataclass
@@ -30,11 +33,12 @@ class _Pending:
 class InMemoryJobQueue:
     """See worker.queue.jobqueue.JobQueue. One instance per consumer, sharing a ``MemoryStore``."""
 
-    def __init__(self, store: MemoryStore, name: str, min_idle_s: float) -> None:
+    def __init__(self, store: MemoryStore, name: str, min_idle_s: float, steal_after_s: float = 2.0) -> None:
         self.store = store
         self.name = name
         self.where = "memory"
         self.min_idle_s = min_idle_s
+        self.router = Router(name, steal_after_s, store.clock)
 
     def _check(self) -> None:
         if self.store.failure is not None:
@@ -43,20 +47,40 @@ class InMemoryJobQueue:
     def prepare(self) -> None:
         self._check()
 
-    def read(self, count: int, block_s: float | None) -> list[Delivery]:
+    def survey(self) -> Survey:
         self._check()
         store = self.store
-        fresh = store.entries[store.delivered : store.delivered + count]
-        store.delivered += len(fresh)
+        lag = [
+            len(entries) - delivered
+            for entries, delivered in zip(store.streams, store.delivered, strict=True)
+        ]
+        workers = live_workers(dict(store.heartbeats), self.name, now_ms())
+        survey = Survey(store.partitions, lag, len(store.pending), workers)
+        return self.router.update(survey)
+
+    def _read(self, partitions: list[int], count: int, block_s: float | None) -> list[Delivery]:
+        store = self.store
+        fresh: list[Entry] = []
+        for partition in partitions:
+            start = store.delivered[partition]
+            taken = store.streams[partition][start : start + count]
+            store.delivered[partition] += len(taken)
+            fresh += taken
         for entry in fresh:
             store.pending[entry.entry_id] = _Pending(self.name, 1, store.clock())
         return [Delivery(entry, 1) for entry in fresh]
+
+    def read(self, count: int, block_s: float | None) -> list[Delivery]:
+        self._check()
+        return read_routed(self.router, count, block_s, self._read, sleep=lambda _: None)
 
     def reclaim(self, count: int) -> list[Delivery]:
         self._check()
         store, now = self.store, self.store.clock()
         taken: list[Delivery] = []
-        for entry_id, held in list(store.pending.items()):
+        own = set(self.router.own)
+        candidates = sorted(store.pending.items(), key=lambda item: split_id(item[0])[0] not in own)
+        for entry_id, held in candidates:
             if len(taken) == count:
                 break
             if now - held.touched_s >= self.min_idle_s and entry_id in store.by_id:
@@ -106,7 +130,7 @@ class InMemoryJobQueue:
     def release(self, jobs: list[Release]) -> None:
         self._check()
         for job in jobs:
-            self.store.add_raw(job.job_id, job.data)
+            self.store.add_raw(job.job_id, job.data, partition=split_id(job.entry_ids[0])[0], key=job.key)
             for entry_id in job.entry_ids:
                 self.store.pending.pop(entry_id, None)
 
@@ -121,7 +145,7 @@ class InMemoryJobQueue:
 
     def newest_entry(self) -> tuple[int, int]:
         self._check()
-        return entry_key(self.store.entries[-1].entry_id) if self.store.entries else (0, 0)
+        return max((entry_key(e[-1].entry_id) for e in self.store.streams if e), default=(0, 0))
 
     def housekeeping(self, trim: bool) -> list[str]:
         self._check()
@@ -131,11 +155,18 @@ class InMemoryJobQueue:
 class MemoryStore:
     """What the queue holds, shared by the InMemoryJobQueues of several consumers."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.monotonic,
+        partitions: int = 1,
+        prefix_chars: int = DEFAULT_PREFIX_CHARS,
+    ) -> None:
         self.clock = clock
-        self.entries: list[Entry] = []
+        self.partitions = partitions
+        self.prefix_chars = prefix_chars
+        self.streams: list[list[Entry]] = [[] for _ in range(partitions)]
         self.by_id: dict[str, Entry] = {}
-        self.delivered = 0  # entries[:delivered] were handed out
+        self.delivered = [0] * partitions  # streams[p][:delivered[p]] were handed out
         self.pending: dict[str, _Pending] = {}
         self.done: dict[str, str] = {}
         self.failed: dict[str, str] = {}
@@ -148,11 +179,15 @@ class MemoryStore:
 
     def add(self, jobs: list[Job]) -> None:
         for job in jobs:
-            self.add_raw(job.id, encode_job(job))
+            key = prefix_key(job, self.prefix_chars)
+            self.add_raw(job.id, encode_job(job), partition=partition_of(key, self.partitions), key=key)
 
-    def add_raw(self, job_id: str, data: bytes, problem: str | None = None) -> Entry:
-        entry = Entry(f"{int(time.time() * 1000)}-{next(self._ids)}", job_id, data, problem)
-        self.entries.append(entry)
+    def add_raw(
+        self, job_id: str, data: bytes, problem: str | None = None, partition: int = 0, key: str = ""
+    ) -> Entry:
+        entry_id = qualify(partition, f"{int(time.time() * 1000)}-{next(self._ids)}")
+        entry = Entry(entry_id, job_id, data, problem, key)
+        self.streams[partition].append(entry)
         self.by_id[entry.entry_id] = entry
         return entry
 
@@ -167,5 +202,5 @@ class MemoryStore:
         """Every call of every queue on this store raises ``failure`` until it is set to None."""
         self.failure = failure
 
-    def queue(self, name: str, min_idle_s: float = 60.0) -> InMemoryJobQueue:
-        return InMemoryJobQueue(self, name, min_idle_s)
+    def queue(self, name: str, min_idle_s: float = 60.0, steal_after_s: float = 2.0) -> InMemoryJobQueue:
+        return InMemoryJobQueue(self, name, min_idle_s, steal_after_s)

@@ -4,7 +4,8 @@ A consumer that holds an entry renews its lease (XCLAIM ... JUSTID to itself, wh
 the idle time without counting a delivery) every ``min_idle / 3``. An entry idle for longer
 than ``min_idle`` therefore belongs to a consumer that stopped; XAUTOCLAIM moves it to us and
 counts one more delivery, which the dead-letter rule reads. A job that crashed the engine when
-it ran alone counts one more delivery the same way (``count_attempt``).
+it ran alone counts one more delivery the same way (``count_attempt``). Each call works on one
+partition stream; ids here are that stream's own.
 """
 
 from __future__ import annotations
@@ -38,29 +39,34 @@ class Leases:
         self.keys = keys
         self.name = name
         self.min_idle_ms = min_idle_ms
-        self._cursor = "0-0"
+        self._cursors: dict[str, str] = {}
         self._count_script: Any = None
 
-    def count_attempt(self, client: redis.Redis, entry_id: str) -> int | None:
+    def count_attempt(self, client: redis.Redis, stream: str, entry_id: str) -> int | None:
         """One more delivery of ``entry_id`` (held by us); returns its count, None if not ours."""
         if self._count_script is None:
             self._count_script = client.register_script(_COUNT_ATTEMPT)
-        count = int(self._count_script(keys=[self.keys.jobs], args=[self.keys.group, self.name, entry_id]))
+        count = int(self._count_script(keys=[stream], args=[self.keys.group, self.name, entry_id]))
         return count if count >= 0 else None
 
-    def claim(self, client: redis.Redis, count: int) -> list[Claimed]:
+    def claim(self, client: redis.Redis, stream: str, count: int) -> list[Claimed]:
         """Take over up to ``count`` entries idle for at least min_idle (one XAUTOCLAIM scan step)."""
         reply = client.xautoclaim(
-            self.keys.jobs, self.keys.group, self.name, self.min_idle_ms, start_id=self._cursor, count=count
+            stream,
+            self.keys.group,
+            self.name,
+            self.min_idle_ms,
+            start_id=self._cursors.get(stream, "0-0"),
+            count=count,
         )
         cursor, entries = reply[0], reply[1]
-        self._cursor = cursor.decode() if isinstance(cursor, bytes) else cursor
+        self._cursors[stream] = cursor.decode() if isinstance(cursor, bytes) else cursor
         entries = [(entry_id, fields) for entry_id, fields in entries if fields]  # deleted entries: no body
         if not entries:
             return []
         with client.pipeline(transaction=False) as pipe:
             for entry_id, _ in entries:
-                pipe.xpending_range(self.keys.jobs, self.keys.group, min=entry_id, max=entry_id, count=1)
+                pipe.xpending_range(stream, self.keys.group, min=entry_id, max=entry_id, count=1)
             pending = pipe.execute()
         claimed = []
         for (entry_id, fields), info in zip(entries, pending, strict=True):
@@ -68,20 +74,15 @@ class Leases:
             claimed.append(Claimed(entry_id.decode(), fields, deliveries))
         return claimed
 
-    def renew(self, client: redis.Redis, entry_ids: list[str]) -> set[str]:
+    def renew(self, client: redis.Redis, stream: str, entry_ids: list[str]) -> set[str]:
         """Reset the idle time of those ``entry_ids`` we still own; returns the ones we lost."""
         if not entry_ids:
             return set()
         owned_info: Any = client.xpending_range(
-            self.keys.jobs,
-            self.keys.group,
-            min="-",
-            max="+",
-            count=len(entry_ids) + 1024,
-            consumername=self.name,
+            stream, self.keys.group, min="-", max="+", count=len(entry_ids) + 1024, consumername=self.name
         )
         owned = {info["message_id"].decode() for info in owned_info}
         keep: list[Any] = [entry_id for entry_id in entry_ids if entry_id in owned]
         if keep:
-            client.xclaim(self.keys.jobs, self.keys.group, self.name, 0, keep, justid=True)
+            client.xclaim(stream, self.keys.group, self.name, 0, keep, justid=True)
         return set(entry_ids) - owned

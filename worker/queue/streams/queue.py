@@ -1,5 +1,10 @@
-"""RedisJobQueue: the JobQueue contract on a Redis Streams consumer group (keys: producer.keys).
+"""RedisJobQueue: the JobQueue contract on Redis Streams consumer groups (keys: producer.keys).
 
+A queue has one stream per partition (producer.routing), each with the consumer group; every
+command below runs on the partitions concerned (worker.queue.routing says which to read).
+All of a queue's keys share one hash tag, so it works on a Redis Cluster too.
+
+    survey       XINFO GROUPS per partition, HGETALL workers, HGET meta partitions
     read         XREADGROUP >                       complete  one MULTI: XADD result, HSETNX done,
     reclaim      XAUTOCLAIM (min idle)                        HSET failed, XADD dead, XACK
     renew        XCLAIM ... JUSTID (own entries)    release   one MULTI: XADD the job again, XACK
@@ -19,19 +24,21 @@ from typing import Any, TypeVar
 import msgspec
 import redis
 
-from producer.client import ensure_group
+from producer.client import ensure_groups
 from producer.keys import (
     FIELD_ATTEMPTS,
     FIELD_ENTRY,
     FIELD_ID,
     FIELD_JOB,
+    FIELD_KEY,
     FIELD_REASON,
     FIELD_RESULT,
     META_EPOCH,
     QueueKeys,
 )
 from producer.redis_errors import classify, describe, url_of
-from producer.status import Heartbeat
+from producer.routing import qualify, read_routing, split_id
+from producer.status import Heartbeat, decode_heartbeat, now_ms
 from worker.queue.jobqueue import (
     Delivery,
     Entry,
@@ -42,29 +49,30 @@ from worker.queue.jobqueue import (
     Write,
     entry_key,
 )
+from worker.queue.routing import Router, Survey, live_workers, read_routed
 from worker.queue.streams.leases import Leases
 from worker.queue.streams.retention import ConsumerJanitor, trim_acked_jobs
 
 T = TypeVar("T")
 
 
-def read_entry(entry_id: bytes | str, fields: dict[bytes, bytes]) -> Entry:
+def read_entry(entry_id: bytes | str, fields: dict[bytes, bytes], partition: int = 0) -> Entry:
     """An entry as XREADGROUP/XAUTOCLAIM hand it over, whatever its fields hold."""
-    entry_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    entry_id = qualify(partition, entry_id.decode() if isinstance(entry_id, bytes) else entry_id)
+    key = fields.get(FIELD_KEY.encode(), b"").decode("ascii", "replace")
     raw_id = fields.get(FIELD_ID.encode())
     data = fields.get(FIELD_JOB.encode(), b"")
     if raw_id is None:
-        return Entry(entry_id, entry_id, data, f"entry {entry_id} has no {FIELD_ID!r} field")
+        return Entry(entry_id, entry_id, data, f"entry {entry_id} has no {FIELD_ID!r} field", key)
     try:
         job_id = raw_id.decode()
     except UnicodeDecodeError:
         shown = raw_id.decode("utf-8", "backslashreplace")
-        return Entry(
-            entry_id, shown, data, f"the {FIELD_ID!r} field of entry {entry_id} is not UTF-8: {shown!r}"
-        )
+        problem = f"the {FIELD_ID!r} field of entry {entry_id} is not UTF-8: {shown!r}"
+        return Entry(entry_id, shown, data, problem, key)
     if not job_id:
-        return Entry(entry_id, entry_id, data, f"entry {entry_id} has an empty {FIELD_ID!r} field")
-    return Entry(entry_id, job_id, data)
+        return Entry(entry_id, entry_id, data, f"entry {entry_id} has an empty {FIELD_ID!r} field", key)
+    return Entry(entry_id, job_id, data, key=key)
 
 
 def _translated(method: Callable[..., T]) -> Callable[..., T]:
@@ -91,7 +99,13 @@ class RedisJobQueue:
     """See worker.queue.jobqueue.JobQueue."""
 
     def __init__(
-        self, client: redis.Redis, queue: str, name: str, min_idle_ms: int, dead_after_ms: int
+        self,
+        client: redis.Redis,
+        queue: str,
+        name: str,
+        min_idle_ms: int,
+        dead_after_ms: int,
+        steal_after_s: float = 2.0,
     ) -> None:
         self.redis = client
         self.keys = QueueKeys(queue)
@@ -99,27 +113,80 @@ class RedisJobQueue:
         self.where = url_of(client)
         self.leases = Leases(self.keys, name, min_idle_ms)
         self.janitor = ConsumerJanitor(self.keys, name, dead_after_ms)
+        self.router = Router(name, steal_after_s)
+        self.partitions = 1
+
+    def _streams(self) -> list[str]:
+        return self.keys.partitions(self.partitions)
+
+    def _by_partition(self, entry_ids: list[str]) -> dict[int, list[str]]:
+        """Qualified entry ids grouped by partition, as that partition stream's own ids."""
+        grouped: dict[int, list[str]] = {}
+        for entry_id in entry_ids:
+            partition, raw = split_id(entry_id)
+            grouped.setdefault(partition, []).append(raw)
+        return grouped
 
     @_translated
     def prepare(self) -> None:
-        ensure_group(self.redis, self.keys)
+        self.partitions = read_routing(self.redis, self.keys)[0]
+        ensure_groups(self.redis, self.keys, self.partitions)
+
+    @_translated
+    def survey(self) -> Survey:
+        partitions = read_routing(self.redis, self.keys)[0]
+        if partitions != self.partitions:
+            ensure_groups(self.redis, self.keys, partitions)
+            self.partitions = partitions
+        with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hgetall(self.keys.workers)
+            for stream in self._streams():
+                pipe.xinfo_groups(stream)
+            reply: Any = pipe.execute(raise_on_error=False)
+        lag, in_flight = [], 0
+        for groups in reply[1:]:
+            group: dict[str, Any] = (
+                {}
+                if isinstance(groups, Exception)
+                else next((g for g in groups if g["name"].decode() == self.keys.group), {})
+            )
+            lag.append(int(group.get("lag") or 0))
+            in_flight += int(group.get("pending") or 0)
+        if isinstance(reply[0], Exception):
+            raise reply[0]
+        beats = {name.decode(): decode_heartbeat(data) for name, data in reply[0].items()}
+        survey = Survey(partitions, lag, in_flight, live_workers(beats, self.name, now_ms()))
+        return self.router.update(survey)
+
+    def _read(self, partitions: list[int], count: int, block_s: float | None) -> list[Delivery]:
+        block_ms = None if block_s is None else int(block_s * 1000)
+        streams: dict[Any, Any] = {self.keys.partition(p): ">" for p in partitions}
+        reply: Any = self.redis.xreadgroup(self.keys.group, self.name, streams, count=count, block=block_ms)
+        index = {self.keys.partition(p): p for p in partitions}
+        return [
+            Delivery(read_entry(entry_id, fields, index[stream.decode()]), 1)
+            for stream, entries in reply or []
+            for entry_id, fields in entries
+        ]
 
     @_translated
     def read(self, count: int, block_s: float | None) -> list[Delivery]:
-        block_ms = None if block_s is None else int(block_s * 1000)
-        reply: Any = self.redis.xreadgroup(
-            self.keys.group, self.name, {self.keys.jobs: ">"}, count=count, block=block_ms
-        )
-        if not reply:
-            return []
-        return [Delivery(read_entry(entry_id, fields), 1) for entry_id, fields in reply[0][1]]
+        return read_routed(self.router, count, block_s, self._read)
 
     @_translated
     def reclaim(self, count: int) -> list[Delivery]:
-        return [
-            Delivery(read_entry(c.entry_id, c.fields), c.deliveries)
-            for c in self.leases.claim(self.redis, count)
-        ]
+        own = self.router.own
+        order = own + [p for p in range(self.partitions) if p not in own]
+        taken: list[Delivery] = []
+        for partition in order:
+            if len(taken) >= count:
+                break
+            stream = self.keys.partition(partition)
+            taken += [
+                Delivery(read_entry(c.entry_id, c.fields, partition), c.deliveries)
+                for c in self.leases.claim(self.redis, stream, count - len(taken))
+            ]
+        return taken
 
     @_translated
     def completed(self, job_ids: list[str]) -> list[bool]:
@@ -129,6 +196,7 @@ class RedisJobQueue:
     @_translated
     def complete(self, writes: list[Write], acks: list[str]) -> None:
         keys = self.keys
+        to_ack = list(acks)
         with self.redis.pipeline(transaction=True) as pipe:
             for write in writes:
                 completion, result = write.completion, write.completion.result
@@ -146,36 +214,48 @@ class RedisJobQueue:
                         {FIELD_JOB: dead.job, FIELD_REASON: dead.reason, FIELD_ATTEMPTS: dead.attempts}
                     )
                     pipe.xadd(keys.dead, fields)
-                pipe.xack(keys.jobs, keys.group, completion.entry_id, *completion.also_ack)
-            if acks:
-                pipe.xack(keys.jobs, keys.group, *acks)
+                to_ack += [completion.entry_id, *completion.also_ack]
+            for partition, raw_ids in self._by_partition(to_ack).items():
+                pipe.xack(keys.partition(partition), keys.group, *raw_ids)
             pipe.execute()
 
     @_translated
     def renew(self, entry_ids: list[str]) -> set[str]:
-        return self.leases.renew(self.redis, entry_ids)
+        lost: set[str] = set()
+        for partition, raw_ids in self._by_partition(entry_ids).items():
+            stream = self.keys.partition(partition)
+            lost |= {qualify(partition, raw) for raw in self.leases.renew(self.redis, stream, raw_ids)}
+        return lost
 
     @_translated
     def count_attempt(self, entry_id: str) -> int | None:
-        return self.leases.count_attempt(self.redis, entry_id)
+        partition, raw = split_id(entry_id)
+        return self.leases.count_attempt(self.redis, self.keys.partition(partition), raw)
 
     @_translated
     def release(self, jobs: list[Release]) -> None:
-        # NOTE: given back as new entries (the old ones acknowledged in the same transaction),
-        # so other workers get them now instead of after min_idle.
+        # NOTE: given back as new entries of the same partition (the old ones acknowledged in
+        # the same transaction), so other workers get them now instead of after min_idle.
         with self.redis.pipeline(transaction=True) as pipe:
             for job in jobs:
-                pipe.xadd(self.keys.jobs, {FIELD_ID: job.job_id, FIELD_JOB: job.data})
-                pipe.xack(self.keys.jobs, self.keys.group, *job.entry_ids)
+                stream = self.keys.partition(split_id(job.entry_ids[0])[0])
+                pipe.xadd(stream, {FIELD_ID: job.job_id, FIELD_JOB: job.data, FIELD_KEY: job.key})
+                for partition, raw_ids in self._by_partition(list(job.entry_ids)).items():
+                    pipe.xack(self.keys.partition(partition), self.keys.group, *raw_ids)
             pipe.execute()
 
     @_translated
     def leave(self) -> None:
-        pending: Any = self.redis.xpending_range(
-            self.keys.jobs, self.keys.group, min="-", max="+", count=1, consumername=self.name
-        )
-        if not pending:
-            self.redis.xgroup_delconsumer(self.keys.jobs, self.keys.group, self.name)
+        streams = [stream for stream in self._streams() if self.redis.exists(stream)]
+        with self.redis.pipeline(transaction=False) as pipe:
+            for stream in streams:
+                pipe.xpending_range(
+                    stream, self.keys.group, min="-", max="+", count=1, consumername=self.name
+                )
+            held: Any = pipe.execute()
+        for stream, pending in zip(streams, held, strict=True):
+            if not pending:
+                self.redis.xgroup_delconsumer(stream, self.keys.group, self.name)
         self.redis.hdel(self.keys.workers, self.name)
 
     @_translated
@@ -188,14 +268,18 @@ class RedisJobQueue:
 
     @_translated
     def newest_entry(self) -> tuple[int, int]:
-        try:
-            info: Any = self.redis.xinfo_stream(self.keys.jobs)
-        except redis.ResponseError:  # no such key
-            return (0, 0)
-        return entry_key(info["last-generated-id"].decode())
+        newest = (0, 0)
+        for stream in self._streams():
+            try:
+                info: Any = self.redis.xinfo_stream(stream)
+            except redis.ResponseError:  # no such key
+                continue
+            newest = max(newest, entry_key(info["last-generated-id"].decode()))
+        return newest
 
     @_translated
     def housekeeping(self, trim: bool) -> list[str]:
         if trim:
-            trim_acked_jobs(self.redis, self.keys)
-        return self.janitor.sweep(self.redis)
+            for stream in self._streams():
+                trim_acked_jobs(self.redis, self.keys, stream)
+        return self.janitor.sweep(self.redis, self._streams())

@@ -41,22 +41,24 @@ def _parse_id(entry_id: str) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
-def trim_acked_jobs(client: redis.Redis, keys: QueueKeys) -> int:
-    """Remove acknowledged entries from the jobs stream; returns how many went."""
-    if not client.exists(keys.jobs):
+def trim_acked_jobs(client: redis.Redis, keys: QueueKeys, stream: str | None = None) -> int:
+    """Remove acknowledged entries from a partition stream (default: partition 0, ``jobs``);
+    returns how many went."""
+    stream = stream or keys.jobs
+    if not client.exists(stream):
         return 0
-    groups: Any = client.xinfo_groups(keys.jobs)
+    groups: Any = client.xinfo_groups(stream)
     group = next((g for g in groups if _text(g["name"]) == keys.group), None)
     if group is None:
         return 0
     ms, seq = _parse_id(_text(group["last-delivered-id"]))
     bound = (ms, seq + 1)  # everything up to the last delivered one, if nothing older is pending
-    summary: Any = client.xpending(keys.jobs, keys.group)
+    summary: Any = client.xpending(stream, keys.group)
     if summary["pending"]:
         bound = min(bound, _parse_id(_text(summary["min"])))
     if bound <= (0, 1):
         return 0
-    return int(client.xtrim(keys.jobs, minid=f"{bound[0]}-{bound[1]}", approximate=False))
+    return int(client.xtrim(stream, minid=f"{bound[0]}-{bound[1]}", approximate=False))
 
 
 class ConsumerJanitor:
@@ -68,12 +70,13 @@ class ConsumerJanitor:
         self.dead_after_ms = dead_after_ms
         self._script: Any = None
 
-    def sweep(self, client: redis.Redis) -> list[str]:
+    def sweep(self, client: redis.Redis, streams: list[str]) -> list[str]:
+        """Forget, in each partition stream's group, the dead consumers holding nothing there."""
         if self._script is None:
             self._script = client.register_script(_FORGET)
-        if not client.exists(self.keys.jobs):
+        streams = [stream for stream in streams if client.exists(stream)]
+        if not streams:
             return []
-        consumers: Any = client.xinfo_consumers(self.keys.jobs, self.keys.group)
         beats: Any = client.hgetall(self.keys.workers)
         now = now_ms()
 
@@ -81,20 +84,26 @@ class ConsumerJanitor:
             beat = decode_heartbeat(beats[name.encode()]) if name.encode() in beats else None
             return beat is None or now - beat.last_seen_ms > self.dead_after_ms
 
-        forgotten = []
+        forgotten: set[str] = set()
         listed = set()
-        for consumer in consumers:
-            name = _text(consumer["name"])
-            listed.add(name)
-            if name == self.name or int(consumer["pending"]) or int(consumer["idle"]) < self.dead_after_ms:
-                continue
-            if silent(name) and self._script(
-                keys=[self.keys.jobs, self.keys.workers], args=[self.keys.group, name]
-            ):
-                forgotten.append(name)
+        for stream in streams:
+            consumers: Any = client.xinfo_consumers(stream, self.keys.group)
+            for consumer in consumers:
+                name = _text(consumer["name"])
+                listed.add(name)
+                if (
+                    name == self.name
+                    or int(consumer["pending"])
+                    or int(consumer["idle"]) < self.dead_after_ms
+                ):
+                    continue
+                if silent(name) and self._script(
+                    keys=[stream, self.keys.workers], args=[self.keys.group, name]
+                ):
+                    forgotten.add(name)
         stale = [
             _text(n) for n in beats if _text(n) not in listed and _text(n) != self.name and silent(_text(n))
         ]
         if stale:
             client.hdel(self.keys.workers, *stale)
-        return forgotten + stale
+        return sorted(forgotten) + stale
