@@ -64,9 +64,9 @@ def max_error(choice: Choice, expected: torch.Tensor, top: int) -> float:
 def test_greedy_logprobs_match_transformers(setup) -> None:
     hf, llm = setup
     params = [
-        SamplingParams(max_tokens=12, temperature=0.0, logprobs=True, top_logprobs=5),
-        SamplingParams(max_tokens=12, temperature=0.0, logprobs=True, top_logprobs=20),
-        SamplingParams(max_tokens=48, temperature=0.0, logprobs=True),  # may end on EOS: dropped
+        SamplingParams(max_tokens=8, temperature=0.0, logprobs=True, top_logprobs=5),
+        SamplingParams(max_tokens=8, temperature=0.0, logprobs=True, top_logprobs=20),
+        SamplingParams(max_tokens=24, temperature=0.0, logprobs=True),  # may end on EOS: dropped
     ]
     results = llm.generate(PROMPTS, params)
     for prompt, sp, result in zip(PROMPTS, params, results, strict=True):
@@ -83,9 +83,9 @@ def test_logprobs_are_raw_under_sampling_and_penalties(setup) -> None:
     """Temperature and penalties change the draw, not the reported logprobs."""
     hf, llm = setup
     params = [
-        SamplingParams(max_tokens=10, temperature=1.7, seed=3, logprobs=True, top_logprobs=3),
-        SamplingParams(max_tokens=10, temperature=0.0, repetition_penalty=1.5, logprobs=True, top_logprobs=3),
-        SamplingParams(max_tokens=10, temperature=0.6, top_p=0.5, n=2, seed=8, logprobs=True, top_logprobs=2),
+        SamplingParams(max_tokens=6, temperature=1.7, seed=3, logprobs=True, top_logprobs=3),
+        SamplingParams(max_tokens=6, temperature=0.0, repetition_penalty=1.5, logprobs=True, top_logprobs=3),
+        SamplingParams(max_tokens=6, temperature=0.6, top_p=0.5, n=2, seed=8, logprobs=True, top_logprobs=2),
     ]
     results = llm.generate(PROMPTS, params)
     for prompt, sp, result in zip(PROMPTS, params, results, strict=True):
@@ -99,14 +99,14 @@ def test_logprobs_do_not_depend_on_the_batch(setup) -> None:
     """The same greedy request alone and amid different requests (longer prompts, penalties,
     sampling, no logprobs, chunked prefill): the same tokens, logprobs within 1e-4."""
     _, llm = setup
-    target = SamplingParams(max_tokens=10, temperature=0.0, logprobs=True, top_logprobs=4)
+    target = SamplingParams(max_tokens=6, temperature=0.0, logprobs=True, top_logprobs=4)
     alone = llm.generate([PROMPTS[1]], target)[0].choices[0]
     crowd_llm = LLM(
         str(llm.config.model), device="cpu", attention="torch", page_size=4, max_prefill_tokens=48
     )
-    crowd_prompts = [PROMPTS[2], "Once upon a time " * 6, PROMPTS[1], PROMPTS[0]]
+    crowd_prompts = [PROMPTS[2], "Once upon a time " * 5, PROMPTS[1], PROMPTS[0]]
     crowd_params = [
-        SamplingParams(max_tokens=14, temperature=0.9, seed=1, logprobs=True, top_logprobs=20),
+        SamplingParams(max_tokens=8, temperature=0.9, seed=1, logprobs=True, top_logprobs=20),
         SamplingParams(max_tokens=6, frequency_penalty=1.0, logit_bias={"42": 5.0}),
         target,
         SamplingParams(max_tokens=3, temperature=0.0),
