@@ -282,3 +282,23 @@ def test_logit_bias_outside_vocabulary_is_that_jobs_error(tiny) -> None:
     assert results[0].error is not None and results[0].error.code == "invalid_job"
     assert "logit_bias" in results[0].error.message and "256" in results[0].error.message
     assert results[1].error is None and len(results[1].choices[0].token_ids) == 4
+
+
+def test_stop_strings_and_ids_wait_for_min_tokens() -> None:
+    """check_stop before min_tokens: only the length ends a choice (vLLM's rule); from then on
+    stop ids and stop strings do."""
+    from worker.scheduler.req import PendingReq, Req, RequestGroup
+    from worker.scheduler.stop import check_stop
+
+    def stop_after(output: list[int], **fields):
+        sampling = SamplingParams(max_tokens=10, stop=["b"], stop_token_ids=[9], **fields)
+        group = RequestGroup(uid="g", prompt_len=2, n=1)
+        pending = PendingReq(group, 0, [1, 2, *output], sampling, 12, 0)
+        req = Req(pending, 0, 1, 2 + len(output), 12, None, 0, 16)
+        return check_stop(req, frozenset(EOS), lambda ids: "".join("ab"[t % 2] for t in ids))
+
+    for output in ([9], [5], [3], [1, 9]):  # stop id, EOS, stop string "b", stop id
+        assert stop_after(output) is not None
+        assert stop_after(output, min_tokens=3) is None
+    assert stop_after([4, 4, 9], min_tokens=3) is not None  # the third token may stop it
+    assert stop_after([4] * 10, min_tokens=10).finish_reason == "length"
