@@ -202,7 +202,7 @@ def apply_penalties(logits: torch.Tensor, p: Penalties) -> torch.Tensor:
     x = logits.index_select(0, p.rows).float()
     if p.history_len:
         positions = torch.arange(p.history_len, device=logits.device)
-        tokens = p.token_pool[p.slots.unsqueeze(1), positions.unsqueeze(0)].long()
+        tokens = p.token_pool[:, : p.history_len].index_select(0, p.slots).long()
         known = positions.unsqueeze(0) < p.lens.unsqueeze(1)
         if p.use_repetition:
             seen = _token_counts(tokens, known, vocab) > 0
