@@ -16,6 +16,14 @@ configurations one after another in this process (a table at the end); ``--profi
 records host time per step phase and CUDA-event time per pass (worker.scheduler.profile) and
 prints percentiles. ``--peer hf`` runs transformers' continuous batching on the same requests
 after radixq, in the same process, for a side-by-side ratio.
+
+The cost of logprobs and penalties: ``--logprobs K`` (logprobs with K top_logprobs),
+``--frequency-penalty``, ``--presence-penalty``, ``--repetition-penalty``, ``--logit-bias N``
+and ``--min-tokens`` give every request those fields (EOS stays ignored); compare with a run
+without them:
+
+    python benchmarks/offline.py --model configs/qwen3-0.6b.json --logprobs 5
+    python benchmarks/offline.py --model configs/qwen3-0.6b.json --repetition-penalty 1.1 --frequency-penalty 0.5
 """
 
 from __future__ import annotations
@@ -103,8 +111,15 @@ def run_radixq(args: argparse.Namespace, workload: Workload, variant: str = "def
     startup_s = time.perf_counter() - start
 
     def generate(w: Workload) -> tuple[float, int]:
+        extras = sampling_extras(args)
         params = [
-            SamplingParams(max_tokens=n, temperature=args.temperature, ignore_eos=True) for n in w.max_tokens
+            SamplingParams(
+                max_tokens=n,
+                temperature=args.temperature,
+                ignore_eos=True,
+                **{**extras, "min_tokens": min(n, args.min_tokens)},
+            )
+            for n in w.max_tokens
         ]
         _sync()
         start = time.perf_counter()
@@ -129,6 +144,7 @@ def run_radixq(args: argparse.Namespace, workload: Workload, variant: str = "def
     result = {
         "engine": f"radixq[{variant}]",
         "options": options,
+        "sampling": sampling_extras(args),
         "seconds": statistics.median(runs_s),
         "runs_s": runs_s,
         "output_tokens": generated,
@@ -144,6 +160,22 @@ def run_radixq(args: argparse.Namespace, workload: Workload, variant: str = "def
     llm = generate = profiler = None  # type: ignore[assignment]  # NOTE: drop every reference first
     _free_gpu_memory()
     return result
+
+
+def sampling_extras(args: argparse.Namespace) -> dict:
+    """The logprobs/penalty fields every request gets (``--logprobs`` etc.; none by default)."""
+    extras: dict = {}
+    if args.logprobs is not None:
+        extras.update(logprobs=True, top_logprobs=args.logprobs)
+    for name in ("frequency_penalty", "presence_penalty", "repetition_penalty"):
+        value = getattr(args, name)
+        if value is not None:
+            extras[name] = value
+    if args.logit_bias:
+        extras["logit_bias"] = {str(7 * i): 0.5 for i in range(args.logit_bias)}
+    if args.min_tokens:
+        extras["min_tokens"] = args.min_tokens  # cut to each request's max_tokens
+    return extras
 
 
 def kernel_profile(generate: object, workload: Workload, max_tokens: int) -> list[list]:
@@ -294,6 +326,17 @@ def parse_args() -> argparse.Namespace:
         help="timed runs per variant (fresh prompt ids each; the median counts)",
     )
     parser.add_argument("--out", default=None, help="write the result as JSON here")
+    extras = parser.add_argument_group("per-request sampling extras (radixq only; off by default)")
+    extras.add_argument(
+        "--logprobs", type=int, default=None, metavar="K", help="logprobs with K top_logprobs (0-20)"
+    )
+    extras.add_argument("--frequency-penalty", type=float, default=None)
+    extras.add_argument("--presence-penalty", type=float, default=None)
+    extras.add_argument("--repetition-penalty", type=float, default=None)
+    extras.add_argument(
+        "--logit-bias", type=int, default=0, metavar="N", help="bias N token ids (0, 7, 14, ...) by 0.5"
+    )
+    extras.add_argument("--min-tokens", type=int, default=0, help="min_tokens (EOS masked until then)")
     return parser.parse_args()
 
 
@@ -318,7 +361,10 @@ def main() -> None:
         if "step_profile" in result:
             print_step_profile(result["engine"], result["step_profile"])
     base = results[0]["tok_per_s"]
-    print(f"model {args.model}, {len(workload.prompts)} requests, temperature {args.temperature}")
+    print(
+        f"model {args.model}, {len(workload.prompts)} requests, temperature {args.temperature}"
+        + (f", {sampling_extras(args)}" if sampling_extras(args) else "")
+    )
     print(f"{'engine':<28} {'seconds':>8} {'tok/s':>9} {'vs first':>8}")
     for result in results:
         print(

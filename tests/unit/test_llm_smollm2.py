@@ -1,4 +1,5 @@
-"""The offline LLM API on SmolLM2-135M-Instruct (GGUF): greedy equals HF generate, stop strings trim."""
+"""The offline LLM API on SmolLM2-135M-Instruct (GGUF): greedy equals HF generate (with
+penalties too), stop strings trim."""
 
 from __future__ import annotations
 
@@ -26,8 +27,9 @@ def setup(smollm2_dir: Path):  # noqa: F811
     return hf, llm
 
 
-def _hf_greedy(hf, prompt_ids: list[int]) -> list[int]:
-    """HF generate, stopping at the model's EOS; the EOS token itself is not output."""
+def _hf_greedy(hf, prompt_ids: list[int], **options) -> list[int]:
+    """HF generate, stopping at the model's EOS; the EOS token itself is not output.
+    ``options`` go to generate (logits processors)."""
     eos = hf.generation_config.eos_token_id
     eos = set(eos if isinstance(eos, list) else [eos])
     with torch.no_grad():
@@ -36,6 +38,7 @@ def _hf_greedy(hf, prompt_ids: list[int]) -> list[int]:
             attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
             max_new_tokens=MAX_NEW,
             do_sample=False,
+            **options,
         )
     tokens = out[0, len(prompt_ids) :].tolist()
     for i, token in enumerate(tokens):
@@ -73,3 +76,28 @@ def test_stop_string_trims_text(setup) -> None:
     assert choice.finish_reason == "stop"
     assert choice.text == full_text[: full_text.find(stop)]
     assert stop not in choice.text
+
+
+def test_greedy_with_penalties_matches_hf_generate(setup) -> None:
+    """Penalties in one batch, each against transformers' generate with the same processor
+    (repetition: transformers' own; frequency/presence: the numpy formula of test_penalties)."""
+    from transformers import LogitsProcessorList
+
+    from tests.unit.test_penalties import NumpyFrequencyPresence
+
+    hf, llm = setup
+    prompt = llm.encode(TEXT_PROMPTS[1])
+    params = [
+        SamplingParams(max_tokens=MAX_NEW, temperature=0.0, repetition_penalty=1.3),
+        SamplingParams(max_tokens=MAX_NEW, temperature=0.0, frequency_penalty=1.2, presence_penalty=0.5),
+    ]
+    processors = [
+        {"repetition_penalty": 1.3},
+        {"logits_processor": LogitsProcessorList([NumpyFrequencyPresence(len(prompt), 1.2, 0.5)])},
+    ]
+    plain = _hf_greedy(hf, prompt)
+    results = llm.generate([prompt, prompt], params)
+    for result, options in zip(results, processors, strict=True):
+        expected = _hf_greedy(hf, prompt, **options)
+        assert result.choices[0].token_ids == expected
+        assert expected != plain  # the penalty changed the continuation

@@ -35,6 +35,8 @@ def _preparer(graph_bs: int | None = None) -> BatchPreparer:
         graph_runner=SimpleNamespace(batch_size_for=lambda b: graph_bs) if graph_bs else None,
         dummy_loc=DUMMY_LOC,
         model_config=SimpleNamespace(vocab_size=VOCAB),
+        eos_token_ids=frozenset({2}),
+        token_pool=tables.token_pool,
     )
     return BatchPreparer(engine, tables)  # type: ignore[arg-type]
 

@@ -10,13 +10,14 @@ from worker.engine.config import EngineConfig
 from worker.engine.forward import ForwardBatch, ForwardOutput
 from worker.engine.input import ForwardInput
 from worker.engine.kv_pool import KVPool
+from worker.engine.logprobs import pack_with_tokens, raw_logprobs, unpack
 
 if TYPE_CHECKING:
     from worker.engine.graph import GraphRunner
 
 
 class Engine:
-    """Runs one forward pass per ForwardInput and returns the sampled tokens.
+    """Runs one forward pass per ForwardInput and returns the sampled tokens (and logprobs).
 
     ``page_table`` and ``token_pool`` ([max_running_reqs + 1, max_seq_len] int32, on the
     device) are the GPU tables the scheduler's TableManager indexes by slot; the last row is
@@ -122,13 +123,15 @@ class Engine:
 
     @torch.inference_mode()
     def forward(self, fi: ForwardInput) -> ForwardOutput:
-        """Run the pass, sample, write each token into token_pool, start its copy to the host.
+        """Run the pass, sample, write each token into token_pool, start its copy to the host
+        (logprobs, when asked for, in the same copy: worker.engine.logprobs).
 
         Nothing here waits for the GPU: under overlap the host returns while the pass runs."""
         if self.stream is None:
             return self._forward(fi)
         self.stream.wait_stream(self.scheduler_stream)
-        for t in (fi.load_slots, fi.sampling.temperature):  # packed buffers from the scheduler stream
+        copied = (fi.load_slots, fi.sampling.temperature, *fi.sampling.side_buffers)
+        for t in copied:  # buffers copied on the scheduler stream
             t.record_stream(self.stream)
         with torch.cuda.stream(self.stream):
             return self._forward(fi)
@@ -151,12 +154,18 @@ class Engine:
                 kv=self.kv,
             )
             logits = self.model(batch)
-        next_tokens = self.sampler.sample(logits[: fi.batch_size], fi.sampling).to(torch.int32)
+        logits = logits[: fi.batch_size]
+        wanted = fi.sampling.logprobs
+        raw = raw_logprobs(logits, wanted) if wanted is not None else None  # before any change to logits
+        next_tokens = self.sampler.sample(logits, fi.sampling).to(torch.int32)
         self.token_pool[fi.write_slots, fi.write_pos] = next_tokens
-        if self.device.type != "cuda":
-            return ForwardOutput(next_tokens, None)  # already on the host
-        next_tokens_cpu = torch.empty(next_tokens.shape, dtype=torch.int32, pin_memory=True)
-        next_tokens_cpu.copy_(next_tokens, non_blocking=True)
-        copy_done = torch.cuda.Event()
-        copy_done.record()
-        return ForwardOutput(next_tokens_cpu, copy_done)
+        packed = pack_with_tokens(next_tokens, raw, wanted)  # the tokens alone without logprobs
+        copy_done = None
+        if self.device.type == "cuda":
+            packed_cpu = torch.empty(packed.shape, dtype=torch.int32, pin_memory=True)
+            packed_cpu.copy_(packed, non_blocking=True)
+            copy_done = torch.cuda.Event()
+            copy_done.record()
+            packed = packed_cpu
+        next_tokens_cpu, logprobs_cpu = unpack(packed, fi.batch_size, wanted)
+        return ForwardOutput(next_tokens_cpu, copy_done, logprobs_cpu)

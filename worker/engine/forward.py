@@ -10,6 +10,7 @@ if TYPE_CHECKING:
 
     from worker.attention.base import AttentionBackend, BatchLayout
     from worker.engine.kv_pool import KVPool
+    from worker.engine.logprobs import HostLogprobs
 
 
 @dataclass(frozen=True)
@@ -37,10 +38,12 @@ class ForwardBatch:
 
 
 class ForwardOutput(NamedTuple):
-    """What the engine returns for one pass: the host copy of its sampled tokens.
+    """What the engine returns for one pass: the host copy of its sampled tokens, and of their
+    logprobs for the requests that asked (None when none did).
 
     The tokens themselves stay on the device in the engine's token_pool, where the next
     pass reads them; the host needs them only for stop checks and results."""
 
     next_tokens_cpu: torch.Tensor  # int32 [B] (valid once copy_done is done)
     copy_done: Any  # torch.cuda.Event on CUDA, None on CPU (copy already complete)
+    logprobs_cpu: HostLogprobs | None = None  # valid once copy_done is done

@@ -7,6 +7,10 @@ position 0, the engine's dummy KV location), so padding rows write only the dumm
 their logits are ignored. Attention metadata lives in the backend's fixed graph buffers
 (the graph hooks of worker.attention.base.AttentionBackend), re-planned per step by
 ``backend.plan_for_replay`` on the engine stream before ``run``.
+
+Sampling is not captured: the engine samples eagerly from the logits a replay returns, so
+penalties, logit_bias, min_tokens and logprobs (whose shapes vary with the batch's requests)
+run the same way after a replay as after an eager pass.
 """
 
 from __future__ import annotations

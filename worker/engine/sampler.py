@@ -6,6 +6,7 @@ probability exceeds ``u`` (times the row's total mass). A seeded request therefo
 the same token at the same output position whatever else shares its batch, every row costs
 O(vocab) memory traffic, and nothing here synchronises with the host.
 
+Penalties, logit_bias and min_tokens change the logits first (worker.engine.penalties).
 Filters apply in this order, each on the survivors of the previous one: top-k (the k most
 likely tokens), top-p (the smallest prefix, by probability, whose mass after renormalising
 reaches top_p; the most likely token always survives), min-p (tokens whose probability is
@@ -17,6 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from worker.engine.logprobs import LogprobRows
+from worker.engine.penalties import Penalties, apply_penalties
 
 _MASK32 = 0xFFFFFFFF
 # Multipliers stay below 2**31 so products of 32-bit values never overflow int64.
@@ -71,12 +75,23 @@ class SamplingTensors:
     use_top_k: bool
     use_top_p: bool
     use_min_p: bool
+    # None unless a request of the batch uses them (worker.engine.penalties, .logprobs)
+    penalties: Penalties | None = None
+    logprobs: LogprobRows | None = None
+
+    @property
+    def side_buffers(self) -> tuple[torch.Tensor, ...]:
+        """Device tensors copied for penalties and logprobs (for record_stream)."""
+        penalties = self.penalties.buffers if self.penalties is not None else ()
+        return penalties + ((self.logprobs.rows,) if self.logprobs is not None else ())
 
 
 class Sampler:
     """Turns logits [B, vocab] (any float dtype) into int32 tokens [B] on the same device."""
 
     def sample(self, logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
+        if t.penalties is not None:
+            logits = apply_penalties(logits, t.penalties)
         if not (t.all_greedy or t.use_top_k or t.use_top_p or t.use_min_p) and logits.is_cuda:
             from worker.kernels.sampling import sample_unfiltered
 

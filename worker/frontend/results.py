@@ -1,10 +1,10 @@
-"""Turning the scheduler's finished requests into Results: detokenize, trim stop strings."""
+"""Turning the scheduler's finished requests into Results: detokenize, trim stop strings, logprobs."""
 
 from __future__ import annotations
 
 from typing import Any, Protocol
 
-from producer.schema import Choice, ErrorInfo, Result, Timings, Usage
+from producer.schema import Choice, ErrorInfo, Result, Timings, TokenLogprob, TopLogprob, Usage
 from worker.scheduler.messages import ChoiceOutput, RequestFinished
 
 
@@ -20,6 +20,32 @@ def choice_text(tokenizer: Detokenizer, choice: ChoiceOutput) -> str:
         if cut >= 0:
             text = text[:cut]
     return text
+
+
+def choice_logprobs(tokenizer: Detokenizer, choice: ChoiceOutput) -> list[TokenLogprob] | None:
+    """The choice's logprobs with each token's text (the token decoded alone, special tokens
+    kept), or None when the request did not ask for them."""
+    if choice.logprobs is None:
+        return None
+    texts: dict[int, str] = {}
+
+    def text(token_id: int) -> str:
+        if token_id not in texts:
+            texts[token_id] = tokenizer.decode([token_id], skip_special_tokens=False)
+        return texts[token_id]
+
+    return [
+        TokenLogprob(
+            token_id=token_id,
+            token=text(token_id),
+            logprob=entry.logprob,
+            top_logprobs=[
+                TopLogprob(token_id=top_id, token=text(top_id), logprob=logprob)
+                for top_id, logprob in zip(entry.top_ids, entry.top_logprobs, strict=True)
+            ],
+        )
+        for token_id, entry in zip(choice.token_ids, choice.logprobs, strict=True)
+    ]
 
 
 def build_result(
@@ -42,6 +68,7 @@ def build_result(
             text=choice_text(tokenizer, c),
             token_ids=list(c.token_ids),
             finish_reason=c.finish_reason,
+            logprobs=choice_logprobs(tokenizer, c),
         )
         for c in sorted(finished.choices, key=lambda c: c.index)
     ]

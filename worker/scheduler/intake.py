@@ -7,6 +7,7 @@ import random
 import msgspec
 
 from producer.schema import SamplingParams
+from worker.engine.penalties import bias_refusal
 from worker.scheduler.messages import GenerateRequest
 from worker.scheduler.req import PendingReq, RequestGroup
 
@@ -15,7 +16,8 @@ def refusal(msg: GenerateRequest, max_seq_len: int, vocab_size: int) -> tuple[st
     """(error_code, message) when the request cannot run on this engine, else None.
 
     ``msg.sampling`` already holds SamplingParams' bounds (checked when it was decoded); what
-    depends on the model is checked here. Stop token ids outside the vocabulary are accepted:
+    depends on the model is checked here (token ids of the prompt and of logit_bias). Stop token
+    ids outside the vocabulary are accepted:
     they can never match a sampled token, so they are harmless."""
     prompt_len = len(msg.input_ids)
     if prompt_len == 0:
@@ -23,6 +25,9 @@ def refusal(msg: GenerateRequest, max_seq_len: int, vocab_size: int) -> tuple[st
     bad = next((t for t in msg.input_ids if not 0 <= t < vocab_size), None)
     if bad is not None:
         return "invalid_job", f"input_ids: token {bad} not in [0, {vocab_size})"
+    bias_error = bias_refusal(msg.sampling, vocab_size)
+    if bias_error is not None:
+        return "invalid_job", bias_error
     if prompt_len >= max_seq_len:
         return (
             "prompt_too_long",

@@ -31,11 +31,20 @@ class ShutdownRequest(msgspec.Struct, tag="shutdown", frozen=True):
 Inbound = GenerateRequest | AbortRequest | ShutdownRequest
 
 
+class TokenLogprobs(msgspec.Struct, frozen=True, array_like=True):
+    """One generated token's raw logprob and the top ones (worker.engine.logprobs)."""
+
+    logprob: float
+    top_ids: list[int]  # most likely first
+    top_logprobs: list[float]
+
+
 class ChoiceOutput(msgspec.Struct, frozen=True):
     index: int
     token_ids: list[int]  # generated tokens; a stop token id that ended it is not included
     finish_reason: Literal["stop", "length", "error"]
     matched_stop: str | None = None  # the stop string that ended it, for trimming the text
+    logprobs: list[TokenLogprobs] | None = None  # one per token id, when the request asked
 
 
 class RequestFinished(msgspec.Struct, tag="finished", frozen=True):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import deque
 
+from worker.engine.penalties import needs_token_history
 from worker.scheduler.cache import CacheManager
 from worker.scheduler.req import ChunkedReq, PendingReq, Req, RequestGroup, output_reserve
 from worker.scheduler.table import TableManager
@@ -147,7 +148,9 @@ class PrefillManager:
             return None
         slot = self.tables.allocate()
         self.tables.write_locations(slot, 0, match.locations)
-        self.tables.write_tokens(slot, match.length, pending.input_ids[match.length :])
+        # NOTE: penalties read a request's whole history from the token pool (worker.engine.penalties)
+        written = 0 if needs_token_history(pending.sampling) else match.length
+        self.tables.write_tokens(slot, written, pending.input_ids[written:])
         group = pending.group
         if group.cached_tokens is None:
             group.cached_tokens = min(match.length, group.prompt_len)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import compress
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -22,6 +22,8 @@ import torch
 
 from worker.attention.base import BatchLayout
 from worker.engine.input import ForwardInput
+from worker.engine.logprobs import logprob_rows
+from worker.engine.penalties import PenaltyRow, build_penalties, penalty_row
 from worker.engine.sampler import SamplingTensors
 from worker.scheduler.intake import choice_seed
 from worker.scheduler.req import PendingReq, Req
@@ -173,6 +175,7 @@ class BatchPreparer:
         self.tables = tables
         self.device = engine.device
         self._rows: dict[PendingReq, SamplingRow] = {}
+        self._extras: dict[PendingReq, Extras | None] = {}
 
     def prepare(self, reqs: list[Req]) -> ForwardInput:
         """The pass for ``reqs`` (pages already allocated up to each device_len); its copies are
@@ -236,6 +239,10 @@ class BatchPreparer:
             **PASS_INT64.pack(columns, num_rows, batch_size, self.device),
             **PASS_FLOAT32.pack(columns, num_rows, batch_size, self.device),
         }
+        sampling = _sampling_tensors(views, columns)
+        extras = [self._extra(r.pending) for r in reqs]
+        if any(e is not None for e in extras):  # NOTE: the fast path stops here
+            sampling = self._with_extras(sampling, reqs, extras, device_lens)
         layout = BatchLayout(
             slots_cpu=slots.to(torch.int32),
             cached_lens_cpu=cached.to(torch.int32),
@@ -249,7 +256,7 @@ class BatchPreparer:
             sample_idx=views["sample_idx"],
             write_slots=views["write_slots"],
             write_pos=views["write_pos"],
-            sampling=_sampling_tensors(views, columns),
+            sampling=sampling,
             graph_bs=graph_bs,
         )
 
@@ -261,3 +268,41 @@ class BatchPreparer:
             vocab_size = self.engine.model_config.vocab_size
             row = self._rows[pending] = sampling_row(pending.sampling, pending.seed, vocab_size)
         return row
+
+    # ---- penalties and logprobs (worker.engine.penalties, worker.engine.logprobs) ----------
+
+    def _extra(self, pending: PendingReq) -> Extras | None:
+        if pending in self._extras:
+            return self._extras[pending]
+        if len(self._extras) > 4 * self.tables.max_running_reqs:
+            self._extras.clear()  # NOTE: entries of finished requests; rebuilt on demand
+        extra = extras_of(pending.sampling, self.engine.eos_token_ids, self.engine.model_config.vocab_size)
+        self._extras[pending] = extra
+        return extra
+
+    def _with_extras(
+        self, sampling: SamplingTensors, reqs: list[Req], extras: list[Extras | None], device_lens: list[int]
+    ) -> SamplingTensors:
+        penalties = build_penalties(
+            [e.penalty if e is not None else None for e in extras],
+            [r.slot for r in reqs],
+            [r.prompt_len for r in reqs],
+            device_lens,
+            self.engine.token_pool,
+        )
+        logprobs = logprob_rows([e.top_logprobs if e is not None else None for e in extras], self.device)
+        return replace(sampling, penalties=penalties, logprobs=logprobs)
+
+
+class Extras(NamedTuple):
+    """What a request asks beyond plain sampling; constant while it runs."""
+
+    penalty: PenaltyRow | None
+    top_logprobs: int | None  # None: no logprobs
+
+
+def extras_of(params: SamplingParams, eos_token_ids: frozenset[int], vocab_size: int) -> Extras | None:
+    """None when the request asks for no penalty and no logprobs (the fast path)."""
+    penalty = penalty_row(params, eos_token_ids, vocab_size)
+    top = params.top_logprobs if params.logprobs else None
+    return Extras(penalty, top) if penalty is not None or top is not None else None

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from producer.schema import SamplingParams
-from worker.scheduler.messages import ChoiceOutput
+from worker.scheduler.messages import ChoiceOutput, TokenLogprobs
 
 
 def output_reserve(remain_len: int, ratio: float) -> int:
@@ -54,6 +54,7 @@ class PendingReq:
     max_device_len: int
     seed: int  # sampling.seed, or one drawn at intake: draws do not depend on batching
     chunk: ChunkedReq | None = None
+    logprobs: list[TokenLogprobs] = field(default_factory=list)  # of generated tokens, if asked
 
     @property
     def rid(self) -> str:

@@ -36,6 +36,7 @@ from worker.scheduler.messages import (
     RequestFinished,
     SchedulerIO,
     ShutdownRequest,
+    TokenLogprobs,
 )
 from worker.scheduler.prefill import PrefillManager
 from worker.scheduler.prepare import BatchPreparer
@@ -311,10 +312,13 @@ class Scheduler:
         if hooks is not None:
             hooks.tokens_arrived(step)
         tokens = step.output.next_tokens_cpu.tolist()
-        for req, token in zip(step.reqs, tokens, strict=True):
+        logprobs = step.output.logprobs_cpu.by_row() if step.output.logprobs_cpu is not None else {}
+        for row, (req, token) in enumerate(zip(step.reqs, tokens, strict=True)):
             if not req.produces_token or req.finished:
                 continue  # NOTE: under overlap a finished request can sit in one more batch
             req.append_host(token)
+            if row in logprobs:
+                req.pending.logprobs.append(TokenLogprobs(*logprobs[row]))
             stop = check_stop(req, self.engine.eos_token_ids, self.detokenize)
             if stop is not None:
                 self._finish(req, stop)
@@ -332,6 +336,7 @@ class Scheduler:
             token_ids=list(output),
             finish_reason=stop.finish_reason,  # type: ignore[arg-type]
             matched_stop=stop.matched_stop,
+            logprobs=req.pending.logprobs[: len(output)] if req.sampling.logprobs else None,
         )
         if group.done and self.groups.pop(group.uid, None) is not None:
             self.stats.cached_tokens += group.cached_tokens or 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
+from producer.schema import SamplingParams
 from worker.scheduler.req import Req
 
 Detokenize = Callable[[list[int]], str]
@@ -18,10 +19,24 @@ class Stop(NamedTuple):
 
 
 def check_stop(req: Req, eos_token_ids: frozenset[int], detokenize: Detokenize | None) -> Stop | None:
-    """Why the choice ends after its newest token, or None to go on."""
+    """Why the choice ends after its newest token, or None to go on.
+
+    Before ``min_tokens`` tokens only the length ends it: EOS and stop ids were masked on the
+    device (worker.engine.penalties) and stop strings wait too (as vLLM)."""
     output = req.output_ids
+    if len(output) >= req.sampling.min_tokens:
+        stop = _matched_stop(output, req.sampling, eos_token_ids, detokenize)
+        if stop is not None:
+            return stop
+    if len(output) >= req.max_tokens:
+        return Stop("length", None, False)
+    return None
+
+
+def _matched_stop(
+    output: list[int], sampling: SamplingParams, eos_token_ids: frozenset[int], detokenize: Detokenize | None
+) -> Stop | None:
     token = output[-1]
-    sampling = req.sampling
     if token in sampling.stop_token_ids or (not sampling.ignore_eos and token in eos_token_ids):
         return Stop("stop", None, True)
     if sampling.stop and detokenize is not None:
@@ -30,6 +45,4 @@ def check_stop(req: Req, eos_token_ids: frozenset[int], detokenize: Detokenize |
         for stop in sampling.stop:
             if stop in tail:
                 return Stop("stop", stop, False)
-    if len(output) >= req.max_tokens:
-        return Stop("length", None, False)
     return None
