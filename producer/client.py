@@ -14,16 +14,19 @@ from redis.retry import Retry
 from producer.epoch import create_epoch
 from producer.keys import (
     DEFAULT_QUEUE,
+    ENTRY_REJECTED,
     FIELD_ATTEMPTS,
+    FIELD_ENTRY,
     FIELD_ID,
     FIELD_JOB,
     FIELD_REASON,
+    FIELD_RESULT,
     META_EPOCH,
     QueueKeys,
 )
 from producer.redis_errors import url_of
 from producer.retry import Backoff, RedisUnavailable
-from producer.schema import Job, encode_job
+from producer.schema import Job, Result, encode, encode_job
 from producer.status import QueueStatus, now_ms, read_status
 
 
@@ -112,6 +115,14 @@ def queue_known(client: redis.Redis, keys: QueueKeys) -> bool:
     return bool(epoch or order or jobs or results)
 
 
+def _add_finished(pipe: Any, keys: QueueKeys, result: Result) -> None:
+    """Queue the commands that record a result written at enqueue (no job runs for it)."""
+    pipe.xadd(keys.results, {FIELD_ID: result.id, FIELD_ENTRY: ENTRY_REJECTED, FIELD_RESULT: encode(result)})
+    pipe.hset(keys.done, result.id, ENTRY_REJECTED)
+    if result.error is not None:
+        pipe.hset(keys.failed, result.id, result.error.code)
+
+
 class Client:
     """A handle on one named queue.
 
@@ -140,8 +151,12 @@ class Client:
     def close(self) -> None:
         self.redis.close()
 
-    def enqueue(self, jobs: Iterable[Job], batch_size: int = 1000) -> EnqueueReport:
+    def enqueue(self, jobs: Iterable[Job | Result], batch_size: int = 1000) -> EnqueueReport:
         """Add the jobs whose ids are new, in batches of one MULTI/EXEC each.
+
+        A Result in ``jobs`` is a row rejected before it could be a job (an ``invalid_job``
+        error): it takes its place in the enqueue order with its result already written, so
+        collect writes its error row where the row was in the input.
 
         Raises EnqueueStopped (carrying the partial report) when Redis stays unavailable
         longer than the retry timeout or answers with another error.
@@ -150,7 +165,7 @@ class Client:
         uncertain: set[str] = set()
         try:
             self.backoff.call(self._prepare)
-            batch: list[Job] = []
+            batch: list[Job | Result] = []
             for job in jobs:
                 batch.append(job)
                 if len(batch) == batch_size:
@@ -168,7 +183,7 @@ class Client:
         create_epoch(self.redis, self.keys)
         ensure_group(self.redis, self.keys)
 
-    def _enqueue_batch(self, jobs: list[Job], report: EnqueueReport, uncertain: set[str]) -> None:
+    def _enqueue_batch(self, jobs: list[Job | Result], report: EnqueueReport, uncertain: set[str]) -> None:
         # WATCH the id hash so that two producers racing on the same ids cannot both add them:
         # the check and the XADDs commit together or retry. ``uncertain`` holds the ids of an
         # attempt whose EXEC reply was lost: found enqueued on the retry, they are ours.
@@ -185,6 +200,9 @@ class Client:
                         enqueued_at_ms = now_ms()
                         pipe.multi()
                         for job in new:
+                            if isinstance(job, Result):
+                                _add_finished(pipe, keys, job)
+                                continue
                             data = encode_job(msgspec.structs.replace(job, enqueued_at_ms=enqueued_at_ms))
                             pipe.xadd(keys.jobs, {FIELD_ID: job.id, FIELD_JOB: data})
                         if new:
