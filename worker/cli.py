@@ -116,6 +116,9 @@ def worker(
         logging.getLogger("radixq.worker").warning(
             "%s; the worker retries once it has started", describe(exc, url)
         )
+    if settings.worker.generator == "engine" and settings.engine.device == "auto":
+        # NOTE: resolved here, not in the engine: a CPU worker's limits depend on it
+        settings = settings.for_device(settings.engine.resolved().device)
     try:
         generation = create_generator(settings)
     except (EngineStartError, ValueError, TypeError, ImportError) as exc:
