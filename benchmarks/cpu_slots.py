@@ -26,7 +26,9 @@ from worker.models.registry import DEFAULT_MODEL  # noqa: E402
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", default=DEFAULT_MODEL)
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=32)
@@ -45,11 +47,19 @@ def main() -> None:
         results = llm.generate(prompts, sampling)
         elapsed = time.perf_counter() - start
         tokens = sum(len(r.choices[0].token_ids) for r in results)
-        row = {"max_running_reqs": slots, "seconds": round(elapsed, 2), "output_tok_s": round(tokens / elapsed, 1)}
+        row = {
+            "max_running_reqs": slots,
+            "seconds": round(elapsed, 2),
+            "output_tok_s": round(tokens / elapsed, 1),
+        }
         rows.append(row)
         print(json.dumps(row), flush=True)
         del llm
-    print(json.dumps({"threads": torch.get_num_threads(), "prompts": args.prompts, "max_tokens": args.max_tokens}))
+    print(
+        json.dumps(
+            {"threads": torch.get_num_threads(), "prompts": args.prompts, "max_tokens": args.max_tokens}
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -27,7 +27,9 @@ def test_a_cpu_worker_does_not_take_a_whole_queue(
     smollm2_dir: Path,  # noqa: F811
 ) -> None:
     source = tmp_path / "jobs.jsonl"
-    jobs = [{"id": f"j{i}", "prompt": f"Story {i}:", "max_tokens": 64, "ignore_eos": True} for i in range(100)]
+    jobs = [
+        {"id": f"j{i}", "prompt": f"Story {i}:", "max_tokens": 64, "ignore_eos": True} for i in range(100)
+    ]
     source.write_text("".join(json.dumps(job) + "\n" for job in jobs))
     assert radixq("enqueue", str(source), "--redis-url", redis_url).returncode == 0
     client = redis.Redis.from_url(redis_url)
