@@ -57,6 +57,9 @@ class ColumnMapping:
             raise ValueError("give one of --prompt-column, --messages-column and --template")
 
 
+NATIVE_COLUMNS = ColumnMapping()  # no mapping: the native column names
+
+
 def file_format(path: str | Path) -> str:
     """parquet, csv or jsonl, by the file name (``.csv.gz`` is csv, anything else jsonl)."""
     name = Path(path).name.lower()
@@ -67,7 +70,7 @@ def file_format(path: str | Path) -> str:
     return "jsonl"
 
 
-def read_input(path: str | Path, mapping: ColumnMapping = ColumnMapping()) -> InputFile:
+def read_input(path: str | Path, mapping: ColumnMapping = NATIVE_COLUMNS) -> InputFile:
     """Every row of a dataset file as a Job or a rejected row, in file order."""
     mapping.check()
     kind = file_format(path)

@@ -33,7 +33,7 @@ import redis
 from producer import exits
 from producer.client import Client, EnqueueStopped
 from producer.collector import Collector
-from producer.datasets import ColumnMapping, input_columns, read_input
+from producer.datasets import NATIVE_COLUMNS, ColumnMapping, input_columns, read_input
 from producer.jsonl import InputFile, Rejected, written_ids
 from producer.lifetime import start_child
 from producer.local_redis import LocalRedis
@@ -56,7 +56,7 @@ class RunOptions:
     worker_args: list[str] = field(default_factory=list)  # passed to each `radixq worker`
     timeout_s: float | None = None
     drain_timeout_s: float = 30.0
-    mapping: ColumnMapping = ColumnMapping()
+    mapping: ColumnMapping = NATIVE_COLUMNS
     errors_path: Path | None = None  # rejected rows go here instead of into the output
     join_input: bool = False  # Parquet output: joined to the input's columns
 
