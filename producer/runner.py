@@ -37,7 +37,7 @@ from producer.datasets import NATIVE_COLUMNS, ColumnMapping, input_columns, read
 from producer.jsonl import InputFile, Rejected, written_ids
 from producer.lifetime import start_child
 from producer.local_redis import LocalRedis
-from producer.outfile import write_rejected
+from producer.outfile import OutputFileError, write_rejected
 from producer.redis_errors import FatalRedisError, describe, redact
 from producer.schema import Job, Result
 from producer.tables import is_parquet, rows_path, write_parquet
@@ -148,9 +148,12 @@ def run_file(options: RunOptions, say: Callable[[str], None] = print) -> RunRepo
             except redis.RedisError as exc:
                 raise RunError(describe(exc, outcome.redis_url or "the private redis")) from None
     if is_parquet(out):
-        write_parquet(
-            rows_file, out, input_columns(options.input_path, parsed) if options.join_input else None
-        )
+        try:
+            write_parquet(
+                rows_file, out, input_columns(options.input_path, parsed) if options.join_input else None
+            )
+        except OutputFileError as exc:
+            raise RunError(str(exc)) from None
     errors = _output_errors(rows_file)
     expected = [row.id for row in rows]
     in_output = [job_id for job_id in expected if job_id in errors]

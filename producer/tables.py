@@ -29,6 +29,8 @@ from typing import Any
 
 import msgspec
 
+from producer.outfile import OutputFileError
+
 RESULT_COLUMNS = (
     "id",
     "text",
@@ -103,7 +105,8 @@ def write_parquet(
     rows_file: str | Path, out: str | Path, inputs: Iterable[tuple[str, dict[str, Any]]] | None = None
 ) -> int:
     """Write ``out`` from the JSONL rows; with ``inputs`` ((job id, input columns) per input row,
-    in order) one row per input row, joined. Returns the number of table rows."""
+    in order) one row per input row, joined. Returns the number of table rows; raises
+    OutputFileError when the rows do not make a table (an input column of mixed types)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -113,7 +116,10 @@ def write_parquet(
     else:
         table_rows = [_joined(columns, results.get(job_id), job_id) for job_id, columns in inputs]
     schema = None if table_rows else pa.schema([(name, pa.string()) for name in RESULT_COLUMNS])
-    table = pa.Table.from_pylist(table_rows, schema=schema)
+    try:
+        table = pa.Table.from_pylist(table_rows, schema=schema)
+    except (pa.ArrowException, ValueError, TypeError) as exc:  # e.g. a column of mixed types
+        raise OutputFileError(f"cannot write {out} as Parquet: {exc} (its rows are in {rows_file})") from None
     out = Path(out)
     fd, temp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
     os.close(fd)

@@ -18,6 +18,7 @@ import pytest
 
 from producer.datasets import ColumnMapping, input_columns, read_input
 from producer.jsonl import Rejected, output_line, output_record, read_jobs
+from producer.outfile import OutputFileError
 from producer.schema import Choice, Job, Result, Usage
 from producer.tables import RESULT_COLUMNS, write_parquet
 
@@ -176,3 +177,14 @@ def test_openai_rows_become_the_same_columns(tmp_path: Path) -> None:
         "stop",
         2,
     )
+
+
+def test_a_join_that_makes_no_table_is_one_clear_error(tmp_path: Path) -> None:
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"q": "a", "x": 1}\n{"q": "b", "x": "one"}\n')  # x: mixed types
+    parsed = read_input(source, ColumnMapping(prompt_column="q"))
+    rows_file = tmp_path / "rows.jsonl"
+    rows_file.write_bytes(b"".join(output_line(result_for(job.id, "t")) for job in parsed.jobs))
+    with pytest.raises(OutputFileError, match="cannot write .* as Parquet"):
+        write_parquet(rows_file, tmp_path / "o.parquet", input_columns(source, parsed))
+    assert not (tmp_path / "o.parquet").exists()
