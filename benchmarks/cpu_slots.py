@@ -33,6 +33,7 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--slots", type=int, nargs="+", default=[1, 4, 8, 16, 32])
+    parser.add_argument("--max-seq-len", type=int, default=1024)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = parser.parse_args()
     if args.threads:
@@ -41,7 +42,13 @@ def main() -> None:
     sampling = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
     rows = []
     for slots in args.slots:
-        llm = LLM(args.model, device="cpu", max_running_reqs=slots, max_prefill_tokens=2048)
+        llm = LLM(
+            args.model,
+            device="cpu",
+            max_running_reqs=slots,
+            max_prefill_tokens=2048,
+            max_seq_len=args.max_seq_len,
+        )
         llm.generate(prompts[:2], SamplingParams(max_tokens=2, temperature=0.0))  # warm-up
         start = time.perf_counter()
         results = llm.generate(prompts, sampling)

@@ -58,7 +58,7 @@ class Rejected:
 
     line_no: int
     reason: str
-    job_id: str = ""
+    job_id: str
     openai_url: str | None = None
     unit: str = "line"
 
@@ -88,7 +88,8 @@ class InputFile:
         """Add a valid job, or reject it as a duplicate of an earlier row's id."""
         if job.id in self._first_row_of:
             reason = f"job {job.id!r}: id: duplicate of {unit} {self._first_row_of[job.id]}"
-            self.reject(line_no, reason, derive_id(reason, line_no), None, unit)
+            format_info = job.metadata.get(openai_batch.RESERVED_KEY) or {}
+            self.reject(line_no, reason, derive_id(reason, line_no), format_info.get("url"), unit)
             return
         self._first_row_of[job.id] = line_no
         self.rows.append(job)

@@ -110,9 +110,11 @@ def test_a_rejected_openai_line_keeps_its_custom_id_and_format(tmp_path: Path) -
     source = tmp_path / "batch.jsonl"
     good = {"custom_id": "r1", "method": "POST", "url": "/v1/completions", "body": {"prompt": "p"}}
     bad = {"custom_id": "r2", "method": "POST", "url": "/v1/completions", "body": {"prompt": "p", "n": 0}}
-    source.write_text(json.dumps(good) + "\n" + json.dumps(bad) + "\n" + '{"custom_id": 5}\n')
+    source.write_text(
+        json.dumps(good) + "\n" + json.dumps(bad) + "\n" + '{"custom_id": 5}\n' + json.dumps(good) + "\n"
+    )
     parsed = read_jobs(source)
-    first, second = parsed.rejected
+    first, second, duplicate = parsed.rejected
     assert isinstance(first, Rejected) and (first.job_id, first.openai_url) == ("r2", "/v1/completions")
     record = output_record(first.error_result())
     assert record["custom_id"] == "r2" and record["response"] is None
