@@ -56,7 +56,7 @@ class WorkerSection:
 # Limits for a CPU worker where file, environment and flags say nothing: it holds as many
 # jobs as it runs at once (queue.read_window 0), so a GPU-sized max_running_reqs (256) would
 # take a whole queue while sibling workers idle. Measured: benchmarks/cpu_slots.py
-# (docs/performance.md): output tok/s on 2 cores stops growing well before 16.
+# (docs/performance.md, a loaded 2-core box): 16 did not beat 8; to re-measure on an idle one.
 CPU_DEFAULTS: dict[str, Any] = {"engine.max_running_reqs": 8, "engine.max_prefill_tokens": 2048}
 
 
