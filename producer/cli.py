@@ -19,6 +19,9 @@ from producer import exits
 
 if TYPE_CHECKING:
     from producer.client import Client
+    from producer.datasets import ColumnMapping
+    from producer.jsonl import InputFile
+    from producer.schema import Job, Result
     from producer.status import ConsumerStatus, Heartbeat
 
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
@@ -64,6 +67,79 @@ ProgressIntervalOption = Annotated[
         "(on a terminal the display is live).",
     ),
 ]
+
+
+PromptColumnOption = Annotated[
+    str | None, typer.Option("--prompt-column", help="Column holding the prompt text (dataset files).")
+]
+MessagesColumnOption = Annotated[
+    str | None,
+    typer.Option("--messages-column", help="Column holding the chat messages (a list, or its JSON text)."),
+]
+IdColumnOption = Annotated[
+    str | None,
+    typer.Option("--id-column", help="Column holding the job id (default: id, else derived from the row)."),
+]
+TemplateOption = Annotated[
+    str | None,
+    typer.Option(
+        "--template", help='Prompt template filled from the row\'s columns, e.g. "Q: {question}\\nA:".'
+    ),
+]
+ErrorsOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--errors",
+        help="Write the rows rejected at enqueue to this JSONL file (OpenAI Batch error-file style) "
+        "instead of as invalid_job error rows in the output.",
+    ),
+]
+
+
+def column_mapping(
+    prompt_column: str | None, messages_column: str | None, id_column: str | None, template: str | None
+) -> ColumnMapping:
+    from producer.datasets import ColumnMapping
+
+    mapping = ColumnMapping(prompt_column, messages_column, id_column, template)
+    try:
+        mapping.check()
+    except ValueError as exc:
+        fail(str(exc), exits.USAGE)
+    return mapping
+
+
+def load_input(path: Path, mapping: ColumnMapping) -> InputFile:
+    """Every row of a dataset file, or one ``error:`` line and exit 2 when it cannot be read."""
+    from producer.datasets import read_input
+
+    try:
+        return read_input(path, mapping)
+    except OSError as exc:
+        fail(f"{path}: {exc.strerror or exc}", exits.USAGE)
+    except ValueError as exc:  # pyarrow: not a Parquet/CSV file, or a damaged one
+        fail(f"cannot read {path}: {exc}", exits.USAGE)
+
+
+def queued_rows(parsed: InputFile, errors: Path | None) -> list[Job | Result]:
+    """What enqueue puts in the queue, in input order: the jobs, and the rejected rows as
+    ``invalid_job`` results unless they go to the ``errors`` file (written here)."""
+    from producer.jsonl import Rejected
+    from producer.outfile import write_rejected
+
+    if errors is not None:
+        write_rejected(errors, parsed.rejected)
+        return list(parsed.jobs)
+    return [row.error_result() if isinstance(row, Rejected) else row for row in parsed.rows]
+
+
+def write_table(rows_file: Path, output: Path, join_input: Path | None, mapping: ColumnMapping) -> None:
+    """Write the Parquet output from its JSONL rows, joined to ``join_input``'s rows if given."""
+    from producer.datasets import input_columns
+    from producer.tables import write_parquet
+
+    inputs = input_columns(join_input, load_input(join_input, mapping)) if join_input is not None else None
+    write_parquet(rows_file, output, inputs)
 
 
 def resolve_redis_url(url: str | None) -> str:
@@ -117,7 +193,9 @@ def open_client(url: str, queue: str, **options: Any) -> Client:
 
 @app.command()
 def enqueue(
-    input_path: Annotated[Path, typer.Argument(help="Input JSONL file.", exists=True, dir_okay=False)],
+    input_path: Annotated[
+        Path, typer.Argument(help="Input file: JSONL (.gz), Parquet or CSV.", exists=True, dir_okay=False)
+    ],
     queue: QueueOption = "default",
     redis_url: RedisUrlOption = None,
     retry_timeout_s: RetryTimeoutOption = 60.0,
@@ -136,20 +214,30 @@ def enqueue(
             "--prefix-chars", min=1, help="Characters of a prompt that make its prefix key (new queue)."
         ),
     ] = 256,
+    prompt_column: PromptColumnOption = None,
+    messages_column: MessagesColumnOption = None,
+    id_column: IdColumnOption = None,
+    template: TemplateOption = None,
+    errors: ErrorsOption = None,
 ) -> None:
-    """Validate every line of FILE, then enqueue the valid ones (idempotent by job id).
+    """Validate every row of FILE, then enqueue them (idempotent by job id). A rejected row
+    is enqueued as its invalid_job error result (collect writes it in its place), or written
+    to the --errors file.
 
-    Exit 0: all lines enqueued (or already there); 1: some lines rejected (the valid ones are
-    enqueued); 2: Redis unavailable or refusing (prints how many went in; run it again)."""
+    Exit 0: all rows enqueued (or already there); 1: some rows rejected (the valid ones are
+    enqueued); 2: unreadable file, Redis unavailable or refusing (prints how many went in;
+    run it again)."""
     from producer.client import EnqueueStopped
-    from producer.jsonl import read_jobs
     from producer.redis_errors import classify, describe
 
     url = resolve_redis_url(redis_url)
+    mapping = column_mapping(prompt_column, messages_column, id_column, template)
     with expected_errors(url):
-        parsed = read_jobs(input_path)
+        parsed = load_input(input_path, mapping)
+        rows = queued_rows(parsed, errors)
     for rejected in parsed.rejected:
         warn(f"rejected {input_path}:{rejected}")
+    rejected_ids = {row.job_id for row in parsed.rejected}
     for note in parsed.notes():
         warn(f"note {input_path}: {note}")
     client = open_client(
@@ -162,7 +250,7 @@ def enqueue(
     )
     try:
         with expected_errors(url):
-            report = client.enqueue(parsed.jobs)
+            report = client.enqueue(rows)
     except EnqueueStopped as stop:
         done = stop.report
         maybe = f" (and up to {stop.uncertain} more whose reply was lost)" if stop.uncertain else ""
@@ -179,9 +267,12 @@ def enqueue(
         )
     finally:
         client.close()
+    enqueued = [i for i in report.enqueued if i not in rejected_ids]
+    skipped = [i for i in report.skipped if i not in rejected_ids]
+    where = f"to {errors}" if errors is not None else "as invalid_job error rows"
     typer.echo(
-        f"enqueued {len(report.enqueued)}, skipped {len(report.skipped)} (already enqueued), "
-        f"rejected {len(parsed.rejected)}"
+        f"enqueued {len(enqueued)}, skipped {len(skipped)} (already enqueued), "
+        f"rejected {len(parsed.rejected)}" + (f" (written {where})" if parsed.rejected else "")
     )
     if parsed.rejected:
         raise typer.Exit(exits.JOBS_FAILED)
@@ -190,7 +281,12 @@ def enqueue(
 @app.command()
 def collect(
     output: Annotated[
-        Path, typer.Option("--output", "-o", help="Output JSONL file (appended to, resumable).")
+        Path,
+        typer.Option(
+            "--output",
+            "-o",
+            help="Output file: JSONL (appended to, resumable) or .parquet (rows kept in OUT.rows.jsonl).",
+        ),
     ],
     queue: QueueOption = "default",
     redis_url: RedisUrlOption = None,
@@ -210,6 +306,20 @@ def collect(
     retry_timeout_s: RetryTimeoutOption = 60.0,
     quiet: QuietOption = False,
     progress_interval_s: ProgressIntervalOption = 10.0,
+    join_input: Annotated[
+        Path | None,
+        typer.Option(
+            "--join-input",
+            help="Parquet output only: one row per row of this input file (as enqueued, with the same "
+            "column options), its columns joined to the result columns.",
+            exists=True,
+            dir_okay=False,
+        ),
+    ] = None,
+    prompt_column: PromptColumnOption = None,
+    messages_column: MessagesColumnOption = None,
+    id_column: IdColumnOption = None,
+    template: TemplateOption = None,
 ) -> None:
     """Write each job's result exactly once, in enqueue order, error rows included. With
     --wait, progress goes to stderr (README: "Progress, status and metrics").
@@ -218,17 +328,25 @@ def collect(
     or Redis lost the queue; 2: unknown queue, Redis unavailable or refusing."""
     from producer.collector import Collector
     from producer.progress import Progress
+    from producer.tables import is_parquet, rows_path
 
     url = resolve_redis_url(redis_url)
+    mapping = column_mapping(prompt_column, messages_column, id_column, template)
+    if join_input is not None and not is_parquet(output):
+        fail("--join-input needs a Parquet output (-o OUT.parquet)", exits.USAGE)
+    rows_file = rows_path(output)
     client = open_client(url, queue)
     try:
         with expected_errors(url), Progress(quiet=quiet or not wait, interval_s=progress_interval_s) as shown:
             collector = Collector(client.redis, queue, say=warn, retry_timeout_s=retry_timeout_s)
-            report = collector.collect(output, wait=wait, timeout_s=timeout_s, trim=trim, progress=shown)
+            report = collector.collect(rows_file, wait=wait, timeout_s=timeout_s, trim=trim, progress=shown)
     except KeyboardInterrupt:
-        fail(f"interrupted; the rows written so far are in {output} (run the same command to resume)", 130)
+        fail(f"interrupted; the rows written so far are in {rows_file} (run the same command to resume)", 130)
     finally:
         client.close()
+    if is_parquet(output):
+        with expected_errors(url):
+            write_table(rows_file, output, join_input, mapping)
     typer.echo(f"wrote {report.written} results to {output} ({report.already} already there)")
     if report.replaced:
         typer.echo(f"replaced {report.replaced} error rows of requeued jobs with their new results")

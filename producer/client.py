@@ -14,11 +14,14 @@ from redis.retry import Retry
 from producer.epoch import create_epoch
 from producer.keys import (
     DEFAULT_QUEUE,
+    ENTRY_REJECTED,
     FIELD_ATTEMPTS,
+    FIELD_ENTRY,
     FIELD_ID,
     FIELD_JOB,
     FIELD_KEY,
     FIELD_REASON,
+    FIELD_RESULT,
     META_EPOCH,
     META_PARTITIONS,
     META_PREFIX_CHARS,
@@ -34,7 +37,7 @@ from producer.routing import (
     prefix_key,
     read_routing,
 )
-from producer.schema import Job, JobError, decode_job, encode_job
+from producer.schema import Job, JobError, Result, decode_job, encode, encode_job
 from producer.status import QueueStatus, now_ms, read_status
 
 
@@ -124,6 +127,14 @@ def queue_known(client: redis.Redis, keys: QueueKeys) -> bool:
     return bool(epoch or order or jobs or results)
 
 
+def _add_finished(pipe: Any, keys: QueueKeys, result: Result) -> None:
+    """Queue the commands that record a result written at enqueue (no job runs for it)."""
+    pipe.xadd(keys.results, {FIELD_ID: result.id, FIELD_ENTRY: ENTRY_REJECTED, FIELD_RESULT: encode(result)})
+    pipe.hset(keys.done, result.id, ENTRY_REJECTED)
+    if result.error is not None:
+        pipe.hset(keys.failed, result.id, result.error.code)
+
+
 class Client:
     """A handle on one named queue.
 
@@ -159,8 +170,12 @@ class Client:
     def close(self) -> None:
         self.redis.close()
 
-    def enqueue(self, jobs: Iterable[Job], batch_size: int = 1000) -> EnqueueReport:
+    def enqueue(self, jobs: Iterable[Job | Result], batch_size: int = 1000) -> EnqueueReport:
         """Add the jobs whose ids are new, in batches of one MULTI/EXEC each.
+
+        A Result in ``jobs`` is a row rejected before it could be a job (an ``invalid_job``
+        error): it takes its place in the enqueue order with its result already written, so
+        collect writes its error row where the row was in the input.
 
         Raises EnqueueStopped (carrying the partial report) when Redis stays unavailable
         longer than the retry timeout or answers with another error.
@@ -169,7 +184,7 @@ class Client:
         uncertain: set[str] = set()
         try:
             self.backoff.call(self._prepare)
-            batch: list[Job] = []
+            batch: list[Job | Result] = []
             for job in jobs:
                 batch.append(job)
                 if len(batch) == batch_size:
@@ -200,7 +215,7 @@ class Client:
         stream = self.keys.partition(partition_of(key, partitions))
         return stream, {FIELD_ID: job.id, FIELD_JOB: data, FIELD_KEY: key}
 
-    def _enqueue_batch(self, jobs: list[Job], report: EnqueueReport, uncertain: set[str]) -> None:
+    def _enqueue_batch(self, jobs: list[Job | Result], report: EnqueueReport, uncertain: set[str]) -> None:
         # WATCH the id hash so that two producers racing on the same ids cannot both add them:
         # the check and the XADDs commit together or retry. ``uncertain`` holds the ids of an
         # attempt whose EXEC reply was lost: found enqueued on the retry, they are ours.
@@ -217,6 +232,9 @@ class Client:
                         enqueued_at_ms = now_ms()
                         pipe.multi()
                         for job in new:
+                            if isinstance(job, Result):
+                                _add_finished(pipe, keys, job)
+                                continue
                             data = encode_job(msgspec.structs.replace(job, enqueued_at_ms=enqueued_at_ms))
                             stream, fields = self._fields(job, data)
                             pipe.xadd(stream, fields)

@@ -9,6 +9,10 @@ An input line is one native job::
 with the sampling fields at top level, or one OpenAI Batch request line (see openai_batch).
 A line without an id gets a deterministic one from its line number and content, so the same
 file enqueued twice yields the same ids (and enqueue skips them the second time).
+
+A line that is not a runnable job is Rejected: it still gets one output row, an ``invalid_job``
+error row (an OpenAI error line with its ``custom_id`` when the line was an OpenAI request),
+under its own id when that is usable, else a derived one.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import msgspec
 from producer import openai_batch
 from producer.nesting import json_outline
 from producer.schema import (
+    MAX_ID_CHARS,
     MAX_JOB_BYTES,
     Choice,
     Job,
@@ -34,6 +39,7 @@ from producer.schema import (
     Result,
     SamplingParams,
     encode_job,
+    error_result,
     nesting_error,
     validation_error,
 )
@@ -48,23 +54,38 @@ _SKIP_PIECE_BYTES = 1 << 16
 
 @dataclass(frozen=True)
 class Rejected:
-    """One input line that is not a runnable job."""
+    """One input line (or dataset row, ``unit``) that is not a runnable job; ``job_id`` names
+    its error row, ``openai_url`` is set when that row is to be an OpenAI batch error line."""
 
     line_no: int
     reason: str
+    job_id: str
+    openai_url: str | None = None
+    unit: str = "line"
 
     def __str__(self) -> str:
-        return f"line {self.line_no}: {self.reason}"
+        return f"{self.unit} {self.line_no}: {self.reason}"
+
+    def error_result(self) -> Result:
+        """Its ``invalid_job`` error row, in the format of the line."""
+        metadata: dict[str, Any] = {}
+        if self.openai_url is not None:
+            metadata[openai_batch.RESERVED_KEY] = {"format": "openai", "url": self.openai_url, "model": ""}
+        message = f"{self.unit} {self.line_no}: {self.reason}"
+        return error_result(self.job_id, "invalid_job", message, metadata=metadata)
 
 
 @dataclass
 class InputFile:
-    """The jobs of one input file in line order, the lines that were rejected, and the OpenAI
-    request fields that were accepted and ignored (field -> number of lines)."""
+    """The rows of one input file in line order (``rows``: each a Job or a Rejected line), the
+    same split into ``jobs`` and ``rejected``, and the OpenAI request fields that were accepted
+    and ignored (field -> number of lines)."""
 
+    rows: list[Job | Rejected] = field(default_factory=list)
     jobs: list[Job] = field(default_factory=list)
     rejected: list[Rejected] = field(default_factory=list)
     ignored: dict[str, int] = field(default_factory=dict)
+    _first_row_of: dict[str, int] = field(default_factory=dict, repr=False)
 
     def notes(self) -> list[str]:
         """One line per ignored OpenAI request field, for the enqueue summary."""
@@ -72,6 +93,29 @@ class InputFile:
             f"body.{name} on {count} line{'s' * (count != 1)}: accepted and ignored (README: OpenAI conformance)"
             for name, count in sorted(self.ignored.items())
         ]
+
+    def add_job(self, job: Job, line_no: int, unit: str = "line") -> None:
+        """Add a valid job, or reject it as a duplicate of an earlier row's id."""
+        if job.id in self._first_row_of:
+            reason = f"job {job.id!r}: id: duplicate of {unit} {self._first_row_of[job.id]}"
+            format_info = job.metadata.get(openai_batch.RESERVED_KEY) or {}
+            self.reject(line_no, reason, derive_id(reason, line_no), format_info.get("url"), unit)
+            return
+        self._first_row_of[job.id] = line_no
+        self.rows.append(job)
+        self.jobs.append(job)
+
+    def reject(
+        self, line_no: int, reason: str, job_id: str | None, openai_url: str | None, unit: str = "line"
+    ) -> None:
+        """Add a rejected row; its error row takes ``job_id`` when it is usable and not taken,
+        else an id derived from its position and reason."""
+        if job_id is None or _bounded_id(job_id) is None or job_id in self._first_row_of:
+            job_id = derive_id(reason, line_no)
+        self._first_row_of[job_id] = line_no
+        rejected = Rejected(line_no, reason, job_id, openai_url, unit)
+        self.rows.append(rejected)
+        self.rejected.append(rejected)
 
 
 def derive_id(text: str, line_no: int) -> str:
@@ -146,6 +190,10 @@ def _str_or_none(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def _bounded_id(value: Any) -> str | None:
+    return value if isinstance(value, str) and 0 < len(value) <= MAX_ID_CHARS else None
+
+
 def read_jobs(path: str | Path) -> InputFile:
     """Every line of ``path`` (JSONL, or gzip-compressed JSONL: told by its magic bytes)
     validated. Blank lines are ignored, a UTF-8 byte order mark on the first line is skipped;
@@ -153,32 +201,42 @@ def read_jobs(path: str | Path) -> InputFile:
     file that cannot be read to its end (a truncated gzip stream) keeps the lines read before
     the damage and gets one rejection at the line where reading stopped."""
     parsed = InputFile()
-    first_line_of: dict[str, int] = {}
-    with _open_binary(path) as stream:
-        for line_no, text in _lines(stream):
+    with open_binary(path) as stream:
+        for line_no, text in read_lines(stream):
             if isinstance(text, JobError):
-                parsed.rejected.append(Rejected(line_no, str(text)))
+                parsed.reject(line_no, str(text), None, None)
                 continue
             if not text.strip():
                 continue
             try:
                 job, ignored = _parse_line(text, line_no)
             except JobError as exc:
-                parsed.rejected.append(Rejected(line_no, str(exc)))
+                parsed.reject(line_no, str(exc), *_row_identity(text, exc))
                 continue
-            if job.id in first_line_of:
-                reason = f"job {job.id!r}: id: duplicate of line {first_line_of[job.id]}"
-                parsed.rejected.append(Rejected(line_no, reason))
-                continue
-            first_line_of[job.id] = line_no
-            parsed.jobs.append(job)
+            parsed.add_job(job, line_no)
             for name in ignored:
                 parsed.ignored[name] = parsed.ignored.get(name, 0) + 1
     return parsed
 
 
+def _row_identity(text: str, exc: JobError) -> tuple[str | None, str | None]:
+    """(the id its error row can take, its OpenAI url) of a rejected line, as far as they can
+    be read: an id that is itself the error is not taken."""
+    try:
+        raw = msgspec.json.decode(text)
+    except Exception:  # NOTE: undecodable or nested too deep: only the error's id is known
+        return (exc.job_id if exc.field not in ("id", "custom_id") else None), None
+    if not isinstance(raw, dict):
+        return None, None
+    if openai_batch.is_batch_request(raw):
+        url = raw.get("url")
+        url = url if url in (openai_batch.CHAT_URL, openai_batch.COMPLETIONS_URL) else openai_batch.CHAT_URL
+        return (raw.get("custom_id") if exc.field != "custom_id" else None), url
+    return (raw.get("id") if exc.field != "id" else None), None
+
+
 @contextmanager
-def _open_binary(path: str | Path) -> Iterator[BinaryIO]:
+def open_binary(path: str | Path) -> Iterator[BinaryIO]:
     with open(path, "rb") as raw:
         if raw.peek(len(_GZIP_MAGIC)).startswith(_GZIP_MAGIC):
             with gzip.GzipFile(fileobj=raw, mode="rb") as unzipped:
@@ -187,7 +245,7 @@ def _open_binary(path: str | Path) -> Iterator[BinaryIO]:
             yield raw
 
 
-def _lines(stream: BinaryIO) -> Iterator[tuple[int, str | JobError]]:
+def read_lines(stream: BinaryIO) -> Iterator[tuple[int, str | JobError]]:
     """(line number, its text or why it cannot be read) per line; holds one line at a time, and
     reads a line over the limit in bounded pieces that it drops."""
     line_no = 0

@@ -97,6 +97,9 @@ FIELD_RESULT = "result"
 FIELD_ENTRY = "entry"
 FIELD_REASON = "reason"
 FIELD_ATTEMPTS = "attempts"
+# The ``entry`` of a result written at enqueue for a row rejected there (it has no jobs-stream
+# entry): its ``done`` mark, so collect counts it like any other result.
+ENTRY_REJECTED = "rejected"
 # Fields of the meta hash.
 META_EPOCH = "epoch"
 META_CREATED_MS = "created_ms"

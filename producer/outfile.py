@@ -14,7 +14,7 @@ from typing import Any, BinaryIO
 
 import msgspec
 
-from producer.jsonl import output_line
+from producer.jsonl import Rejected, output_line
 from producer.schema import decode_result, error_result
 
 
@@ -50,6 +50,22 @@ def result_line(job_id: str, raw: bytes) -> tuple[bytes, str | None]:
     except msgspec.DecodeError as exc:
         result = error_result(job_id, "internal", f"result in Redis could not be decoded: {exc}")
     return output_line(result), result.error.code if result.error is not None else None
+
+
+def write_rejected(path: str | Path, rejected: list[Rejected]) -> None:
+    """The errors file (``--errors``): one ``invalid_job`` row per rejected input row, in input
+    order, written whole (temp file, fsync, rename) every time: the same input gives the same file."""
+    path = Path(path)
+    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.writelines(output_line(row.error_result()) for row in rejected)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
 
 
 def cut_torn_line(path: Path) -> None:

@@ -33,12 +33,15 @@ import redis
 from producer import exits
 from producer.client import Client, EnqueueStopped
 from producer.collector import Collector
-from producer.jsonl import InputFile, read_jobs, written_ids
+from producer.datasets import NATIVE_COLUMNS, ColumnMapping, input_columns, read_input
+from producer.jsonl import InputFile, Rejected, written_ids
 from producer.lifetime import start_child
 from producer.local_redis import LocalRedis
+from producer.outfile import OutputFileError, write_rejected
 from producer.progress import Progress
 from producer.redis_errors import FatalRedisError, describe, redact
-from producer.schema import Job
+from producer.schema import Job, Result
+from producer.tables import is_parquet, rows_path, write_parquet
 from producer.worker_pool import GRACE_S, WorkerPool
 
 POLL_S = 0.2  # how soon collecting notices a signal or an exited worker
@@ -58,11 +61,15 @@ class RunOptions:
     progress_interval_s: float = 10.0  # plain progress lines when stderr is not a terminal
     metrics_port: int = 0  # >0: worker i serves /metrics on metrics_port + i
     partitions: int = 1  # partition streams of a new queue (producer.routing)
+    mapping: ColumnMapping = NATIVE_COLUMNS
+    errors_path: Path | None = None  # rejected rows go here instead of into the output
+    join_input: bool = False  # Parquet output: joined to the input's columns
 
 
 @dataclass(frozen=True)
 class RunReport:
     parsed: InputFile
+    expected: list[str]  # ids with a row due in the output file, in input order
     enqueued: int
     skipped: int
     resumed: int  # ids already in the output file, not run again
@@ -74,7 +81,7 @@ class RunReport:
 
     @property
     def missing(self) -> int:
-        return len(self.parsed.jobs) - self.in_output
+        return len(self.expected) - self.in_output
 
     def exit_code(self) -> int:
         """0: every line ran without error; 2: nothing could run (no job lines, or every
@@ -107,43 +114,67 @@ def worker_env(redis_url: str) -> dict[str, str]:
 
 
 def run_file(options: RunOptions, say: Callable[[str], None] = print) -> RunReport:
-    """Run every valid line of the input file not yet in the output file; append the results.
+    """Run every row of the input file not yet in the output file; append the results (a
+    rejected row's invalid_job row too, unless ``errors_path`` takes it) in input order.
 
     SIGINT and SIGTERM (from the main thread) stop the run as the module docstring says; it
     returns normally then, with ``stopped`` set. Raises RunError when nothing (more) can be
     done; the workers, the private Redis and its folder are gone by then.
     """
-    parsed = read_jobs(options.input_path)
+    out = options.output_path
+    if out.is_dir() or not out.parent.is_dir():
+        raise RunError(f"cannot write {out}: {'it is a folder' if out.is_dir() else 'no such folder'}")
+    if options.join_input and not is_parquet(out):
+        raise RunError("--join-input needs a Parquet output (-o OUT.parquet)")
+    try:
+        parsed = read_input(options.input_path, options.mapping)
+    except ValueError as exc:  # pyarrow: not a Parquet/CSV file, or a damaged one
+        raise RunError(f"cannot read {options.input_path}: {exc}") from None
     for rejected in parsed.rejected:
         say(f"rejected {options.input_path}:{rejected}")
     for note in parsed.notes():
         say(f"note {options.input_path}: {note}")
-    out = options.output_path
-    if out.is_dir() or not out.parent.is_dir():
-        raise RunError(f"cannot write {out}: {'it is a folder' if out.is_dir() else 'no such folder'}")
-    already = written_ids(out)
-    jobs = [job for job in parsed.jobs if job.id not in already]
+    if options.errors_path is not None:
+        write_rejected(options.errors_path, parsed.rejected)
+    rows: list[Job | Result] = [
+        row.error_result() if isinstance(row, Rejected) else row
+        for row in parsed.rows
+        if options.errors_path is None or isinstance(row, Job)
+    ]
+    rows_file = rows_path(out)
+    already = written_ids(rows_file)
+    jobs = [row for row in rows if row.id not in already]
     if already:
-        say(f"resuming: {len(parsed.jobs) - len(jobs)} jobs already in {out}")
+        say(f"resuming: {len(rows) - len(jobs)} jobs already in {rows_file}")
     outcome = _Outcome()
     if jobs:
         with _signals_counted() as signals:
             try:
-                _run_jobs(options, jobs, len(parsed.rejected), signals, outcome, say)
+                _run_jobs(options, rows_file, jobs, len(parsed.rejected), signals, outcome, say)
             except FatalRedisError as exc:
                 raise RunError(str(exc)) from None
             except redis.RedisError as exc:
                 raise RunError(describe(exc, outcome.redis_url or "the private redis")) from None
-    rows = _output_errors(out)
-    in_output = [job.id for job in parsed.jobs if job.id in rows]
+    if is_parquet(out):
+        try:
+            write_parquet(
+                rows_file, out, input_columns(options.input_path, parsed) if options.join_input else None
+            )
+        except OutputFileError as exc:
+            raise RunError(str(exc)) from None
+    errors = _output_errors(rows_file)
+    expected = [row.id for row in rows]
+    in_output = [job_id for job_id in expected if job_id in errors]
+    rejected_ids = {row.job_id for row in parsed.rejected}
     return RunReport(
         parsed=parsed,
+        expected=expected,
         enqueued=outcome.enqueued,
         skipped=outcome.skipped,
-        resumed=len(parsed.jobs) - len(jobs),
+        resumed=len(rows) - len(jobs),
         written=outcome.written,
         in_output=len(in_output),
-        failed=[job_id for job_id in in_output if rows[job_id]],
+        failed=[job_id for job_id in in_output if errors[job_id] and job_id not in rejected_ids],
         stopped=outcome.stopped,
         worker_codes=outcome.worker_codes,
     )
@@ -185,13 +216,13 @@ def _signals_counted() -> Iterator[_Signals]:
 
 def _run_jobs(
     options: RunOptions,
-    jobs: list[Job],
+    out: Path,
+    jobs: list[Job | Result],
     num_rejected: int,
     signals: _Signals,
     outcome: _Outcome,
     say: Callable[[str], None],
 ) -> None:
-    out = options.output_path
     with ExitStack() as stack:  # NOTE: unwinds in reverse: workers, client, then Redis and its folder
         redis_url = options.redis_url
         if redis_url is None:
@@ -214,7 +245,9 @@ def _run_jobs(
             raise RunError(
                 f"enqueued {went_in} of {len(jobs)} jobs, then stopped: {why}" if went_in else why
             ) from None
-        outcome.enqueued, outcome.skipped = len(report.enqueued), len(report.skipped)
+        finished = {row.id for row in jobs if isinstance(row, Result)}  # rejected rows
+        outcome.enqueued = sum(i not in finished for i in report.enqueued)
+        outcome.skipped = sum(i not in finished for i in report.skipped)
         say(
             f"enqueued {outcome.enqueued}, skipped {outcome.skipped} (already enqueued), "
             f"rejected {num_rejected}"
@@ -222,9 +255,9 @@ def _run_jobs(
         if signals.count:
             outcome.stopped = "interrupted"
             return
-        pool = WorkerPool(
-            _start_workers(options, redis_url, private=options.redis_url is None), options.drain_timeout_s
-        )
+        runnable = any(isinstance(row, Job) for row in jobs)  # else: only rejected rows to write
+        procs = _start_workers(options, redis_url, private=options.redis_url is None) if runnable else []
+        pool = WorkerPool(procs, options.drain_timeout_s)
         stack.callback(lambda: outcome.worker_codes.extend(pool.stop(lambda: 1 + signals.count)))
         ids = [job.id for job in jobs]
         collector = Collector(client.redis, options.queue)

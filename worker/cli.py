@@ -15,7 +15,20 @@ from typing import Annotated
 
 import typer
 
-from producer.cli import ProgressIntervalOption, QueueOption, QuietOption, RedisUrlOption, app, fail
+from producer.cli import (
+    ErrorsOption,
+    IdColumnOption,
+    MessagesColumnOption,
+    ProgressIntervalOption,
+    PromptColumnOption,
+    QueueOption,
+    QuietOption,
+    RedisUrlOption,
+    TemplateOption,
+    app,
+    column_mapping,
+    fail,
+)
 
 ModelOption = Annotated[
     str | None, typer.Option("--model", "-m", help="Model: alias, directory, .gguf file or hub id.")
@@ -112,6 +125,9 @@ def worker(
         logging.getLogger("radixq.worker").warning(
             "%s; the worker retries once it has started", describe(exc, url)
         )
+    if settings.worker.generator == "engine" and settings.engine.device == "auto":
+        # NOTE: resolved here, not in the engine: a CPU worker's limits depend on it
+        settings = settings.for_device(settings.engine.resolved().device)
     try:
         generation = create_generator(settings)
     except (EngineStartError, ValueError, TypeError, ImportError) as exc:
@@ -170,8 +186,13 @@ RunDrainOption = Annotated[
 
 
 def run(
-    input_path: Annotated[Path, typer.Argument(help="Input JSONL file.", exists=True, dir_okay=False)],
-    output: Annotated[Path, typer.Option("--output", "-o", help="Output JSONL file (resumed if it exists).")],
+    input_path: Annotated[
+        Path, typer.Argument(help="Input file: JSONL (.gz), Parquet or CSV.", exists=True, dir_okay=False)
+    ],
+    output: Annotated[
+        Path,
+        typer.Option("--output", "-o", help="Output file, JSONL or .parquet (resumed if it exists)."),
+    ],
     model: ModelOption = None,
     workers: Annotated[int, typer.Option("--workers", "-w", min=1, help="Worker processes.")] = 1,
     queue: QueueOption = "default",
@@ -200,12 +221,23 @@ def run(
             "--partitions", min=1, max=1024, help="Partition streams of a new queue (README Routing)."
         ),
     ] = 1,
+    prompt_column: PromptColumnOption = None,
+    messages_column: MessagesColumnOption = None,
+    id_column: IdColumnOption = None,
+    template: TemplateOption = None,
+    errors: ErrorsOption = None,
+    join_input: Annotated[
+        bool,
+        typer.Option("--join-input", help="Parquet output: the input's columns joined to the results."),
+    ] = False,
 ) -> None:
-    """Enqueue FILE, start worker(s), collect into OUT, shut everything down.
+    """Enqueue FILE, start worker(s), collect into OUT, shut everything down. One output row
+    per input row, in input order: a rejected row gets an invalid_job error row (or a line in
+    the --errors file).
 
-    Exit code 0: every job has a result without error; 1: some line was rejected, some job
+    Exit code 0: every job has a result without error; 1: some row was rejected, some job
     failed or has no result (interrupted: run the same command again to resume); 2: usage,
-    configuration or connection error.
+    configuration or connection error, unreadable input.
     """
     from producer import exits
     from producer.runner import RunError, RunOptions, run_file
@@ -230,6 +262,9 @@ def run(
         progress_interval_s=progress_interval_s,
         metrics_port=metrics_port,
         partitions=partitions,
+        mapping=column_mapping(prompt_column, messages_column, id_column, template),
+        errors_path=errors,
+        join_input=join_input,
     )
     try:
         report = run_file(options, say=lambda text: typer.echo(text, err=True))
@@ -243,10 +278,11 @@ def run(
             f"{len(report.failed)} jobs failed (error lines in {output}), e.g. {report.failed[:3]}", err=True
         )
     if report.parsed.rejected:
-        typer.echo(f"{len(report.parsed.rejected)} lines of {input_path} were rejected", err=True)
+        where = f"in {errors}" if errors is not None else f"invalid_job rows in {output}"
+        typer.echo(f"{len(report.parsed.rejected)} rows of {input_path} were rejected ({where})", err=True)
     if report.missing:
         typer.echo(
-            f"{report.stopped or 'stopped'}: wrote {report.in_output} of {len(report.parsed.jobs)} results "
+            f"{report.stopped or 'stopped'}: wrote {report.in_output} of {len(report.expected)} rows "
             f"to {output}; run the same command again to resume",
             err=True,
         )

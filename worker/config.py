@@ -6,6 +6,10 @@ A worker's settings live in three tables - ``[worker]`` (who it is and where its
 
     defaults  <  the TOML file (--config)  <  RADIXQ_<KEY> environment variables  <  flags
 
+A CPU worker gets CPU-sized engine limits (``CPU_DEFAULTS``) for the settings nobody gave:
+``load_worker_config`` applies them when the device is ``cpu``, and ``for_device`` once an
+``auto`` device is resolved to cpu (the worker does that before it starts the engine).
+
 Every setting has the environment variable ``RADIXQ_`` + its key in capitals (a few also
 answer to an older name: see ``_ALSO_FROM``); this module is the only place that reads them.
 ``settings_table()`` renders the README's table of every setting from the same definitions.
@@ -59,11 +63,28 @@ class WorkerSection:
         return tuple(name.strip() for name in self.served_model_names.split(",") if name.strip())
 
 
+# Limits for a CPU worker where file, environment and flags say nothing: it holds two jobs
+# per running slot (queue.read_window 0), so a GPU-sized max_running_reqs (256) would
+# take a whole queue while sibling workers idle. Measured: benchmarks/cpu_slots.py
+# (docs/performance.md, a loaded 2-core box): 16 did not beat 8; to re-measure on an idle one.
+CPU_DEFAULTS: dict[str, Any] = {"engine.max_running_reqs": 8, "engine.max_prefill_tokens": 2048}
+
+
 @dataclass(frozen=True)
 class WorkerConfig:
     worker: WorkerSection
     queue: ConsumerConfig
     engine: EngineConfig
+    given: frozenset[str] = frozenset()  # dotted settings set by the file, environment or flags
+
+    def for_device(self, device: str) -> WorkerConfig:
+        """A copy for ``device`` (cpu or cuda): engine.device set, and on cpu the CPU_DEFAULTS
+        of every setting that was not given."""
+        engine = dataclasses.replace(self.engine, device=device)
+        if device == "cpu":
+            chosen = {d.partition(".")[2]: v for d, v in CPU_DEFAULTS.items() if d not in self.given}
+            engine = dataclasses.replace(engine, **chosen)
+        return dataclasses.replace(self, engine=engine)
 
 
 HELP: dict[str, str] = {
@@ -77,7 +98,7 @@ HELP: dict[str, str] = {
     "queue.block_s": "longest wait for new entries while nothing is held",
     "queue.poll_s": "longest wait for results while jobs are held",
     "queue.read_batch": "most entries one read returns",
-    "queue.read_window": "most jobs held at once (always also at most what the engine takes, 8 per running slot, and a fair share of the queue's jobs over the live workers); 0: no further cap",
+    "queue.read_window": "most jobs held at once (0: two per running slot of the engine; never more than the engine takes, 8 per slot, nor than a fair share of the queue's jobs over the live workers)",
     "queue.steal_after_s": "a partition's backlog must be this old before a worker that ran dry steals from it (its owner first)",
     "queue.survey_s": "how often to read the queue's backlog and live workers (window, partition owners)",
     "queue.min_idle_s": "an entry idle this long belongs to a dead worker and is reclaimed",
@@ -176,7 +197,8 @@ def load_worker_config(
         values,
     )
     engine = _build(EngineConfig, {"model": DEFAULT_MODEL, **tables["engine"]}, "engine", values)
-    return WorkerConfig(section, queue, engine)
+    config = WorkerConfig(section, queue, engine, frozenset(values))
+    return config.for_device("cpu") if engine.device == "cpu" else config
 
 
 def _build(cls: type, given: dict[str, Any], table: str, values: dict[str, tuple[Any, str]]) -> Any:

@@ -93,14 +93,23 @@ def test_bad_lines_reported_and_valid_jobs_complete(redis_url: str, tmp_path: Pa
     try:
         out = tmp_path / "out.jsonl"
         collected = radixq("collect", "-o", str(out), "--redis-url", redis_url, "--timeout", "60")
-        assert collected.returncode == 0, collected.stderr
+        # exit 1: the rejected lines are error rows
+        assert collected.returncode == 1, collected.stderr
+        assert f"{len(BAD_LINES)} jobs failed" in collected.stderr
     finally:
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(timeout=30) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert len(rows) == num_valid
-    assert [row["id"] for row in rows[: len(valid_ids)]] == valid_ids
-    assert all(row["error"] is None and row["choices"][0]["text"] == fake_text(row["id"]) for row in rows)
+    # One row per input line, in input order; each rejected line is its invalid_job row.
+    assert len(rows) == num_valid + len(BAD_LINES)
+    for line_no, row in enumerate(rows, start=1):
+        if line_no in expected_bad:
+            assert row["error"]["code"] == "invalid_job", (line_no, row)
+            assert row["error"]["message"].startswith(f"line {line_no}: "), row
+            assert expected_bad[line_no] in row["error"]["message"], (line_no, row)
+        else:
+            assert row["error"] is None and row["choices"][0]["text"] == fake_text(row["id"]), row
+    assert [row["id"] for row in rows if row["error"] is None][: len(valid_ids)] == valid_ids
 
 
 def test_gzip_file_with_a_byte_order_mark_enqueues(redis_url: str, tmp_path: Path) -> None:

@@ -80,8 +80,12 @@ def test_enqueue_codes(redis_url: str, tmp_path: Path) -> None:
     assert proc.returncode == exits.JOBS_FAILED, proc.stderr
     assert "enqueued 2, skipped 0 (already enqueued), rejected 1" in proc.stdout
     assert f"rejected {mixed}:line 2" in proc.stderr
-    # The valid lines went in despite the rejected one.
-    assert Client.from_url(redis_url).order() == ["g0", "g1", "g2", "m0", "m2"]
+    # The valid lines went in despite the rejected one, which holds its place as an error result.
+    client = Client.from_url(redis_url)
+    assert client.order() == ["g0", "g1", "g2", "m0", "m1", "m2"]
+    assert client.redis.hget(KEYS.failed, "m1") == b"invalid_job"
+    assert b"m1" not in [f[b"id"] for _, f in client.redis.xrange(KEYS.jobs)]
+    client.close()
     missing = radixq("enqueue", str(tmp_path / "nope.jsonl"), "--redis-url", redis_url)
     assert missing.returncode == exits.USAGE and "Traceback" not in missing.stderr
     bad_url = radixq("enqueue", str(good), "--redis-url", "http://x")

@@ -59,7 +59,10 @@ def test_openai_batch_file_end_to_end(tmp_path: Path) -> None:
     assert f"rejected {source}:line 2: " in done.stderr and "body.tools" in done.stderr
     assert "body.user on 2 lines: accepted and ignored" in done.stderr
     rows = {row["custom_id"]: row for row in map(json.loads, out.read_text().splitlines())}
-    assert sorted(rows) == ["chat", "multi", "other"]
+    assert sorted(rows) == ["chat", "multi", "other", "tools"]  # one row per input line
+    tools = rows["tools"]
+    assert tools["response"] is None and tools["error"]["code"] == "invalid_job"
+    assert "body.tools" in tools["error"]["message"]
 
     chat = ChatCompletion.model_validate(rows["chat"]["response"]["body"], strict=True)
     assert chat.choices[0].message.content == fake_text("chat") and chat.choices[0].logprobs is None

@@ -92,7 +92,10 @@ def test_rejected_lines_exit_1_and_the_valid_jobs_still_run(tmp_path: Path) -> N
     assert done.returncode == 1, done.stderr
     assert f"rejected {source}:line 2: " in done.stderr and "Traceback" not in done.stderr
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [(row["id"], row["error"]) for row in rows] == [("a", None), ("b", None)]
+    # One row per input line, in input order: the rejected line is its invalid_job error row.
+    assert [row["id"] for row in rows] == ["a", "bad", "b"]
+    assert rows[0]["error"] is None and rows[2]["error"] is None
+    assert rows[1]["error"]["code"] == "invalid_job" and "max_tokens" in rows[1]["error"]["message"]
 
 
 def test_a_failed_job_exits_1_in_both_output_formats(redis_url: str, tmp_path: Path) -> None:

@@ -247,3 +247,40 @@ def test_resumed_collect_on_a_queue_redis_lost_is_a_loss(
     fake_redis.hset(KEYS.done, "j2", entry)
     report = Collector(fake_redis).collect(out, wait=True, timeout_s=5)
     assert report.lost is not None and "output already holds 2 rows" in report.lost
+
+
+def test_rejected_rows_keep_their_place_through_requeue(
+    fake_redis: fakeredis.FakeRedis, tmp_path: Path
+) -> None:
+    """Rows rejected at enqueue go in as invalid_job results in input order; the collect writes
+    one row per input row, in that order, before and after a dead letter is requeued."""
+    items: list[Job | Result] = [
+        Job(id="a", prompt="p"),
+        error_result("bad1", "invalid_job", "line 2: no prompt"),
+        Job(id="b", prompt="p"),
+        error_result("bad2", "invalid_job", "line 4: n=0"),
+        Job(id="c", prompt="p"),
+    ]
+    client = Client(fake_redis)
+    report = client.enqueue(items)
+    assert report.enqueued == ["a", "bad1", "b", "bad2", "c"]
+    assert client.enqueue(items).skipped == report.enqueued  # idempotent, rejected rows too
+    assert [f[b"id"] for _, f in fake_redis.xrange(KEYS.jobs)] == [b"a", b"b", b"c"]  # no work for them
+    complete(fake_redis, "c")
+    complete(fake_redis, "b", error="dead_letter")
+    complete(fake_redis, "a")
+    out = tmp_path / "out.jsonl"
+    Collector(fake_redis).collect(out, wait=False)
+    assert [(row["id"], (row["error"] or {}).get("code")) for row in rows(out)] == [
+        ("a", None),
+        ("bad1", "invalid_job"),
+        ("b", "dead_letter"),
+        ("bad2", "invalid_job"),
+        ("c", None),
+    ]
+    assert client.requeue_dead(["b"]) == ["b"]
+    complete(fake_redis, "b")
+    resumed = Collector(fake_redis).collect(out, wait=True, timeout_s=5, poll_s=0.01)
+    assert resumed.replaced == 1 and resumed.failed == 2
+    assert [row["id"] for row in rows(out)] == ["a", "bad1", "b", "bad2", "c"]
+    assert rows(out)[2]["error"] is None

@@ -3,13 +3,14 @@ named in errors with where its value came from, and the README's table true."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
 from tests.integration.procs import radixq, subprocess_env
-from worker.config import ConfigError, load_worker_config, settings, settings_table
-from worker.engine.config import DEFAULT_MODEL
+from worker.config import CPU_DEFAULTS, ConfigError, load_worker_config, settings, settings_table
+from worker.engine.config import DEFAULT_MODEL, EngineConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -98,5 +99,32 @@ def test_worker_with_a_bad_setting_exits_2_with_one_line() -> None:
     (line,) = done.stderr.strip().splitlines()
     assert (
         line
-        == "error: setting [queue] read_window (from --read-window): read_window=-3: must be >= 0 (0: no cap but the engine's and a fair share)"
+        == "error: setting [queue] read_window (from --read-window): read_window=-3: must be >= 0 (0: two per slot of the engine)"
     )
+
+
+def test_a_cpu_worker_gets_cpu_limits_unless_they_were_given(tmp_path: Path) -> None:
+    gpu_sized = EngineConfig(model=DEFAULT_MODEL)  # the dataclass defaults (GPU-sized)
+    cpu = load_worker_config(None, {}, {"engine.device": "cpu"})
+    assert cpu.engine.max_running_reqs == CPU_DEFAULTS["engine.max_running_reqs"] < gpu_sized.max_running_reqs
+    assert cpu.engine.max_prefill_tokens == CPU_DEFAULTS["engine.max_prefill_tokens"]
+    # Given anywhere (file, environment, flag), a setting is kept.
+    path = tmp_path / "w.toml"
+    path.write_text('[engine]\ndevice = "cpu"\nmax_running_reqs = 3\n')
+    from_file = load_worker_config(path, {}, {})
+    assert (from_file.engine.max_running_reqs, from_file.engine.max_prefill_tokens) == (3, 2048)
+    from_env = load_worker_config(None, {"RADIXQ_MAX_PREFILL_TOKENS": "512"}, {"engine.device": "cpu"})
+    assert (from_env.engine.max_running_reqs, from_env.engine.max_prefill_tokens) == (8, 512)
+    # auto keeps the GPU-sized values until the device is known; resolved to cpu it gets the CPU ones.
+    auto = load_worker_config(None, {}, {"engine.max_prefill_tokens": 1024})
+    assert auto.engine.max_running_reqs == gpu_sized.max_running_reqs
+    on_cpu, on_cuda = auto.for_device("cpu"), auto.for_device("cuda")
+    assert (on_cpu.engine.device, on_cpu.engine.max_running_reqs, on_cpu.engine.max_prefill_tokens) == (
+        "cpu",
+        8,
+        1024,
+    )
+    assert on_cuda.engine == dataclasses.replace(auto.engine, device="cuda")
+    # The bundled CPU config says what a CPU worker gets anyway, or more.
+    bundled = load_worker_config(REPO_ROOT / "configs" / "smollm2-cpu.toml", {}, {})
+    assert bundled.queue.read_window == 0 and bundled.engine.device == "cpu"

@@ -20,7 +20,7 @@ class ConsumerConfig:
     block_s: float = 1.0  # longest XREADGROUP wait while nothing is held
     poll_s: float = 0.02  # longest wait for backend results while jobs are held
     read_batch: int = 256  # most entries one XREADGROUP returns
-    read_window: int = 0  # most jobs held at once; 0: what the generator takes (and a fair share)
+    read_window: int = 0  # most jobs held at once; 0: two per slot of the generator (and a fair share)
     steal_after_s: float = 2.0  # a partition's backlog this old may be stolen by a dry worker
     survey_s: float = 0.5  # how often to read the queue's backlog and live workers (worker.queue.routing)
     min_idle_s: float = 60.0  # an entry pending this long without renewal is reclaimed
@@ -39,7 +39,7 @@ class ConsumerConfig:
             (
                 "read_window",
                 self.read_window >= 0,
-                "must be >= 0 (0: no cap but the engine's and a fair share)",
+                "must be >= 0 (0: two per slot of the engine)",
             ),
             ("survey_s", self.survey_s > 0, "must be > 0"),
             ("steal_after_s", self.steal_after_s >= 0, "must be >= 0"),

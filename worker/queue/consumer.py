@@ -7,8 +7,9 @@ One thread runs the loop. Each step: take finished results, renew the leases of 
 write results (through the outbox: all or nothing per batch), heartbeat, settle jobs that
 crashed the engine, then, only once every result is written, reclaim entries of dead consumers
 and read new entries (own partitions first, then stolen: worker.queue.routing), never more than
-the window: what the generator takes (the engine queues a lookahead beyond its running slots
-for its scheduling policy to order), capped by ``read_window`` and by a fair share of the
+the window: ``read_window``, by default HELD_PER_SLOT jobs per running slot of the generator
+(the engine queues the jobs beyond its slots for its scheduling policy to order), capped by
+what the generator takes and by a fair share of the
 queue's jobs over the live workers, so one worker does not take a small queue from its
 siblings. Every few seconds the queue trims acknowledged entries and forgets consumers that
 died holding nothing.
@@ -47,6 +48,10 @@ if TYPE_CHECKING:
     from worker.metrics import WorkerMetrics
 
 log = logging.getLogger("radixq.worker")
+
+# read_window 0: the running slots and as many again waiting in the engine, for its policy to
+# order by prefix; more would let one worker take what its siblings could start now
+HELD_PER_SLOT = 2
 
 
 @dataclass
@@ -208,8 +213,9 @@ class Consumer:
 
     def _room(self) -> int:
         """How many entries to take now: never more than the generator takes, nor beyond the
-        window: ``read_window`` (0: no cap) and the fair share of the last survey, at least 1."""
-        window = self.config.read_window or 1 << 30
+        window: ``read_window`` (0: HELD_PER_SLOT per slot) and the fair share of the last
+        survey, at least 1."""
+        window = self.config.read_window or HELD_PER_SLOT * self.generator.slots
         if self._survey is not None:
             window = max(1, min(window, self._survey.fair_share()))
         return min(window - len(self._held), self.generator.free_capacity())
@@ -365,7 +371,7 @@ class Consumer:
             name=self.name,
             pid=os.getpid(),
             model=self.generator.model_name,
-            capacity=self.config.read_window or self.generator.slots,
+            capacity=self.config.read_window or HELD_PER_SLOT * self.generator.slots,
             in_flight=len(self._held),
             completed=self.completed,
             state=state,

@@ -1,0 +1,230 @@
+"""Dataset files in: JSONL (optionally gzip), Parquet and CSV rows -> Jobs, through a column
+mapping and an optional prompt template.
+
+With no mapping, a JSONL file is read as job lines (producer.jsonl) and a Parquet or CSV row
+is read the same way: the columns ``id``, ``prompt``, ``messages``, ``input_ids``,
+``metadata`` and the sampling fields (``max_tokens``, ``temperature``, ...) are the job's,
+others are ignored (kept for ``--join-input``). A mapping names the columns instead:
+
+    prompt_column    the prompt text             template   "Q: {question}\\nA:" filled from
+    messages_column  a chat (list of messages,              the row's columns (a prompt)
+                     or its JSON text in CSV)
+    id_column        the job id (any scalar, as text); without it an id is derived from the
+                     row number and content, so the same file gives the same ids every time
+
+A row that cannot be a job (a missing column value, a template naming an unknown column, an
+invalid sampling value) is rejected with its row number, like a bad JSONL line: it gets an
+``invalid_job`` error row in the output.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from producer.jsonl import SAMPLING_FIELDS, InputFile, derive_id, open_binary, read_jobs, read_lines
+from producer.schema import Job, JobError, validation_error
+
+_JOB_COLUMNS = ("id", "prompt", "messages", "input_ids", "metadata")
+
+
+@dataclass(frozen=True)
+class ColumnMapping:
+    """Which columns make a job; all None: the native column names (module docstring)."""
+
+    prompt_column: str | None = None
+    messages_column: str | None = None
+    id_column: str | None = None
+    template: str | None = None
+
+    @property
+    def given(self) -> bool:
+        return any(
+            v is not None for v in (self.prompt_column, self.messages_column, self.id_column, self.template)
+        )
+
+    def check(self) -> None:
+        """Raises ValueError for a mapping that cannot make a job."""
+        sources = [self.prompt_column, self.messages_column, self.template]
+        if sum(source is not None for source in sources) > 1:
+            raise ValueError("give one of --prompt-column, --messages-column and --template")
+
+
+NATIVE_COLUMNS = ColumnMapping()  # no mapping: the native column names
+
+
+def file_format(path: str | Path) -> str:
+    """parquet, csv or jsonl, by the file name (``.csv.gz`` is csv, anything else jsonl)."""
+    name = Path(path).name.lower()
+    if name.endswith(".parquet") or name.endswith(".pq"):
+        return "parquet"
+    if name.endswith((".csv", ".csv.gz")):
+        return "csv"
+    return "jsonl"
+
+
+def read_input(path: str | Path, mapping: ColumnMapping = NATIVE_COLUMNS) -> InputFile:
+    """Every row of a dataset file as a Job or a rejected row, in file order."""
+    mapping.check()
+    kind = file_format(path)
+    if kind == "jsonl" and not mapping.given:
+        return read_jobs(path)
+    parsed = InputFile()
+    for row_no, record in read_records(path):
+        if isinstance(record, JobError):
+            parsed.reject(row_no, str(record), None, None, unit="row" if kind != "jsonl" else "line")
+            continue
+        unit = "line" if kind == "jsonl" else "row"
+        try:
+            job = row_job(record, row_no, mapping)
+        except JobError as exc:
+            job_id = _id_text(record.get(mapping.id_column or "id"))
+            parsed.reject(row_no, str(exc), job_id, None, unit=unit)
+            continue
+        parsed.add_job(job, row_no, unit=unit)
+    return parsed
+
+
+def input_columns(path: str | Path, parsed: InputFile) -> list[tuple[str, dict[str, Any]]]:
+    """(job id of its output row, its columns) per input row, in order: what a joined output
+    pairs with the results (an unreadable row has no columns)."""
+    records = (record for _, record in read_records(path))
+    return [
+        (row.id if isinstance(row, Job) else row.job_id, record if isinstance(record, dict) else {})
+        for row, record in zip(parsed.rows, records, strict=True)
+    ]
+
+
+def read_records(path: str | Path) -> Iterator[tuple[int, dict[str, Any] | JobError]]:
+    """(row number from 1, the row as a dict of columns, or why it is unreadable)."""
+    kind = file_format(path)
+    if kind == "jsonl":
+        yield from _jsonl_records(path)
+        return
+    yield from enumerate(read_table(path).to_pylist(), start=1)
+
+
+def read_table(path: str | Path) -> Any:
+    """A Parquet or CSV file as a pyarrow Table (CSV cells as text, empty cells null)."""
+    if file_format(path) == "parquet":
+        import pyarrow.parquet as pq
+
+        return pq.read_table(path)
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    # NOTE: every CSV column as text: an id "007" must stay "007"; numbers (max_tokens) are
+    # converted by the job's own validation.
+    types = {name: pa.string() for name in _csv_header(path)}
+    options = pacsv.ConvertOptions(column_types=types, strings_can_be_null=True)
+    return pacsv.read_csv(path, convert_options=options)
+
+
+def _csv_header(path: str | Path) -> list[str]:
+    with open_binary(path) as stream:
+        first = stream.readline().decode("utf-8-sig")
+    return next(csv.reader(io.StringIO(first)), [])
+
+
+def _jsonl_records(path: str | Path) -> Iterator[tuple[int, dict[str, Any] | JobError]]:
+    with open_binary(path) as stream:
+        for line_no, text in read_lines(stream):
+            if isinstance(text, JobError):
+                yield line_no, text
+                continue
+            if not text.strip():
+                continue
+            try:
+                record = msgspec.json.decode(text)
+            except (msgspec.DecodeError, RecursionError) as exc:
+                yield line_no, JobError("json", None, f"not valid JSON: {exc}")
+                continue
+            if not isinstance(record, dict):
+                yield line_no, JobError("json", None, f"must be a JSON object, got {type(record).__name__}")
+                continue
+            yield line_no, record
+
+
+def row_job(record: dict[str, Any], row_no: int, mapping: ColumnMapping) -> Job:
+    """One row as a Job; raises JobError naming the column and why."""
+    fields = {k: record[k] for k in (*_JOB_COLUMNS, *SAMPLING_FIELDS) if record.get(k) is not None}
+    if mapping.id_column is not None:
+        fields["id"] = _column(record, mapping.id_column)
+    if "id" in fields:
+        fields["id"] = _id_text(fields["id"])
+    if mapping.template is not None or mapping.prompt_column is not None:
+        fields.pop("messages", None), fields.pop("input_ids", None)
+        fields["prompt"] = (
+            fill_template(mapping.template, record)
+            if mapping.template is not None
+            else _column(record, mapping.prompt_column or "")
+        )
+    elif mapping.messages_column is not None:
+        fields.pop("prompt", None), fields.pop("input_ids", None)
+        fields["messages"] = _column(record, mapping.messages_column)
+    for key in ("messages", "input_ids", "metadata", "stop", "stop_token_ids"):
+        if isinstance(fields.get(key), str) and key != "stop":
+            fields[key] = _json_cell(key, fields[key])  # CSV: a structured cell is its JSON text
+    if "id" not in fields:
+        fields["id"] = derive_id(json.dumps(record, sort_keys=True, default=str), row_no)
+    sampling = {key: fields.pop(key) for key in list(fields) if key in SAMPLING_FIELDS}
+    try:
+        return msgspec.convert({**fields, "sampling": sampling}, Job, strict=False)
+    except msgspec.ValidationError as exc:
+        error = validation_error(exc, fields["id"] if isinstance(fields["id"], str) else None)
+        raise JobError(
+            error.field.removeprefix("sampling."), error.value, error.reason, error.job_id
+        ) from None
+
+
+def fill_template(template: str, record: dict[str, Any]) -> str:
+    """``template`` with ``{column}`` fields filled from the row (``{{``/``}}`` are braces)."""
+    try:
+        return template.format_map(_Columns(record))
+    except KeyError as exc:
+        raise JobError("template", f"{{{exc.args[0]}}}", "names no column of this file") from None
+    except (ValueError, IndexError) as exc:
+        raise JobError("template", None, f"not a valid template: {exc}") from None
+
+
+class _Columns(dict):  # type: ignore[type-arg]
+    """A row for str.format_map: a missing value is an error, not the text "None"."""
+
+    def __missing__(self, key: str) -> Any:
+        raise KeyError(key)
+
+    def __getitem__(self, key: str) -> Any:
+        value = super().__getitem__(key)
+        if value is None:
+            raise JobError(key, None, "is empty in this row (the template needs it)")
+        return value
+
+
+def _column(record: dict[str, Any], name: str) -> Any:
+    if name not in record:
+        raise JobError(name, None, "no such column in this file")
+    if record[name] is None:
+        raise JobError(name, None, "is empty in this row")
+    return record[name]
+
+
+def _id_text(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return value if isinstance(value, str) else str(value)
+
+
+def _json_cell(column: str, text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise JobError(column, None, f"not valid JSON text: {exc}") from None

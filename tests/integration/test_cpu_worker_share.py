@@ -1,0 +1,58 @@
+"""A CPU worker (real engine, SmolLM2, `--device cpu`, nothing else configured) holds only
+as many jobs as its CPU-sized limit, so a 100-job queue stays available to sibling workers."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from producer.keys import QueueKeys
+from tests.integration.procs import radixq, start_engine_worker
+from tests.model_fixtures import smollm2_dir  # noqa: F401  (fixture)
+from worker.config import CPU_DEFAULTS
+from worker.queue.consumer import HELD_PER_SLOT
+
+pytestmark = pytest.mark.integration
+KEYS = QueueKeys()
+
+
+def test_a_cpu_worker_does_not_take_a_whole_queue(
+    redis_url: str,
+    tmp_path: Path,
+    smollm2_dir: Path,  # noqa: F811
+) -> None:
+    source = tmp_path / "jobs.jsonl"
+    jobs = [
+        {"id": f"j{i}", "prompt": f"Story {i}:", "max_tokens": 64, "ignore_eos": True} for i in range(100)
+    ]
+    source.write_text("".join(json.dumps(job) + "\n" for job in jobs))
+    assert radixq("enqueue", str(source), "--redis-url", redis_url).returncode == 0
+    client = redis.Redis.from_url(redis_url)
+    worker = start_engine_worker(redis_url, smollm2_dir, tmp_path / "worker.log", name="cpu1")
+    limit = CPU_DEFAULTS["engine.max_running_reqs"]
+    most_held = 0
+    try:
+        deadline = time.monotonic() + 120
+        started_at = None
+        while time.monotonic() < deadline:
+            summary: Any = client.xpending(KEYS.jobs, KEYS.group)
+            held = summary["pending"]
+            most_held = max(most_held, held)
+            if held and started_at is None:
+                started_at = time.monotonic()
+            if started_at is not None and time.monotonic() - started_at > 5:
+                break
+            assert worker.poll() is None, (tmp_path / "worker.log").read_text()[-2000:]
+            time.sleep(0.1)
+        assert started_at is not None, (tmp_path / "worker.log").read_text()[-2000:]
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=60)
+        client.close()
+    assert 0 < most_held <= HELD_PER_SLOT * limit < 100
