@@ -207,6 +207,7 @@ ENGINE_HELP: dict[str, str] = {
     "max_prefill_tokens": "token budget of one prefill step (longer prompts are chunked)",
     "max_seq_len": "context length; empty: the model's",
     "cache": "`radix` or `naive` (no sharing)",
+    "schedule_policy": "`lpm`: waiting requests whose prefix is cached first, siblings together (age-bounded); `fcfs`: arrival order",
     "overlap": "overlap scheduling (false: plain loop, for debugging)",
     "attention": "`auto`, `flashinfer`, `torch`",
     "cuda_graph": "CUDA graphs for decode batches up to `cuda_graph_max_bs`",
