@@ -193,8 +193,12 @@ def main() -> None:
     parser.add_argument("--page-size", type=int, default=16)
     parser.add_argument("--max-prefill-tokens", type=int, default=1024)
     parser.add_argument("--max-running-reqs", type=int, default=32)
-    parser.add_argument("--num-pages", type=int, default=0, help="0: pages for --pool-prefixes of the prefixes")
-    parser.add_argument("--pool-prefixes", type=float, default=1 / 3, help="share of the G prefixes the pool holds")
+    parser.add_argument(
+        "--num-pages", type=int, default=0, help="0: pages for --pool-prefixes of the prefixes"
+    )
+    parser.add_argument(
+        "--pool-prefixes", type=float, default=1 / 3, help="share of the G prefixes the pool holds"
+    )
     parser.add_argument("--ample-pages", type=int, default=8192)
     parser.add_argument("--arrivals", nargs="+", default=["grouped", "shuffled"])
     parser.add_argument("--policies", nargs="+", default=["lpm", "fcfs"])

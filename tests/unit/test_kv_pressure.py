@@ -58,7 +58,7 @@ def run_workload(path: Path, jobs: list[Job], max_steps: int = 3000, **options) 
 @st.composite
 def workloads(draw) -> tuple[list[Job], dict]:
     page_size = draw(st.sampled_from([1, 2, 4]))
-    prefixes = draw(st.lists(st.lists(st.integers(1, 250), min_size=0, max_size=40), min_size=1, max_size=4))
+    prefixes = draw(st.lists(st.lists(st.integers(1, 250), min_size=0, max_size=48), min_size=1, max_size=4))
     jobs: list[Job] = []
     for _ in range(draw(st.integers(1, 10))):
         prefix = draw(st.sampled_from(prefixes))
@@ -75,6 +75,7 @@ def workloads(draw) -> tuple[list[Job], dict]:
         output_reserve_ratio=draw(st.sampled_from([0.0, 0.5, 1.0])),
         overlap=draw(st.booleans()),
         max_running_reqs=draw(st.sampled_from([2, 4, 16])),
+        schedule_policy=draw(st.sampled_from(["lpm", "fcfs"])),
     )
     return jobs, options
 
