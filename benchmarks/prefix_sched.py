@@ -170,7 +170,7 @@ def host_time_main(args: argparse.Namespace, model: str) -> None:
         scheduler, last = llm.scheduler, None
         last = scheduler.step(last, block=False)  # takes every request in
         scheduler.hooks = timer
-        while len(timer.launch_s) < args.steps:
+        while len(timer.launch_s) < args.steps and not (last is None and scheduler.idle):
             last = scheduler.step(last, block=False)
         report[waiting] = {
             "median_ms": round(statistics.median(timer.launch_s) * 1e3, 3),

@@ -95,16 +95,19 @@ class PrefillManager:
         """``req``'s prefill was launched and its prompt KV inserted in the prefix cache."""
         self.waiting.cached(req.pending, req.handle, req.matched_len)
 
-    def schedule(self, token_budget: int, reserved_tokens: int) -> list[Req]:
+    def schedule(self, token_budget: int, reserved_tokens: int, decoding: list[Req]) -> list[Req]:
         """This step's prefill requests (possibly empty); admitted ones leave the queue.
 
-        ``reserved_tokens``: KV the running requests are expected to still need."""
+        ``reserved_tokens``: KV the running requests are expected to still need, this step's
+        ``decoding`` batch included. While others wait, a prompt being chunked takes half the
+        budget, so short jobs are not held up behind a long one."""
         batch: list[Req] = []
         shared = _BatchPrefixes(self.probe)
         if self.chunked is not None:
             pending = self.chunked
-            req = self._continue(pending, token_budget)
-            if not self.cache.can_allocate([req]):
+            share = token_budget // 2 if len(self.waiting) > 0 and token_budget > 1 else token_budget
+            req = self._continue(pending, share)
+            if not self.cache.can_allocate([*decoding, req]):
                 return []  # NOTE: it waits for pages (decoding frees them, or drops this chunk)
             reserved_tokens += self._future_tokens(req)
             shared.add(pending.input_ids)
@@ -112,8 +115,8 @@ class PrefillManager:
             token_budget -= req.extend_len
             if isinstance(req, ChunkedReq):
                 pending.chunk = req
-                return batch
-            pending.chunk, self.chunked = None, None
+            else:
+                pending.chunk, self.chunked = None, None
         with closing(self.waiting.offer()) as buckets:
             for bucket in buckets:
                 while bucket.reqs and token_budget > 0:
@@ -192,6 +195,8 @@ class PrefillManager:
         match = self.cache.match(pending.input_ids)
         if self.cache.shares_prefixes and shared.extends(pending.input_ids, match.length):
             return _DEFER
+        if self.chunked is not None and match.length + token_budget < len(pending.input_ids):
+            return None  # NOTE: one prompt is chunked at a time
         remain = pending.max_device_len - len(pending.input_ids)
         reserve = output_reserve(remain, self.output_reserve_ratio)
         need = len(pending.input_ids) - match.length + reserve + self.cache.page_size

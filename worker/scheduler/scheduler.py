@@ -1,4 +1,5 @@
-"""Scheduler: wires the managers; each step prefill first under a token budget, else decode.
+"""Scheduler: wires the managers; each step decodes every running request and adds prefills
+under a token budget (``mixed_batches``; off: prefill first, else decode).
 
 One iteration (the same code with overlap on or off):
 
@@ -215,12 +216,19 @@ class Scheduler:
         if hooks is not None:
             hooks.launch_started()
         reserved = self.decode.reserved_tokens(self.config.output_reserve_ratio)
-        reqs = self.prefill.schedule(self.config.max_prefill_tokens, reserved)
-        is_prefill = bool(reqs)
-        if not reqs:
-            reqs = self._decode_batch()
+        budget = self.config.max_prefill_tokens
+        if self.config.mixed_batches:
+            decoding = self._decode_batch()
+            reserved += self.cache.pages_needed(decoding) * self.cache.page_size
+            prefills = self.prefill.schedule(budget, reserved, decoding)
+        else:
+            prefills = self.prefill.schedule(budget, reserved, [])
+            decoding = [] if prefills else self._decode_batch()
+        reqs = prefills + decoding
         if not reqs:
             return None
+        is_prefill = bool(prefills)
+        prefill_tokens = sum(r.extend_len for r in prefills)
         self._launching = reqs
         if self.fault is not None:
             self.fault.check([r.pending.input_ids[: r.pending.group.prompt_len] for r in reqs])
@@ -233,13 +241,10 @@ class Scheduler:
             hooks.forward_finished(fi, output)
         for req in reqs:
             req.complete_forward()
-        if is_prefill:
-            self._cache_prefills(reqs)
+        self._cache_prefills(prefills)
         self.decode.update(reqs)
-        if is_prefill:
-            self.stats.prefill_tokens += fi.layout.num_tokens
-        else:
-            self.stats.decode_tokens += len(reqs)
+        self.stats.prefill_tokens += prefill_tokens
+        self.stats.decode_tokens += len(decoding)
         self.stats.steps += 1
         step = Step(reqs, is_prefill, fi, output)
         if hooks is not None:
