@@ -35,7 +35,11 @@ def main() -> None:
     parser.add_argument("--decode-tokens", type=int, default=48)
     parser.add_argument("--max-prefill-tokens", type=int, default=1024)
     args = parser.parse_args()
-    options: dict = {"device": args.device, "load_format": "dummy", "max_prefill_tokens": args.max_prefill_tokens}
+    options: dict = {
+        "device": args.device,
+        "load_format": "dummy",
+        "max_prefill_tokens": args.max_prefill_tokens,
+    }
     if args.device == "cpu":
         options["attention"] = "torch"
     llm = LLM(args.model or tiny_model_path(), **options)
