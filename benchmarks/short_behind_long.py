@@ -57,14 +57,17 @@ def main() -> None:
         last = scheduler.step(last, block=False)
     start = time.perf_counter()
     put("long", args.long_tokens, 1)
-    last = scheduler.step(last, block=False)
+    last = scheduler.step(last, block=False)  # the long prompt's first chunk
     for i in range(args.short_jobs):
         put(f"short-{i}", 16, 1)
     done: dict[str, float] = {}
+    done_step: dict[str, int] = {}
     token_times: list[float] = []
     decoding_len = 0
+    step = 0
     while not (last is None and scheduler.idle):
         last = scheduler.step(last, block=False)
+        step += 1
         now = time.perf_counter() - start
         running = [r for r in scheduler.decode.running if r.pending.group.uid == "decoding"]
         if running and len(running[0].output_ids) > decoding_len:
@@ -73,11 +76,13 @@ def main() -> None:
         for message in io.take_all():
             if isinstance(message, RequestFinished):
                 done[message.uid] = round(now, 2)
+                done_step[message.uid] = step
     gaps = [b - a for a, b in zip(token_times, token_times[1:], strict=False)]
     report = {
         "long_tokens": args.long_tokens,
         "max_prefill_tokens": args.max_prefill_tokens,
         "finished_s": done,
+        "finished_step": done_step,  # steps after the long prompt's arrival
         "short_job_latency_s_max": max(v for k, v in done.items() if k.startswith("short")),
         "decoding_job_longest_gap_s": round(max(gaps), 2) if gaps else None,
         "steps": scheduler.stats.steps,
