@@ -22,7 +22,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
-from collections.abc import Generator, Hashable
+from collections.abc import Callable, Generator, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,7 +86,7 @@ class WaitQueue:
         self._arrival[pending] = seq
         self._arrivals.append((seq, pending))
 
-    def remove(self, keep: Any) -> list[PendingReq]:
+    def remove(self, keep: Callable[[PendingReq], bool]) -> list[PendingReq]:
         """Drop the waiting requests for which ``keep`` is false; return them (O(waiting))."""
         gone = []
         for bucket in [self.requeued, *self.buckets.values()]:
