@@ -80,7 +80,7 @@ def workloads(draw) -> tuple[list[Job], dict]:
     return jobs, options
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(workload=workloads())
 def test_tight_pool_never_crashes_and_matches_ample_pool(tiny_dir: Path, workload) -> None:
     jobs, options = workload
