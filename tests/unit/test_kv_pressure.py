@@ -76,6 +76,7 @@ def workloads(draw) -> tuple[list[Job], dict]:
         overlap=draw(st.booleans()),
         max_running_reqs=draw(st.sampled_from([2, 4, 16])),
         schedule_policy=draw(st.sampled_from(["lpm", "fcfs"])),
+        mixed_batches=draw(st.booleans()),
     )
     return jobs, options
 
