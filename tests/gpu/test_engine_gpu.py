@@ -84,6 +84,17 @@ def test_fast_path_matches_transformers(tiny_dir):
         _assert_matches_oracle(hf, prompt, tokens, n)
 
 
+def test_mixed_prefill_decode_steps_match_transformers(tiny_dir):
+    """A 40-token prefill budget admits the prompts over several steps, chunking the long
+    ones, while earlier ones decode: those steps mix prefill and decode rows (FlashInfer's
+    prefill path, no graph); pure decode steps replay graphs. Tokens still match the oracle."""
+    hf, path = tiny_dir
+    got = _generate(path, max_prefill_tokens=40)
+    for prompt, tokens, n in zip(_prompts(), got, MAX_TOKENS, strict=True):
+        _assert_matches_oracle(hf, prompt, tokens, n)
+    assert _generate(path, max_prefill_tokens=40, overlap=False) == got
+
+
 def test_overlap_and_graphs_change_no_token(tiny_dir):
     _, path = tiny_dir
     fast = _generate(path)

@@ -130,11 +130,11 @@ def test_decode_short_of_pages_drops_a_half_prefilled_prompt(hf_and_dir) -> None
         last = scheduler.step(last, block=False)
     io.put(GenerateRequest(uid="b", input_ids=PROMPTS[3], sampling=greedy))
     last = scheduler.step(last, block=False)  # b's first chunk
-    assert scheduler.prefill.pending[0].chunk is not None
+    assert scheduler.prefill.chunked is not None
     allocator = scheduler.cache.allocator
     stolen = allocator.allocate(allocator.num_free_pages)  # the pool runs dry
     last = scheduler.step(last, block=False)  # no chunk fits: decode a, which takes b's pages
-    assert scheduler.prefill.pending[0].chunk is None
+    assert scheduler.prefill.chunked is None
     allocator.free(stolen)
     for _ in range(200):
         last = scheduler.step(last, block=False)

@@ -21,6 +21,12 @@ class NaiveCache(PrefixCache):
     def unlock(self, handle: Any) -> None:
         pass
 
+    def want(self, handle: Any) -> None:
+        pass
+
+    def unwant(self, handle: Any) -> None:
+        pass
+
     def insert(self, token_ids: list[int], locations: torch.Tensor) -> int:
         assert not token_ids, "the naive cache takes nothing (insertable_len is 0)"
         return 0

@@ -44,6 +44,15 @@ class PrefixCache(ABC):
         """Undo one ``lock``."""
 
     @abstractmethod
+    def want(self, handle: Any) -> None:
+        """Mark the matched path as wanted by waiting requests: evicted after unwanted entries
+        (counted like ``lock``)."""
+
+    @abstractmethod
+    def unwant(self, handle: Any) -> None:
+        """Undo one ``want`` (the path may have been evicted meanwhile)."""
+
+    @abstractmethod
     def insert(self, token_ids: list[int], locations: torch.Tensor) -> int:
         """Cache ``token_ids`` (a whole number of pages) at ``locations``.
 
@@ -53,7 +62,8 @@ class PrefixCache(ABC):
 
     @abstractmethod
     def evict(self, num_tokens: int) -> torch.Tensor:
-        """Drop at least ``num_tokens`` unlocked tokens if possible (LRU); return their locations."""
+        """Drop at least ``num_tokens`` unlocked tokens if possible, unwanted ones first, least
+        recently used first; return their locations."""
 
     @abstractmethod
     def insertable_len(self, num_tokens: int) -> int:

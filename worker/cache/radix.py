@@ -2,7 +2,8 @@
 
 Every edge holds a whole number of pages; children are keyed by their first page of tokens,
 so a split always falls on a page boundary. ``ref_count`` of a node counts the locks on it
-or on any descendant: a node with ref_count 0 may be evicted once it is a leaf.
+or on any descendant: a node with ref_count 0 may be evicted once it is a leaf. ``wanted``
+counts the same way the prefixes waiting requests want: they are evicted last.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ _EMPTY = torch.empty(0, dtype=torch.int32)
 
 
 class _Node:
-    __slots__ = ("key", "value", "parent", "children", "ref_count", "last_access")
+    __slots__ = ("key", "value", "parent", "children", "ref_count", "wanted", "last_access")
 
     def __init__(self, key: list[int], value: torch.Tensor, parent: _Node | None) -> None:
         self.key = key
@@ -27,7 +28,13 @@ class _Node:
         self.parent = parent
         self.children: dict[tuple[int, ...], _Node] = {}
         self.ref_count = 0
+        self.wanted = 0  # wants on this node or a descendant (waiting requests' prefixes)
         self.last_access = 0
+
+
+def _order(node: _Node) -> tuple[bool, int, int, _Node]:
+    """Eviction order: unwanted before wanted, then least recently used."""
+    return (node.wanted > 0, node.last_access, id(node), node)
 
 
 class RadixCache(PrefixCache):
@@ -52,6 +59,7 @@ class RadixCache(PrefixCache):
         assert parent is not None and 0 < at < len(node.key) and at % self.page_size == 0
         upper = _Node(node.key[:at], node.value[:at], parent)
         upper.ref_count = node.ref_count
+        upper.wanted = node.wanted
         upper.last_access = node.last_access
         parent.children[tuple(node.key[: self.page_size])] = upper
         node.key = node.key[at:]
@@ -99,6 +107,19 @@ class RadixCache(PrefixCache):
                 self._num_evictable += len(node.key)
             node = node.parent
 
+    def want(self, handle: Any) -> None:
+        node: _Node | None = handle
+        while node is not None:
+            node.wanted += 1
+            node = node.parent
+
+    def unwant(self, handle: Any) -> None:
+        node: _Node | None = handle
+        while node is not None:
+            assert node.wanted > 0, "unwant without want"
+            node.wanted -= 1
+            node = node.parent
+
     def insert(self, token_ids: list[int], locations: torch.Tensor) -> int:
         assert len(token_ids) % self.page_size == 0 and len(locations) == len(token_ids)
         node, existing, _ = self._walk(token_ids)
@@ -113,12 +134,12 @@ class RadixCache(PrefixCache):
     def evict(self, num_tokens: int) -> torch.Tensor:
         if num_tokens <= 0:
             return _EMPTY
-        heap = [(n.last_access, id(n), n) for n in self._nodes() if not n.children and n.ref_count == 0]
+        heap = [_order(n) for n in self._nodes() if not n.children and n.ref_count == 0]
         heapq.heapify(heap)
         evicted: list[torch.Tensor] = []
         count = 0
         while heap and count < num_tokens:
-            _, _, node = heapq.heappop(heap)
+            node = heapq.heappop(heap)[-1]
             parent = node.parent
             assert parent is not None
             del parent.children[tuple(node.key[: self.page_size])]
@@ -127,7 +148,7 @@ class RadixCache(PrefixCache):
             self._num_cached -= len(node.key)
             self._num_evictable -= len(node.key)
             if parent is not self._root and not parent.children and parent.ref_count == 0:
-                heapq.heappush(heap, (parent.last_access, id(parent), parent))
+                heapq.heappush(heap, _order(parent))
         return torch.cat(evicted) if evicted else _EMPTY
 
     def insertable_len(self, num_tokens: int) -> int:

@@ -31,7 +31,9 @@ class EngineConfig:
     max_prefill_tokens: int = 8192
     max_seq_len: int | None = None
     cache: str = "radix"
+    schedule_policy: str = "lpm"  # waiting-request order: longest cached prefix first, or "fcfs"
     overlap: bool = True
+    mixed_batches: bool = True  # prefill steps decode the running requests too
     attention: str = "auto"
     cuda_graph: bool = True
     cuda_graph_max_bs: int = 256
@@ -55,6 +57,12 @@ class EngineConfig:
                 "must be >= 2",
             ),
             (self.cache in ("radix", "naive"), "cache", self.cache, "must be 'radix' or 'naive'"),
+            (
+                self.schedule_policy in ("lpm", "fcfs"),
+                "schedule_policy",
+                self.schedule_policy,
+                "must be 'lpm' or 'fcfs'",
+            ),
             (
                 0 <= self.output_reserve_ratio <= 1,
                 "output_reserve_ratio",

@@ -71,9 +71,12 @@ class CacheManager:
             req.alloc_len += n * ps
         self.num_private_pages += total
 
+    def pages_needed(self, reqs: list[Req]) -> int:
+        """Pages ``allocate_batch`` would take for ``reqs``."""
+        return sum(max(0, self.pages_for(r.device_len) - r.alloc_len // self.page_size) for r in reqs)
+
     def can_allocate(self, reqs: list[Req]) -> bool:
-        need = sum(max(0, self.pages_for(r.device_len) - r.alloc_len // self.page_size) for r in reqs)
-        return need <= self.available_pages
+        return self.pages_needed(reqs) <= self.available_pages
 
     def cache_req(self, req: Req, *, finished: bool) -> None:
         """Insert the request's computed KV into the prefix cache.

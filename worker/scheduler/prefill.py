@@ -1,15 +1,18 @@
-"""PrefillManager: the pending queue, admission (slot + pages + prefix match) and chunking."""
+"""PrefillManager: admission (slot + pages + prefix match) from the WaitQueue, and chunking."""
 
 from __future__ import annotations
 
-from collections import deque
+from contextlib import closing
 
 from worker.engine.penalties import needs_token_history
 from worker.scheduler.cache import CacheManager
 from worker.scheduler.req import ChunkedReq, PendingReq, Req, RequestGroup, output_reserve
 from worker.scheduler.table import TableManager
+from worker.scheduler.waiting import WaitQueue
 
-_SHARE_PROBE_TOKENS = 32
+_SHARE_PROBE_TOKENS = 32  # in-batch sharing is probed, and prefix keys taken, at this granularity
+_OVERTAKES_PER_SLOT = 4  # the age bound: later arrivals admitted ahead of the oldest, per slot
+_DEFER = object()  # admission's answer when the request should wait one step for its prefix
 
 
 class _BatchPrefixes:
@@ -37,58 +40,112 @@ class _BatchPrefixes:
 
 
 class PrefillManager:
-    """Picks this step's prefill batch under a token budget, oldest first.
+    """Picks this step's prefill batch under a token budget, in the WaitQueue's policy order.
 
     Admission reserves KV for the whole prompt plus ``output_reserve_ratio`` of its output,
-    on top of what running requests already reserve; a prompt larger than the remaining
-    budget is cut into ChunkedReqs, one chunk a step, until its last chunk.
+    on top of what running requests and a prompt being chunked already reserve, so one
+    step's allocations never exceed the pages obtainable (free or evictable). A prompt larger
+    than the remaining budget is cut into ChunkedReqs, one chunk a step, until its last chunk;
+    at most one prompt is being chunked at a time (``chunked``) and it goes first each step.
     """
 
-    def __init__(self, cache: CacheManager, tables: TableManager, output_reserve_ratio: float) -> None:
+    def __init__(
+        self, cache: CacheManager, tables: TableManager, output_reserve_ratio: float, policy: str = "lpm"
+    ) -> None:
         self.cache = cache
         self.tables = tables
         self.output_reserve_ratio = output_reserve_ratio
-        self.pending: deque[PendingReq] = deque()
+        self.probe = max(_SHARE_PROBE_TOKENS, cache.page_size)
+        max_overtakes = _OVERTAKES_PER_SLOT * tables.max_running_reqs
+        self.waiting = WaitQueue(policy, self.probe, max_overtakes, cache.prefix)
+        self.chunked: PendingReq | None = None  # its ``chunk`` holds a slot and pages
 
     @property
     def runnable(self) -> bool:
-        return len(self.pending) > 0
+        return self.chunked is not None or len(self.waiting) > 0
 
     def add(self, req: PendingReq) -> None:
-        self.pending.append(req)
+        self.waiting.add(req)
 
     def add_front(self, reqs: list[PendingReq]) -> None:
-        self.pending.extendleft(reversed(reqs))
+        self.waiting.add_requeued(reqs)
+
+    def head(self) -> PendingReq | None:
+        """The request admission would try first."""
+        return self.chunked if self.chunked is not None else self.waiting.head()
+
+    def drop_chunk(self) -> Req | None:
+        """Stop chunking: requeue the prompt (its computed chunks stay cached once the caller
+        releases the returned ChunkedReq)."""
+        pending = self.chunked
+        if pending is None:
+            return None
+        chunk, pending.chunk, self.chunked = pending.chunk, None, None
+        self.add_front([pending])
+        return chunk
 
     def remove(self, group: RequestGroup) -> list[PendingReq]:
-        """Drop the pending requests of ``group``; return them."""
-        gone = [p for p in self.pending if p.group is group]
-        self.pending = deque(p for p in self.pending if p.group is not group)
+        """Drop the pending requests of ``group``; return them (with their chunk, if any)."""
+        gone = self.waiting.remove(lambda p: p.group is not group)
+        if self.chunked is not None and self.chunked.group is group:
+            gone.append(self.chunked)
+            self.chunked = None
         return gone
 
-    def schedule(self, token_budget: int, reserved_tokens: int) -> list[Req]:
-        """This step's prefill requests (possibly empty); admitted ones leave the queue."""
+    def cached(self, req: Req) -> None:
+        """``req``'s prefill was launched and its prompt KV inserted in the prefix cache."""
+        self.waiting.cached(req.pending, req.handle, req.matched_len)
+
+    def schedule(self, token_budget: int, reserved_tokens: int, decoding: list[Req]) -> list[Req]:
+        """This step's prefill requests (possibly empty); admitted ones leave the queue.
+
+        ``reserved_tokens``: KV the running requests are expected to still need, this step's
+        ``decoding`` batch included. While others wait, a prompt being chunked takes half the
+        budget, so short jobs are not held up behind a long one."""
         batch: list[Req] = []
-        shared = _BatchPrefixes(max(_SHARE_PROBE_TOKENS, self.cache.page_size))
-        while self.pending and token_budget > 0:
-            pending = self.pending[0]
-            if pending.chunk is not None:
-                req = self._continue(pending, token_budget)
-                if not self.cache.can_allocate([*batch, req]):
-                    break  # NOTE: a continuing chunk waits until its pages can be had
-            else:
-                admitted = self._admit(pending, token_budget, reserved_tokens, shared)
-                if admitted is None:
-                    break
-                req, reserved_tokens = admitted
+        shared = _BatchPrefixes(self.probe)
+        if self.chunked is not None:
+            pending = self.chunked
+            share = token_budget // 2 if len(self.waiting) > 0 and token_budget > 1 else token_budget
+            req = self._continue(pending, share)
+            if not self.cache.can_allocate([*decoding, req]):
+                return []  # NOTE: it waits for pages (decoding frees them, or drops this chunk)
+            reserved_tokens += self._future_tokens(req)
             shared.add(pending.input_ids)
             batch.append(req)
             token_budget -= req.extend_len
             if isinstance(req, ChunkedReq):
                 pending.chunk = req
-                break  # the budget is spent: a chunk takes all that is left
-            self.pending.popleft()
+            else:
+                pending.chunk, self.chunked = None, None
+        with closing(self.waiting.offer()) as buckets:
+            for bucket in buckets:
+                while bucket.reqs and token_budget > 0:
+                    pending = bucket.reqs[0]
+                    admitted = self._admit(pending, token_budget, reserved_tokens, shared)
+                    if admitted is _DEFER:
+                        break  # its prefix is being computed by this batch: next bucket
+                    if admitted is None:
+                        return batch
+                    assert isinstance(admitted, tuple)
+                    req, reserved_tokens = admitted
+                    self.waiting.take(bucket, req.handle, req.matched_len)
+                    shared.add(pending.input_ids)
+                    batch.append(req)
+                    token_budget -= req.extend_len
+                    if isinstance(req, ChunkedReq):
+                        pending.chunk, self.chunked = req, pending
+                        return batch  # the budget is spent: a chunk takes all that is left
+                if token_budget <= 0:
+                    break
         return batch
+
+    def _future_tokens(self, req: Req) -> int:
+        """KV tokens ``req`` may still take beyond its pages: the rest of its prompt, its
+        output reserve and a page of rounding (what its admission reserved, less what it holds)."""
+        prompt_end = len(req.input_ids)
+        reserve = output_reserve(req.max_device_len - prompt_end, self.output_reserve_ratio)
+        return prompt_end - req.alloc_len + reserve + self.cache.page_size
 
     def _make(
         self,
@@ -130,15 +187,17 @@ class PrefillManager:
 
     def _admit(
         self, pending: PendingReq, token_budget: int, reserved_tokens: int, shared: _BatchPrefixes
-    ) -> tuple[Req, int] | None:
-        """Promote to a Req: take a slot, match and lock the prefix; None if it does not fit
-        or if a request of this batch is computing more of its prefix (it waits one step,
+    ) -> tuple[Req, int] | object | None:
+        """Promote to a Req: take a slot, match and lock the prefix; None if it does not fit,
+        _DEFER if a request of this batch is computing more of its prefix (it waits one step,
         then matches that prefix in the cache)."""
         if self.tables.num_free_slots == 0:
             return None
         match = self.cache.match(pending.input_ids)
         if self.cache.shares_prefixes and shared.extends(pending.input_ids, match.length):
-            return None
+            return _DEFER
+        if self.chunked is not None and match.length + token_budget < len(pending.input_ids):
+            return None  # NOTE: one prompt is chunked at a time
         remain = pending.max_device_len - len(pending.input_ids)
         reserve = output_reserve(remain, self.output_reserve_ratio)
         need = len(pending.input_ids) - match.length + reserve + self.cache.page_size

@@ -1,4 +1,5 @@
-"""Scheduler: wires the managers; each step prefill first under a token budget, else decode.
+"""Scheduler: wires the managers; each step decodes every running request and adds prefills
+under a token budget (``mixed_batches``; off: prefill first, else decode).
 
 One iteration (the same code with overlap on or off):
 
@@ -72,7 +73,9 @@ class Scheduler:
         self.detokenize = detokenize
         self.tables = TableManager(config.max_running_reqs, engine.page_table, engine.token_pool)
         self.cache = CacheManager(engine.num_pages, engine.page_size, config.cache, self.tables)
-        self.prefill = PrefillManager(self.cache, self.tables, config.output_reserve_ratio)
+        self.prefill = PrefillManager(
+            self.cache, self.tables, config.output_reserve_ratio, config.schedule_policy
+        )
         self.decode = DecodeManager()
         self.preparer = BatchPreparer(engine, self.tables)
         self.groups: dict[str, RequestGroup] = {}
@@ -112,7 +115,7 @@ class Scheduler:
         self._launching = []
         self._processing = last.reqs if last is not None else []
         current = None if self.shutdown else self._launch()
-        if current is None and last is None and self.prefill.runnable and not self.decode.runnable:
+        if current is None and last is None and not self.shutdown:
             self._fail_unschedulable()
         if self.config.overlap:
             self._process(last)
@@ -188,9 +191,17 @@ class Scheduler:
         group.held_back = choices[1:]  # NOTE: admitted once the first choice's prompt KV is cached
 
     def _fail_unschedulable(self) -> None:
-        """Nothing runs and the head of the queue still cannot be admitted: answer it with an
-        error rather than spin (the engine's limits are meant to make this unreachable)."""
-        group = self.prefill.pending[0].group
+        """Nothing is in flight and nothing could be launched although requests wait: the one
+        running request, or the head of the queue, cannot get its pages even with the whole
+        pool. Answer it with an error rather than spin (the engine's limits are meant to make
+        this unreachable)."""
+        if self.decode.runnable:
+            group = self.decode.running[0].pending.group
+        else:
+            head = self.prefill.head()
+            if head is None:
+                return
+            group = head.group
         capacity = self.cache.num_pages * self.cache.page_size
         why = f"request does not fit the KV pool ({capacity} tokens) even when nothing else runs"
         logger.error("%s: %s", group.uid, why)
@@ -203,6 +214,7 @@ class Scheduler:
         for pending in self.prefill.remove(group):
             if pending.chunk is not None:
                 self._release(pending.chunk)
+                pending.chunk = None
         for req in [r for r in self.decode.running + self.retracting if r.pending.group is group]:
             req.finished = True
             self.decode.remove(req)
@@ -216,12 +228,19 @@ class Scheduler:
         if hooks is not None:
             hooks.launch_started()
         reserved = self.decode.reserved_tokens(self.config.output_reserve_ratio)
-        reqs = self.prefill.schedule(self.config.max_prefill_tokens, reserved)
-        is_prefill = bool(reqs)
-        if not reqs:
-            reqs = self._decode_batch()
+        budget = self.config.max_prefill_tokens
+        if self.config.mixed_batches:
+            decoding = self._decode_batch()
+            reserved += self.cache.pages_needed(decoding) * self.cache.page_size
+            prefills = self.prefill.schedule(budget, reserved, decoding)
+        else:
+            prefills = self.prefill.schedule(budget, reserved, [])
+            decoding = [] if prefills else self._decode_batch()
+        reqs = prefills + decoding
         if not reqs:
             return None
+        is_prefill = bool(prefills)
+        prefill_tokens = sum(r.extend_len for r in prefills)
         self._launching = reqs
         if self.fault is not None:
             self.fault.check([r.pending.input_ids[: r.pending.group.prompt_len] for r in reqs])
@@ -234,13 +253,10 @@ class Scheduler:
             hooks.forward_finished(fi, output)
         for req in reqs:
             req.complete_forward()
-        if is_prefill:
-            self._cache_prefills(reqs)
+        self._cache_prefills(prefills)
         self.decode.update(reqs)
-        if is_prefill:
-            self.stats.prefill_tokens += fi.layout.num_tokens
-        else:
-            self.stats.decode_tokens += len(reqs)
+        self.stats.prefill_tokens += prefill_tokens
+        self.stats.decode_tokens += len(decoding)
         self.stats.steps += 1
         step = Step(reqs, is_prefill, fi, output)
         if hooks is not None:
@@ -254,6 +270,7 @@ class Scheduler:
         run after it, can match it. Held-back siblings (n > 1) are admitted from here."""
         for req in reqs:
             self.cache.cache_req(req, finished=False)
+            self.prefill.cached(req)
             group = req.pending.group
             if req.produces_token and req.pending.index == 0 and group.held_back:
                 self.prefill.add_front(group.held_back)
@@ -262,18 +279,17 @@ class Scheduler:
     def _decode_batch(self) -> list[Req]:
         """Every running request. While the pool cannot hold a token each, first drop a
         half-prefilled prompt's pages (its computed chunks stay cached), then retract the
-        newest running requests."""
+        newest running requests. Empty when even one cannot get its page (pages held by the
+        step in flight come back once it is processed)."""
         running = list(self.decode.running)
         while running and not self.cache.can_allocate(running):
-            chunked = [(p, p.chunk) for p in self.prefill.pending if p.chunk is not None]
-            if chunked:
-                pending, chunk = chunked[0]
+            chunk = self.prefill.drop_chunk()
+            if chunk is not None:
                 self._release(chunk)
-                pending.chunk = None
             elif len(running) > 1:
                 self._retract(running.pop())
             else:
-                break
+                return []
         return running
 
     def _retract(self, req: Req) -> None:
@@ -355,8 +371,9 @@ class Scheduler:
         ``in_flight``: the step returned by ``step`` under overlap, whose requests may have
         left the running set (length reached) but still hold pages until processed."""
         holders = list(self.decode.running)
-        holders += [p.chunk for p in self.prefill.pending if p.chunk is not None]
         holders += in_flight.reqs if in_flight is not None else []
         unique = {id(r): r for r in holders if not r.released and not isinstance(r, ChunkedReq)}
-        unique.update({id(p.chunk): p.chunk for p in self.prefill.pending if p.chunk is not None})
+        chunked = self.prefill.chunked
+        if chunked is not None and chunked.chunk is not None:
+            unique[id(chunked.chunk)] = chunked.chunk
         self.cache.check_integrity(list(unique.values()))
