@@ -12,7 +12,7 @@ _STOP_WINDOW_SLACK = 4  # tokens decoded beyond the longest stop string, for mul
 
 
 class Stop(NamedTuple):
-    finish_reason: str  # "stop" | "length"
+    finish_reason: str  # "stop" | "length" | "error" (a token its grammar rejected)
     matched_stop: str | None
     drop_last: bool  # the ending token id is not part of the output (EOS, stop_token_ids)
 
@@ -22,6 +22,9 @@ def check_stop(req: Req, eos_token_ids: frozenset[int], detokenize: Detokenize |
     output = req.output_ids
     token = output[-1]
     sampling = req.sampling
+    grammar = req.pending.grammar
+    if grammar is not None and grammar.done:  # structured output: complete (stop token) or broken
+        return Stop("error" if grammar.rejected else "stop", None, True)
     if token in sampling.stop_token_ids or (not sampling.ignore_eos and token in eos_token_ids):
         return Stop("stop", None, True)
     if sampling.stop and detokenize is not None:
