@@ -65,7 +65,8 @@ def main() -> None:
         for token in choice.token_ids:
             bitmask = grammars.token_bitmask([matcher])
             assert bitmask is not None
-            allowed = int(sum(bin(word & 0xFFFFFFFF).count("1") for word in bitmask[0].tolist()))
+            bits = (bitmask[0].unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1
+            allowed = int(bits.reshape(-1)[: grammars.vocab_size].sum())
             total += 1
             forced += allowed == 1
             matcher.accept(token)
