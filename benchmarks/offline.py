@@ -14,7 +14,11 @@ Engine switches (``--no-overlap``, ``--no-cuda-graph``, ``--cache naive``, ``--a
 turns the fused kernels off. ``--variants default,no-overlap,no-cuda-graph,naive`` runs several
 configurations one after another in this process (a table at the end); ``--profile-steps``
 records host time per step phase and CUDA-event time per pass (worker.scheduler.profile) and
-prints percentiles. ``--peer hf`` runs transformers' continuous batching on the same requests
+prints percentiles. ``--json-schema FILE`` puts that JSON schema on every request (structured
+output; the model needs a tokenizer, e.g. ``--model smollm2-135m --load-format auto``): a
+request then ends when its JSON is complete (EOS ignored only before that), so the figure is
+the tokens actually generated per second and the finish reasons are counted. ``--max-tokens N``
+caps every request's max_tokens (small CPU runs). ``--peer hf`` runs transformers' continuous batching on the same requests
 after radixq, in the same process, for a side-by-side ratio.
 
 The cost of logprobs and penalties: ``--logprobs K`` (logprobs with K top_logprobs),
@@ -29,6 +33,7 @@ without them:
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import random
 import statistics
@@ -110,6 +115,8 @@ def run_radixq(args: argparse.Namespace, workload: Workload, variant: str = "def
     llm = LLM(args.model, **options)
     startup_s = time.perf_counter() - start
 
+    finish_reasons: collections.Counter[str] = collections.Counter()
+
     def generate(w: Workload) -> tuple[float, int]:
         extras = sampling_extras(args)
         params = [
@@ -117,6 +124,7 @@ def run_radixq(args: argparse.Namespace, workload: Workload, variant: str = "def
                 max_tokens=n,
                 temperature=args.temperature,
                 ignore_eos=True,
+                json_schema=args.schema,
                 **{**extras, "min_tokens": min(n, args.min_tokens)},
             )
             for n in w.max_tokens
@@ -129,6 +137,7 @@ def run_radixq(args: argparse.Namespace, workload: Workload, variant: str = "def
         errors = [r.error for r in results if r.error is not None]
         if errors:
             raise RuntimeError(f"{len(errors)} requests failed, first: {errors[0]}")
+        finish_reasons.update(r.choices[0].finish_reason for r in results)
         return elapsed, sum(len(r.choices[0].token_ids) for r in results)
 
     generate(warmup_workload())
@@ -138,6 +147,7 @@ def run_radixq(args: argparse.Namespace, workload: Workload, variant: str = "def
 
         profiler = StepProfiler.install(llm.scheduler)
     runs_s = []
+    finish_reasons.clear()
     for run in range(args.repeat):
         elapsed, generated = generate(fresh_copy(workload, run))
         runs_s.append(elapsed)
@@ -152,6 +162,7 @@ def run_radixq(args: argparse.Namespace, workload: Workload, variant: str = "def
         "steps": llm.scheduler.stats.steps,
         "retractions": llm.scheduler.stats.retractions,
         "kv_pages": llm.engine.num_pages,
+        "finish_reasons": dict(finish_reasons),
     }
     if profiler is not None:
         result["step_profile"] = profiler.summary()
@@ -325,6 +336,10 @@ def parse_args() -> argparse.Namespace:
         default=1,
         help="timed runs per variant (fresh prompt ids each; the median counts)",
     )
+    parser.add_argument(
+        "--json-schema", default=None, help="a JSON schema file: structured output on every request"
+    )
+    parser.add_argument("--max-tokens", type=int, default=None, help="cap every request's max_tokens")
     parser.add_argument("--out", default=None, help="write the result as JSON here")
     extras = parser.add_argument_group("per-request sampling extras (radixq only; off by default)")
     extras.add_argument(
@@ -337,17 +352,23 @@ def parse_args() -> argparse.Namespace:
         "--logit-bias", type=int, default=0, metavar="N", help="bias N token ids (0, 7, 14, ...) by 0.5"
     )
     extras.add_argument("--min-tokens", type=int, default=0, help="min_tokens (EOS masked until then)")
-    return parser.parse_args()
+    args = parser.parse_args()
+    args.schema = json.loads(Path(args.json_schema).read_text()) if args.json_schema else None
+    if args.schema is not None and args.peer == "hf":
+        parser.error("--json-schema runs radixq only (--peer hf has no structured output here)")
+    return args
 
 
 def main() -> None:
     args = parse_args()
     workload = standard_workload(args.num_requests)
+    if args.max_tokens is not None:
+        workload = Workload(workload.prompts, [min(n, args.max_tokens) for n in workload.max_tokens])
     results = [run_radixq(args, workload, v.strip()) for v in args.variants.split(",") if v.strip()]
     if args.peer == "hf":
         results.append(run_hf(args, workload))
     for result in results:
-        if result["output_tokens"] != workload.num_output_tokens:
+        if result["output_tokens"] != workload.num_output_tokens and args.schema is None:
             raise RuntimeError(
                 f"{result['engine']}: generated {result['output_tokens']} tokens, expected {workload.num_output_tokens}"
             )
@@ -361,8 +382,9 @@ def main() -> None:
         if "step_profile" in result:
             print_step_profile(result["engine"], result["step_profile"])
     base = results[0]["tok_per_s"]
+    schema = f", JSON schema {args.json_schema}" if args.json_schema else ""
     print(
-        f"model {args.model}, {len(workload.prompts)} requests, temperature {args.temperature}"
+        f"model {args.model}, {len(workload.prompts)} requests, temperature {args.temperature}{schema}"
         + (f", {sampling_extras(args)}" if sampling_extras(args) else "")
     )
     print(f"{'engine':<28} {'seconds':>8} {'tok/s':>9} {'vs first':>8}")

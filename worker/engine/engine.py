@@ -123,41 +123,64 @@ class Engine:
 
     @torch.inference_mode()
     def forward(self, fi: ForwardInput) -> ForwardOutput:
-        """Run the pass, sample, write each token into token_pool, start its copy to the host
-        (logprobs, when asked for, in the same copy: worker.engine.logprobs).
+        """Run the pass and sample: ``sample(fi, forward_logits(fi))`` (logprobs, when asked
+        for, come back in the same copy as the tokens: worker.engine.logprobs)."""
+        return self.sample(fi, self.forward_logits(fi))
+
+    @torch.inference_mode()
+    def forward_logits(self, fi: ForwardInput) -> torch.Tensor:
+        """Run the pass: logits [B, vocab] on the device, nothing sampled yet.
 
         Nothing here waits for the GPU: under overlap the host returns while the pass runs."""
         if self.stream is None:
-            return self._forward(fi)
+            return self._logits(fi)
         self.stream.wait_stream(self.scheduler_stream)
         copied = (fi.load_slots, fi.sampling.temperature, *fi.sampling.side_buffers)
         for t in copied:  # buffers copied on the scheduler stream
             t.record_stream(self.stream)
         with torch.cuda.stream(self.stream):
-            return self._forward(fi)
+            return self._logits(fi)
 
-    def _forward(self, fi: ForwardInput) -> ForwardOutput:
+    @torch.inference_mode()
+    def sample(
+        self, fi: ForwardInput, logits: torch.Tensor, token_bitmask: torch.Tensor | None = None
+    ) -> ForwardOutput:
+        """Sample the pass's tokens from its logits, write each into token_pool, start its copy
+        to the host. ``token_bitmask``: structured output's host bitmask for this batch
+        (worker.engine.grammar), copied to the device here without waiting."""
+        if self.stream is None:
+            return self._sample(fi, logits, token_bitmask)
+        with torch.cuda.stream(self.stream):
+            return self._sample(fi, logits, token_bitmask)
+
+    def _logits(self, fi: ForwardInput) -> torch.Tensor:
         if fi.graph_bs is not None:
             assert self.graph_runner is not None, "a graph batch size without captured graphs"
             self.backend.plan_for_replay(fi.layout, fi.graph_bs)
-            logits = self.graph_runner.run(fi)
-        else:
-            input_ids = self.token_pool[fi.load_slots, fi.positions].to(torch.int64)
-            batch = ForwardBatch(
-                input_ids=input_ids,
-                positions=fi.positions,
-                out_loc=fi.out_loc,
-                sample_idx=fi.sample_idx,
-                layout=fi.layout,
-                backend=self.backend,
-                attn_meta=self.backend.plan(fi.layout),
-                kv=self.kv,
-            )
-            logits = self.model(batch)
+            return self.graph_runner.run(fi)
+        input_ids = self.token_pool[fi.load_slots, fi.positions].to(torch.int64)
+        batch = ForwardBatch(
+            input_ids=input_ids,
+            positions=fi.positions,
+            out_loc=fi.out_loc,
+            sample_idx=fi.sample_idx,
+            layout=fi.layout,
+            backend=self.backend,
+            attn_meta=self.backend.plan(fi.layout),
+            kv=self.kv,
+        )
+        return self.model(batch)
+
+    def _sample(
+        self, fi: ForwardInput, logits: torch.Tensor, token_bitmask: torch.Tensor | None
+    ) -> ForwardOutput:
+        if token_bitmask is not None:
+            token_bitmask = token_bitmask.to(self.device, non_blocking=True)
         logits = logits[: fi.batch_size]
         wanted = fi.sampling.logprobs
-        raw = raw_logprobs(logits, wanted) if wanted is not None else None  # before any change to logits
-        next_tokens = self.sampler.sample(logits, fi.sampling).to(torch.int32)
+        # raw logprobs: before penalties and the grammar's mask change the logits
+        raw = raw_logprobs(logits, wanted) if wanted is not None else None
+        next_tokens = self.sampler.sample(logits, fi.sampling, token_bitmask).to(torch.int32)
         self.token_pool[fi.write_slots, fi.write_pos] = next_tokens
         packed = pack_with_tokens(next_tokens, raw, wanted)  # the tokens alone without logprobs
         copy_done = None

@@ -89,7 +89,15 @@ class SamplingTensors:
 class Sampler:
     """Turns logits [B, vocab] (any float dtype) into int32 tokens [B] on the same device."""
 
-    def sample(self, logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
+    def sample(
+        self, logits: torch.Tensor, t: SamplingTensors, token_bitmask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``token_bitmask`` (structured output, on logits' device): tokens whose bit is clear
+        are never drawn; the logits are masked in place before anything else."""
+        if token_bitmask is not None:
+            from worker.engine.grammar import apply_token_bitmask
+
+            apply_token_bitmask(logits, token_bitmask)
         if t.penalties is not None:
             logits = apply_penalties(logits, t.penalties)
         if not (t.all_greedy or t.use_top_k or t.use_top_p or t.use_min_p) and logits.is_cuda:

@@ -13,6 +13,9 @@ in this order, on the scheduler's thread:
     tokens_arrived(step)      the tokens are on the host
     process_finished(step)    stops checked, finished requests answered
 
+A step holding structured-output requests samples later (Scheduler._sample_constrained):
+its forward_finished and launch_finished come after the previous step was processed.
+
 Hooks observe: they must not change the step, its requests or the engine's tensors.
 """
 

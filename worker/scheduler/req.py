@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from producer.schema import SamplingParams
 from worker.scheduler.messages import ChoiceOutput, TokenLogprobs
+
+if TYPE_CHECKING:
+    from worker.engine.grammar import Matcher
 
 
 def output_reserve(remain_len: int, ratio: float) -> int:
@@ -55,6 +58,7 @@ class PendingReq:
     seed: int  # sampling.seed, or one drawn at intake: draws do not depend on batching
     chunk: ChunkedReq | None = None
     logprobs: list[TokenLogprobs] = field(default_factory=list)  # of generated tokens, if asked
+    grammar: Matcher | None = None  # structured output: this choice's matcher (worker.engine.grammar)
 
     @property
     def rid(self) -> str:
@@ -134,6 +138,8 @@ class Req:
     def append_host(self, token_id: int) -> None:
         """Host-side progress once the sampled token has arrived."""
         self.input_ids.append(token_id)
+        if self.pending.grammar is not None:
+            self.pending.grammar.accept(token_id)
 
 
 class ChunkedReq(Req):

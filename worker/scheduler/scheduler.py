@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import msgspec
 
@@ -45,6 +45,9 @@ from worker.scheduler.req import ChunkedReq, Req, RequestGroup
 from worker.scheduler.stop import Detokenize, Stop, check_stop
 from worker.scheduler.table import TableManager
 
+if TYPE_CHECKING:
+    from worker.engine.grammar import Grammars
+
 logger = logging.getLogger(__name__)
 
 
@@ -52,7 +55,8 @@ class Step(NamedTuple):
     reqs: list[Req]
     is_prefill: bool
     input: ForwardInput
-    output: ForwardOutput
+    output: ForwardOutput | None  # None while a constrained step waits to sample (_sample_constrained)
+    logits: Any = None  # that step's logits on the device, until then
 
 
 class Stats(msgspec.Struct):
@@ -85,6 +89,7 @@ class Scheduler:
         self.shutdown = False
         self.fault: Fault | None = None  # injected failures (tests only)
         self.hooks: StepHooks | None = None  # step observer (profiling), worker.scheduler.hooks
+        self._grammars: Grammars | None = None  # structured output, loaded with the first such job
         self._launching: list[Req] = []  # NOTE: the requests of the step under way, named if it fails
         self._processing: list[Req] = []
 
@@ -119,7 +124,8 @@ class Scheduler:
             self._fail_unschedulable()
         if self.config.overlap:
             self._process(last)
-        else:
+        current = self._sample_constrained(current)
+        if not self.config.overlap:
             self._process(current)
             current = None
         self._finish_retractions()
@@ -183,12 +189,36 @@ class Scheduler:
             refused: tuple[str, str] | None = ("invalid_job", f"request {msg.uid!r} is already running")
         else:
             refused = refusal(msg, self.engine.max_seq_len, self.engine.model_config.vocab_size)
+        compiled = None
+        if refused is None and msg.sampling.structured is not None:
+            compiled, refused = self._compile_grammar(msg)
         if refused is not None:
             return self._reject(msg.uid, len(msg.input_ids), *refused)
         group, choices = make_group(msg, self.engine.max_seq_len)
+        if msg.sampling.structured is not None:
+            assert self._grammars is not None
+            for choice in choices:
+                choice.grammar = self._grammars.matcher(compiled)
         self.groups[msg.uid] = group
         self.prefill.add(choices[0])
         group.held_back = choices[1:]  # NOTE: admitted once the first choice's prompt KV is cached
+
+    def _compile_grammar(self, msg: GenerateRequest) -> tuple[Any, tuple[str, str] | None]:
+        """(compiled grammar, None), or (None, refusal) when it cannot be compiled."""
+        from worker.engine.grammar import GrammarError, load_grammars
+
+        if self._grammars is None:
+            engine = self.engine
+            self._grammars = load_grammars(
+                str(engine.loaded.path), engine.model_config.vocab_size, engine.eos_token_ids
+            )
+            if self._grammars is None:
+                why = f"{msg.sampling.structured}: structured output needs the model's tokenizer; it has none"
+                return None, ("invalid_job", why)
+        try:
+            return self._grammars.compile(msg.sampling), None
+        except GrammarError as exc:
+            return None, ("invalid_job", str(exc))
 
     def _fail_unschedulable(self) -> None:
         """Nothing is in flight and nothing could be launched although requests wait: the one
@@ -248,9 +278,13 @@ class Scheduler:
         fi = self.preparer.prepare(reqs)
         if hooks is not None:
             hooks.forward_started(fi)
-        output = self.engine.forward(fi)
-        if hooks is not None:
-            hooks.forward_finished(fi, output)
+        output, logits = None, None
+        if any(r.pending.grammar is not None for r in reqs):
+            logits = self.engine.forward_logits(fi)  # sampled by _sample_constrained
+        else:
+            output = self.engine.forward(fi)
+            if hooks is not None:
+                hooks.forward_finished(fi, output)
         for req in reqs:
             req.complete_forward()
         self._cache_prefills(prefills)
@@ -258,9 +292,25 @@ class Scheduler:
         self.stats.prefill_tokens += prefill_tokens
         self.stats.decode_tokens += len(decoding)
         self.stats.steps += 1
-        step = Step(reqs, is_prefill, fi, output)
-        if hooks is not None:
+        step = Step(reqs, is_prefill, fi, output, logits)
+        if hooks is not None and output is not None:
             hooks.launch_finished(step)
+        return step
+
+    def _sample_constrained(self, step: Step | None) -> Step | None:
+        """Sample a step that holds constrained requests, once every token before it is in its
+        matcher (under overlap: after the previous step was processed). The host fills the
+        bitmask while the pass may still run on the device; masking and sampling queue behind it."""
+        if step is None or step.output is not None:
+            return step
+        assert self._grammars is not None
+        matchers = [r.pending.grammar if r.produces_token and not r.finished else None for r in step.reqs]
+        bitmask = self._grammars.token_bitmask(matchers)
+        output = self.engine.sample(step.input, step.logits, bitmask)
+        step = step._replace(output=output, logits=None)
+        if self.hooks is not None:
+            self.hooks.forward_finished(step.input, output)
+            self.hooks.launch_finished(step)
         return step
 
     def _cache_prefills(self, reqs: list[Req]) -> None:
@@ -321,6 +371,7 @@ class Scheduler:
         if step is None:
             return
         hooks = self.hooks
+        assert step.output is not None, "a step processed before it was sampled"
         if hooks is not None:
             hooks.process_started(step)
         if step.output.copy_done is not None:

@@ -13,7 +13,7 @@ _STOP_WINDOW_SLACK = 4  # tokens decoded beyond the longest stop string, for mul
 
 
 class Stop(NamedTuple):
-    finish_reason: str  # "stop" | "length"
+    finish_reason: str  # "stop" | "length" | "error" (a token its grammar rejected)
     matched_stop: str | None
     drop_last: bool  # the ending token id is not part of the output (EOS, stop_token_ids)
 
@@ -22,8 +22,12 @@ def check_stop(req: Req, eos_token_ids: frozenset[int], detokenize: Detokenize |
     """Why the choice ends after its newest token, or None to go on.
 
     Before ``min_tokens`` tokens only the length ends it: EOS and stop ids were masked on the
-    device (worker.engine.penalties) and stop strings wait too (as vLLM)."""
+    device (worker.engine.penalties) and stop strings wait too (as vLLM). A structured-output
+    choice ends when its grammar is complete (or broke), first."""
     output = req.output_ids
+    grammar = req.pending.grammar
+    if grammar is not None and grammar.done:  # structured output: complete (stop token) or broken
+        return Stop("error" if grammar.rejected else "stop", None, True)
     if len(output) >= req.sampling.min_tokens:
         stop = _matched_stop(output, req.sampling, eos_token_ids, detokenize)
         if stop is not None:
