@@ -245,7 +245,7 @@ ENGINE_HELP: dict[str, str] = {
     "cache": "`radix` or `naive` (no sharing)",
     "schedule_policy": "`lpm`: waiting requests whose prefix is cached first, siblings together (age-bounded); `fcfs`: arrival order",
     "overlap": "overlap scheduling (false: plain loop, for debugging)",
-    "mixed_batches": "decode running requests in prefill steps too (false: a prefill step holds prefills only)",
+    "mixed_batches": "while a long prompt is chunked, its steps decode the running requests too (false: a prefill step holds prefills only)",
     "attention": "`auto`, `flashinfer`, `torch`",
     "cuda_graph": "CUDA graphs for decode batches up to `cuda_graph_max_bs`",
     "cuda_graph_max_bs": "largest decode batch captured as a CUDA graph",

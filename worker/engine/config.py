@@ -33,7 +33,7 @@ class EngineConfig:
     cache: str = "radix"
     schedule_policy: str = "lpm"  # waiting-request order: longest cached prefix first, or "fcfs"
     overlap: bool = True
-    mixed_batches: bool = True  # prefill steps decode the running requests too
+    mixed_batches: bool = True  # while a long prompt is chunked, its steps decode the running requests too
     attention: str = "auto"
     cuda_graph: bool = True
     cuda_graph_max_bs: int = 256
