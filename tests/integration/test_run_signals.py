@@ -152,7 +152,7 @@ def test_signal_mid_run_drains_writes_what_finished_and_cleans_up(
         f"finished or held before the signal but not written: {before - set(written)}"
     )
     assert len(written) < len(ids), "the run finished before the signal: nothing was tested"
-    assert f"interrupted: wrote {len(written)} of 60 results to {out}; run the same command again" in log
+    assert f"interrupted: wrote {len(written)} of 60 rows to {out}; run the same command again" in log
     assert "Traceback" not in log
     assert still_running(children) == [], f"left running: {[cmdline(p) for p in still_running(children)]}"
     assert set(worker_pids) <= set(children) and (shared or redis_pid in children)
@@ -224,7 +224,7 @@ def test_timeout_stops_the_run_as_a_signal_does(
     children = descendants(run.pid)
     assert run.wait(timeout=30) == 1
     log = (tmp_path / "run.log").read_text()
-    assert f"timed out after 3s: wrote 0 of 4 results to {out}; run the same command again to resume" in log
+    assert f"timed out after 3s: wrote 0 of 4 rows to {out}; run the same command again to resume" in log
     assert still_running(children) == [] and run_folders(run.pid) == []
 
 
