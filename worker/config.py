@@ -66,8 +66,9 @@ class WorkerSection:
 # Limits for a CPU worker where file, environment and flags say nothing: it holds two jobs
 # per running slot (queue.read_window 0), so a GPU-sized max_running_reqs (256) would
 # take a whole queue while sibling workers idle. Measured: benchmarks/cpu_slots.py
-# (docs/performance.md, a loaded 2-core box): 16 did not beat 8; to re-measure on an idle one.
-CPU_DEFAULTS: dict[str, Any] = {"engine.max_running_reqs": 8, "engine.max_prefill_tokens": 2048}
+# (docs/performance.md, an idle 2-core box): 32 gives 1.7x the output tok/s of 8 (the values of
+# configs/smollm2-cpu.toml); its 64 held jobs are also capped by a fair share of the queue.
+CPU_DEFAULTS: dict[str, Any] = {"engine.max_running_reqs": 32, "engine.max_prefill_tokens": 2048}
 
 
 @dataclass(frozen=True)

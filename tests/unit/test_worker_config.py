@@ -114,14 +114,17 @@ def test_a_cpu_worker_gets_cpu_limits_unless_they_were_given(tmp_path: Path) -> 
     from_file = load_worker_config(path, {}, {})
     assert (from_file.engine.max_running_reqs, from_file.engine.max_prefill_tokens) == (3, 2048)
     from_env = load_worker_config(None, {"RADIXQ_MAX_PREFILL_TOKENS": "512"}, {"engine.device": "cpu"})
-    assert (from_env.engine.max_running_reqs, from_env.engine.max_prefill_tokens) == (8, 512)
+    assert (from_env.engine.max_running_reqs, from_env.engine.max_prefill_tokens) == (
+        CPU_DEFAULTS["engine.max_running_reqs"],
+        512,
+    )
     # auto keeps the GPU-sized values until the device is known; resolved to cpu it gets the CPU ones.
     auto = load_worker_config(None, {}, {"engine.max_prefill_tokens": 1024})
     assert auto.engine.max_running_reqs == gpu_sized.max_running_reqs
     on_cpu, on_cuda = auto.for_device("cpu"), auto.for_device("cuda")
     assert (on_cpu.engine.device, on_cpu.engine.max_running_reqs, on_cpu.engine.max_prefill_tokens) == (
         "cpu",
-        8,
+        CPU_DEFAULTS["engine.max_running_reqs"],
         1024,
     )
     assert on_cuda.engine == dataclasses.replace(auto.engine, device="cuda")
