@@ -206,3 +206,11 @@ def queue_redis(worker_pid: int) -> redis.Redis:
     environ = Path(f"/proc/{worker_pid}/environ").read_bytes().split(b"\0")
     url = next(item.split(b"=", 1)[1].decode() for item in environ if item.startswith(b"RADIXQ_REDIS_URL="))
     return redis.Redis.from_url(url)
+
+
+def wait_until(predicate, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(0.02)

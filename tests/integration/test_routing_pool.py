@@ -18,7 +18,7 @@ from producer.routing import partition_of, prefix_key
 from producer.schema import decode_result
 from producer.status import decode_heartbeat
 from tests.fake_generator import FakeGenerator, fake_text
-from tests.integration.procs import radixq, start_worker
+from tests.integration.procs import radixq, start_worker, wait_until
 from tests.redis_cluster import cluster_client, local_cluster
 from tests.unit.queue_worlds import config_for
 from tests.unit.test_routing import group_jobs, group_keys
@@ -30,14 +30,6 @@ pytestmark = pytest.mark.integration
 
 P = 4
 KEYS = QueueKeys()
-
-
-def wait_until(predicate, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(0.02)
 
 
 def test_sigkill_of_the_worker_holding_groups_moves_them_to_the_survivor(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -14,19 +13,11 @@ from producer.collector import Collector
 from producer.keys import QueueKeys
 from producer.schema import Job, SamplingParams
 from tests.fake_generator import fake_text
-from tests.integration.procs import start_worker
+from tests.integration.procs import start_worker, wait_until
 
 pytestmark = pytest.mark.integration
 
 NUM_JOBS = 500
-
-
-def wait_until(predicate, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(0.02)
 
 
 def test_sigkill_worker_jobs_are_reclaimed_and_all_results_collected_once(
