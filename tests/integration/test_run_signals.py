@@ -186,7 +186,9 @@ def test_shutdown_keeps_to_the_drain_timeout(tmp_path: Path, reaped: list[subpro
     assert run.wait(timeout=30) == 1
     shutdown_s = time.monotonic() - signalled
     print(f"shutdown with --drain-timeout-s 2 and jobs that never finish: {shutdown_s:.2f} s")
-    assert 2.0 <= shutdown_s < 2.0 + 3.0  # it waited for the drain, and not much longer
+    # The drain is 2 s all told: held jobs get until the give-back point (a quarter of the drain
+    # before its end), then go back, then the generator stops; so not before 1.5 s, not much after 2.
+    assert 1.5 <= shutdown_s < 2.0 + 3.0
     assert out.read_text() == ""
     assert still_running(children) == [] and run_folders(run.pid) == []
 
