@@ -244,6 +244,8 @@ ENGINE_HELP: dict[str, str] = {
     "max_prefill_tokens": "token budget of one prefill step (longer prompts are chunked)",
     "max_seq_len": "context length; empty: the model's",
     "cache": "`radix` or `naive` (no sharing)",
+    "kv_cache_dtype": "`auto` (the model's dtype) or `fp8_e4m3`: half the KV bytes, twice the tokens in memory",
+    "kv_scales": "FP8 KV scales: `calibrated` per layer at load, or `unit` (1.0)",
     "schedule_policy": "`lpm`: waiting requests whose prefix is cached first, siblings together (age-bounded); `fcfs`: arrival order",
     "overlap": "overlap scheduling (false: plain loop, for debugging)",
     "mixed_batches": "while a long prompt is chunked, its steps decode the running requests too (false: a prefill step holds prefills only)",

@@ -50,15 +50,24 @@ class Case:
         device: str,
         seed: int = 0,
         share_prefix: bool = True,
+        cache_dtype: torch.dtype | None = None,
     ) -> None:
         self.gen = torch.Generator().manual_seed(seed)
         self.specs, self.page_size, self.q_heads, self.device = specs, page_size, q_heads, device
         seq_lens = [c + e for c, e in specs]
         pages_needed = sum(-(-n // page_size) for n in seq_lens) + 3
-        self.kv = KVPool(NUM_LAYERS, pages_needed, page_size, kv_heads, HEAD_DIM, torch.bfloat16, device)
+        self.kv = KVPool(
+            NUM_LAYERS, pages_needed, page_size, kv_heads, HEAD_DIM, torch.bfloat16, device, cache_dtype
+        )
+        if self.kv.quantized:  # pages hold k / k_scale: scales other than 1 must reach the kernel
+            self.kv.set_scales([0.01 * (1 + layer) for layer in range(NUM_LAYERS)], [0.02, 0.005])
         for layer in range(NUM_LAYERS):
-            for cache in (self.kv.k_buffer(layer), self.kv.v_buffer(layer)):
-                cache.copy_(torch.randn(cache.shape, generator=self.gen).to(torch.bfloat16))
+            for cache, scale in (
+                (self.kv.k_buffer(layer), self.kv.k_scale[layer]),
+                (self.kv.v_buffer(layer), self.kv.v_scale[layer]),
+            ):
+                values = torch.randn(cache.shape, generator=self.gen) / (scale if self.kv.quantized else 1.0)
+                cache.copy_(values.to(cache.dtype))
         num_slots = 2 * len(specs) + 3
         page_table = torch.full((num_slots, MAX_SEQ_LEN), -1, dtype=torch.int32)
         self.slots = torch.randperm(num_slots, generator=self.gen)[: len(specs)].to(torch.int32)
@@ -253,3 +262,39 @@ def test_matches_torch_reference_backend(device: str) -> None:
             atol=ATOL,
             rtol=RTOL,
         )
+
+
+@pytest.mark.parametrize("use_tensor_cores", [True, False])
+def test_fp8_kv_matches_dense_oracle(device: str, use_tensor_cores: bool) -> None:
+    """FP8 (e4m3) pages with per-layer scales, bf16 queries: prefill over cached prefixes and
+    decode, against the dense oracle on the pool's dequantized K/V (KVPool.gather)."""
+    fp8 = torch.float8_e4m3fn
+    check_eager(Case(mixed_specs(16), 16, 8, 16, device, cache_dtype=fp8), device)
+    case = Case(decode_specs(80, seed=3), 32, 8, 16, device, cache_dtype=fp8)
+    check_eager(case, device, use_tensor_cores=use_tensor_cores)
+
+
+def test_fp8_kv_cuda_graph_replay(device: str) -> None:
+    """The scales are baked into captured decode graphs: replays still match the oracle."""
+    case = Case(decode_specs(16, seed=5), 16, 8, 16, device, seed=5, cache_dtype=torch.float8_e4m3fn)
+    backend = make_backend(case, device)
+    backend.init_cuda_graphs([8], max_seq_len=MAX_SEQ_LEN)
+    q_static = torch.zeros(8, 16, HEAD_DIM, dtype=torch.bfloat16, device=device)
+    meta = backend.capture_meta(8)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        backend.forward(q_static, 0, meta)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = [backend.forward(q_static, layer, meta) for layer in range(NUM_LAYERS)]
+    for requests in ([0, 3, 5, 9, 12], list(range(8, 16))):
+        batch = case.batch(requests)
+        backend.plan_for_replay(batch.layout, 8)
+        q_static.zero_()
+        q_static[: len(requests)].copy_(batch.q)
+        graph.replay()
+        for layer in range(NUM_LAYERS):
+            got = outs[layer][: len(requests)].float()
+            torch.testing.assert_close(got, case.oracle(batch, layer), atol=ATOL, rtol=RTOL)

@@ -67,7 +67,8 @@ class FlashInferMeta:
 
 
 class FlashInferBackend(AttentionBackend):
-    """Paged prefill (ragged, causal) and decode attention through FlashInfer, bf16/fp16 KV."""
+    """Paged prefill (ragged, causal) and decode attention through FlashInfer; bf16/fp16 KV,
+    or FP8 (e4m3) KV pages read with bf16/fp16 queries and the pool's per-layer scales."""
 
     supports_cuda_graphs = True
 
@@ -87,8 +88,8 @@ class FlashInferBackend(AttentionBackend):
     ) -> None:
         if page_size != kv.page_size:
             raise ValueError(f"page_size {page_size} != KV pool page_size {kv.page_size}")
-        if dtype is not None and dtype != kv.dtype:
-            raise ValueError(f"dtype {dtype} != KV pool dtype {kv.dtype}")
+        if dtype is not None and dtype != kv.model_dtype:
+            raise ValueError(f"dtype {dtype} != KV pool model dtype {kv.model_dtype}")
         self.kv = kv
         self.page_table = page_table
         self.page_size = page_size
@@ -159,6 +160,9 @@ class FlashInferBackend(AttentionBackend):
     def forward(self, q: torch.Tensor, layer_id: int, meta: FlashInferMeta) -> torch.Tensor:
         """q [T, q_heads, head_dim] (T == meta.num_rows) -> attention output of the same shape."""
         out = torch.empty_like(q)
+        if self.kv.quantized:  # FlashInfer folds k_scale into the softmax scale, multiplies out by v_scale
+            k_scale, v_scale = self.kv.k_scale[layer_id], self.kv.v_scale[layer_id]
+            return meta.wrapper.run(q, self._paged_kv[layer_id], out=out, k_scale=k_scale, v_scale=v_scale)
         return meta.wrapper.run(q, self._paged_kv[layer_id], out=out)
 
     # ---- CUDA-graph decode ------------------------------------------------------------
@@ -278,8 +282,8 @@ class FlashInferBackend(AttentionBackend):
             self.head_dim,
             self.page_size,
             sm_scale=self.sm_scale,
-            q_data_type=self.kv.dtype,
-            kv_data_type=self.kv.dtype,
+            q_data_type=self.kv.model_dtype,
+            kv_data_type=self.kv.dtype,  # FP8 pages with bf16 queries for an FP8 cache
             seq_lens=lens.seq_lens_cpu,
             non_blocking=True,
             **kw,

@@ -31,6 +31,8 @@ class EngineConfig:
     max_prefill_tokens: int = 8192
     max_seq_len: int | None = None
     cache: str = "radix"
+    kv_cache_dtype: str = "auto"  # "auto": the model's dtype; "fp8_e4m3": half the bytes (per-layer scales)
+    kv_scales: str = "calibrated"  # FP8 scales: "calibrated" at load, or "unit" (1.0 everywhere)
     schedule_policy: str = "lpm"  # waiting-request order: longest cached prefix first, or "fcfs"
     overlap: bool = True
     mixed_batches: bool = True  # while a long prompt is chunked, its steps decode the running requests too
@@ -57,6 +59,18 @@ class EngineConfig:
                 "must be >= 2",
             ),
             (self.cache in ("radix", "naive"), "cache", self.cache, "must be 'radix' or 'naive'"),
+            (
+                self.kv_cache_dtype in ("auto", "fp8_e4m3"),
+                "kv_cache_dtype",
+                self.kv_cache_dtype,
+                "must be 'auto' or 'fp8_e4m3'",
+            ),
+            (
+                self.kv_scales in ("calibrated", "unit"),
+                "kv_scales",
+                self.kv_scales,
+                "must be 'calibrated' or 'unit'",
+            ),
             (
                 self.schedule_policy in ("lpm", "fcfs"),
                 "schedule_policy",

@@ -9,7 +9,7 @@ import torch
 from worker.engine.config import EngineConfig
 from worker.engine.forward import ForwardBatch, ForwardOutput
 from worker.engine.input import ForwardInput
-from worker.engine.kv_pool import KVPool
+from worker.engine.kv_pool import KVPool, cache_dtype_of
 from worker.engine.logprobs import pack_with_tokens, raw_logprobs, unpack
 
 if TYPE_CHECKING:
@@ -40,6 +40,7 @@ class Engine:
         self.config = config
         self.device = torch.device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
+        self.kv_dtype = cache_dtype_of(config.kv_cache_dtype) or self.dtype  # what the KV pages hold
         from worker.kernels.ops import use_triton
 
         use_triton(config.triton)
@@ -70,6 +71,7 @@ class Engine:
             head_dim=model_config.head_dim,
             dtype=self.dtype,
             device=self.device,
+            cache_dtype=self.kv_dtype,
         )
         # whole pages: a request's last page may reach past max_seq_len
         table_shape = (config.max_running_reqs + 1, -(-self.max_seq_len // self.page_size) * self.page_size)
@@ -86,6 +88,10 @@ class Engine:
             device=self.device,
         )
         self.sampler = Sampler()
+        if self.kv.quantized and config.kv_scales == "calibrated":
+            from worker.engine.kv_calibration import calibrate_kv_scales, calibration_ids
+
+            calibrate_kv_scales(self, calibration_ids(self))  # before CUDA graphs bake the scales in
         # NOTE: both streams are set (CUDA + overlap) or both None; typed Any for that reason.
         self.stream: Any = None  # the engine stream, where passes run
         self.scheduler_stream: Any = None  # where the scheduler copies batch metadata
@@ -106,7 +112,7 @@ class Engine:
     def _pages_from_memory(self, config: EngineConfig) -> int:
         mc = self.model_config
         per_page = (
-            KVPool.bytes_per_location(mc.num_layers, mc.num_kv_heads, mc.head_dim, self.dtype)
+            KVPool.bytes_per_location(mc.num_layers, mc.num_kv_heads, mc.head_dim, self.kv_dtype)
             * self.page_size
         )
         if self.device.type == "cuda":

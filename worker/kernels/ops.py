@@ -189,6 +189,7 @@ def qk_norm_rope_store(
         and qkv.shape[1] == (num_q_heads + 2 * num_kv_heads) * head_dim
         and half & (half - 1) == 0
         and k_buffer.dim() == 4
+        and k_buffer.dtype == qkv.dtype  # an FP8 cache stores through KVPool.store (it scales)
         and k_buffer.stride() == v_buffer.stride()
         and k_buffer.stride(-1) == 1
         and cos_cache.is_contiguous()
