@@ -174,11 +174,14 @@ def qk_norm_rope_store(
     out_loc: torch.Tensor,
     num_q_heads: int,
     num_kv_heads: int,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor | None:
     """One kernel for a layer's qkv [T, (Hq + 2 Hkv) * D]: q = rope(norm(q)) returned as a
     contiguous [T, Hq, D]; rope(norm(k)) and v written to the layer's KV pages
-    ([num_pages, Hkv, page_size, D], worker.engine.kv_pool) at out_loc. None when it cannot
-    run here: the caller takes the unfused path."""
+    ([num_pages, Hkv, page_size, D], worker.engine.kv_pool) at out_loc, divided by k_scale
+    and v_scale when the pages are FP8. None when it cannot run here: the caller takes the
+    unfused path."""
     k = _kernels_for(qkv)
     head_dim = k_buffer.shape[-1]
     half = head_dim // 2
@@ -189,7 +192,7 @@ def qk_norm_rope_store(
         and qkv.shape[1] == (num_q_heads + 2 * num_kv_heads) * head_dim
         and half & (half - 1) == 0
         and k_buffer.dim() == 4
-        and k_buffer.dtype == qkv.dtype  # an FP8 cache stores through KVPool.store (it scales)
+        and k_buffer.dtype in (qkv.dtype, torch.float8_e4m3fn)
         and k_buffer.stride() == v_buffer.stride()
         and k_buffer.stride(-1) == 1
         and cos_cache.is_contiguous()
@@ -207,8 +210,9 @@ def qk_norm_rope_store(
             qkv if q_weight is None else q_weight, qkv if k_weight is None else k_weight,
             positions, out_loc, cos_cache, sin_cache,
             qkv.stride(0), q.stride(0), stride_page, stride_head, stride_tok, k_buffer.shape[2],
-            cos_cache.stride(0), eps,
+            cos_cache.stride(0), eps, 1.0 / k_scale, 1.0 / v_scale,
             NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads, HAS_NORM=q_weight is not None, HALF=half,
             HEADS_PAD=triton_block(num_q_heads + num_kv_heads), KV_HEADS_PAD=triton_block(num_kv_heads),
+            FP8_MAX=torch.finfo(k_buffer.dtype).max if k_buffer.dtype == torch.float8_e4m3fn else 0.0,
         )  # fmt: skip
     return q

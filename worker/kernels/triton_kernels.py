@@ -213,16 +213,20 @@ def qk_norm_rope_store_kernel(
     page_size,
     stride_table_row,
     eps,
+    k_inv_scale,
+    v_inv_scale,
     NUM_Q_HEADS: tl.constexpr,
     NUM_KV_HEADS: tl.constexpr,
     HAS_NORM: tl.constexpr,
     HALF: tl.constexpr,
     HEADS_PAD: tl.constexpr,
     KV_HEADS_PAD: tl.constexpr,
+    FP8_MAX: tl.constexpr,
 ):
     """Program t, all heads of token t at once: q heads -> q_out[t]; k heads: rope(norm(k)) -> K
     and v -> V at location out_loc[t] (the pass's KV store). A location is token
-    loc % page_size of page loc // page_size (strides in elements)."""
+    loc % page_size of page loc // page_size (strides in elements). An FP8 cache (FP8_MAX > 0)
+    gets k * k_inv_scale and v * v_inv_scale, saturated at +-FP8_MAX (worker.engine.kv_pool)."""
     row = tl.program_id(0)
     heads = tl.arange(0, HEADS_PAD)[:, None]  # q heads, then k heads (qkv's order), then padding
     cols = tl.arange(0, HALF)[None, :]
@@ -255,12 +259,18 @@ def qk_norm_rope_store_kernel(
     slot = (loc // page_size) * stride_cache_page + (loc % page_size) * stride_cache_tok
     k_mask = is_k & (cols < HALF)
     k_dst = k_cache_ptr + slot + (heads - NUM_Q_HEADS) * stride_cache_head
-    tl.store(k_dst + cols, r1.to(k_cache_ptr.dtype.element_ty), mask=k_mask)
-    tl.store(k_dst + HALF + cols, r2.to(k_cache_ptr.dtype.element_ty), mask=k_mask)
+    k1, k2 = r1, r2
+    if FP8_MAX > 0:
+        k1 = tl.clamp(r1.to(tl.float32) * k_inv_scale, -FP8_MAX, FP8_MAX)
+        k2 = tl.clamp(r2.to(tl.float32) * k_inv_scale, -FP8_MAX, FP8_MAX)
+    tl.store(k_dst + cols, k1.to(k_cache_ptr.dtype.element_ty), mask=k_mask)
+    tl.store(k_dst + HALF + cols, k2.to(k_cache_ptr.dtype.element_ty), mask=k_mask)
     kv_heads = tl.arange(0, KV_HEADS_PAD)[:, None]
     dims = tl.arange(0, 2 * HALF)[None, :]
     v_mask = (kv_heads < NUM_KV_HEADS) & (dims < 2 * HALF)
     v_src = qkv_ptr + row * stride_qkv_row + (NUM_Q_HEADS + NUM_KV_HEADS + kv_heads) * (2 * HALF) + dims
     v = tl.load(v_src, mask=v_mask, other=0.0)
+    if FP8_MAX > 0:
+        v = tl.clamp(v.to(tl.float32) * v_inv_scale, -FP8_MAX, FP8_MAX)
     v_dst = v_cache_ptr + slot + kv_heads * stride_cache_head + dims
     tl.store(v_dst, v.to(v_cache_ptr.dtype.element_ty), mask=v_mask)

@@ -72,7 +72,7 @@ class Attention(nn.Module):
         # CUDA: one kernel does qk-norm (Qwen3), rope and this pass's K/V store at out_loc.
         fused_q = qk_norm_rope_store(
             qkv, positions, cos, sin, q_w, k_w, eps, kv.k_buffer(layer), kv.v_buffer(layer), batch.out_loc,
-            self.num_q_heads, self.num_kv_heads,
+            self.num_q_heads, self.num_kv_heads, kv.k_scale[layer], kv.v_scale[layer],
         )  # fmt: skip
         if fused_q is not None:
             out = batch.backend.forward(fused_q, layer, batch.attn_meta)
