@@ -210,6 +210,14 @@ def _commit() -> str:
         return "unknown"
 
 
+def _device() -> str:
+    import torch
+
+    if not torch.cuda.is_available():
+        return f"cpu, torch {torch.__version__}"
+    return f"{torch.cuda.get_device_name()}, torch {torch.__version__}"
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -251,7 +259,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="radixq-atscale-"))
     work.mkdir(parents=True, exist_ok=True)
     warmup = warmup_workload(preset.prompt_len, preset.output_len)
-    print(f"at_scale: commit {_commit()}, {preset.describe()}, variants {[v.name for v in variants]}")
+    print(
+        f"at_scale: commit {_commit()}, {_device()}, {preset.describe()}, variants {[v.name for v in variants]}"
+    )
     redis = None
     if any(v.mode == "queue" for v in variants):
         from producer.local_redis import LocalRedis
@@ -285,6 +295,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     )  # fmt: skip
                 last_wall[v.name] = time.perf_counter() - start
                 records.append(record)
+                if args.out:  # after every run: a call cut off at its time limit keeps what ended
+                    _write(args.out, args, records, None)
                 print(
                     f"round {round_} {v.name}: {record.seconds:.2f} s, {record.tok_per_s:,.0f} tok/s "
                     f"(startup {record.startup_s:.1f} s; max decode batch {record.max_decode_batch}, "
@@ -297,9 +309,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
             redis.stop()
     rows = summarize(args, preset, variants, records)
     if args.out:
-        report = {"args": vars(args), "runs": [r.to_json() for r in records], "table": rows}
-        Path(args.out).write_text(json.dumps(report, indent=1))
+        _write(args.out, args, records, rows)
     return rows
+
+
+def _write(path: str, args: argparse.Namespace, records: list, rows: list[dict] | None) -> None:
+    report = {"args": vars(args), "runs": [r.to_json() for r in records], "table": rows}
+    Path(path).write_text(json.dumps(report, indent=1))
 
 
 if __name__ == "__main__":

@@ -88,3 +88,11 @@ def test_tiny_preset_runs_end_to_end_on_cpu(tmp_path: Path, capsys: pytest.Captu
     assert row["floor_s"] > 0 and row["pool_tokens"] == runs[0]["kv_pages"] * runs[0]["page_size"]
     assert "at-scale tiny: 6 requests x 40/12 tokens" in printed
     assert printed.rstrip().splitlines()[-1].startswith("  engine: runs")
+
+
+def test_deadline_skips_a_run_that_would_end_past_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    out = tmp_path / "at_scale.json"
+    # round 0 has no estimate and runs; round 1's estimate (round 0's wall) ends past 0.01 s
+    main(["--preset", "tiny", "--rounds", "2", "--deadline-s", "0.01", "--out", str(out)])
+    assert "deadline: round 1 engine skipped" in capsys.readouterr().out
+    assert [r["round"] for r in json.loads(out.read_text())["runs"]] == [0]
