@@ -70,7 +70,7 @@ PRESETS = {
     "llama-3.1-8b": Preset(str(REPO / "configs/llama-3.1-8b.json"), 1024, 1000, 1000, 1024),
     "qwen3-0.6b": Preset(str(REPO / "configs/qwen3-0.6b.json"), 1024, 1000, 1000, 1024),
     # CPU: seconds end to end, every path exercised (more requests than slots: admission waits)
-    "tiny": Preset(str(REPO / "configs/tiny-llama.json"), 6, 40, 12, 4, 256, token_id_high=500),
+    "tiny": Preset(str(REPO / "configs/tiny-llama.json"), 6, 36, 12, 4, 256, token_id_high=500),
 }
 
 
