@@ -10,13 +10,14 @@ Variants are ``MODE[:KV]``: MODE ``engine`` (``worker.LLM`` in this process) or 
 written); KV, when given, is passed as the engine option ``kv_cache_dtype`` (``auto``,
 ``fp8_e4m3``); without it the option is not passed at all (``--kv-cache-dtype`` sets it
 for every variant). Protocol: ``--rounds N`` rounds, each running every variant once in
-turn (interleaved, one engine at a time, each built afresh); the median counts. Beside each
+turn (interleaved, one engine at a time, each built afresh); the median counts. By default
+(``--rounds 0``) N is 3 when every run of the first round took over 30 s, else 5 (issue 13). Beside each
 figure: the floor of the shape (benchmarks/floor.py: weights x steps + KV reads + prefill
 FLOPs at 4.3 TB/s and 790 TFLOP/s) with at most ``max_running_reqs`` running, and the floor
 with the KV pool the engine actually had.
 
-    python benchmarks/at_scale.py --preset llama-3.1-8b --rounds 3
-    python benchmarks/at_scale.py --preset qwen3-0.6b --variants engine:auto,engine:fp8_e4m3 --rounds 3
+    python benchmarks/at_scale.py --preset llama-3.1-8b
+    python benchmarks/at_scale.py --preset qwen3-0.6b --variants engine:auto,engine:fp8_e4m3
     python benchmarks/at_scale.py --preset llama-3.1-8b --kv-cache-dtype fp8_e4m3 --variants engine,queue
     python benchmarks/at_scale.py --preset tiny --variants engine,queue       # CPU, seconds
 
@@ -139,7 +140,14 @@ def floors(
     return ideal, pooled
 
 
-def summarize(args: argparse.Namespace, preset: Preset, variants: list[Variant], records: list) -> list[dict]:
+def protocol_rounds(first_round_s: list[float]) -> int:
+    """Issue 13's protocol: a median of at least 5, or 3 when every run takes over 30 s."""
+    return 3 if first_round_s and min(first_round_s) > 30 else 5
+
+
+def summarize(
+    args: argparse.Namespace, preset: Preset, variants: list[Variant], records: list, rounds: int
+) -> list[dict]:
     """Print the table (stdout is what comes back from a device run) and return its rows."""
     max_running = args.max_running_reqs or preset.max_running_reqs
     rows = []
@@ -170,7 +178,7 @@ def summarize(args: argparse.Namespace, preset: Preset, variants: list[Variant],
         rows.append(row)
     print(
         f"\nat-scale {args.preset}: {preset.describe()}, temperature {args.temperature}, "
-        f"max_running_reqs {max_running}, seed {args.seed}, {args.rounds} round(s) interleaved"
+        f"max_running_reqs {max_running}, seed {args.seed}, {rounds} round(s) interleaved"
     )
     print(
         f"{'variant':<22} {'n':>2} {'median s':>9} {'tok/s':>8} {'floor s':>8} {'of fl.':>6} "
@@ -227,7 +235,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--kv-cache-dtype", default=None, help="KV for variants that name none (auto, fp8_e4m3)"
     )
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (median of this many)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=0,
+        help="interleaved rounds, the median counts (0: 3 if runs take > 30 s, else 5)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="round r draws its prompts with seed + r")
     parser.add_argument("--num-requests", type=int, default=None, help="override the preset's")
     parser.add_argument("--max-running-reqs", type=int, default=None, help="default: the preset's (1024)")
@@ -271,7 +284,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     last_wall: dict[str, float] = {}
     began = time.perf_counter()
     try:
-        for round_ in range(args.rounds):
+        rounds, round_ = args.rounds or 1, 0
+        while round_ < rounds:
             workload = at_scale_workload(preset, args.seed + round_)
             for v in variants:
                 elapsed = time.perf_counter() - began
@@ -304,10 +318,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     f"KV pages {record.kv_pages})",
                     flush=True,
                 )
+            if round_ == 0 and not args.rounds:
+                rounds = protocol_rounds([r.seconds for r in records])
+                print(
+                    f"protocol: {rounds} rounds (median of {rounds}; first-round runs {'all' if rounds == 3 else 'not all'} over 30 s)"
+                )
+            round_ += 1
     finally:
         if redis is not None:
             redis.stop()
-    rows = summarize(args, preset, variants, records)
+    rows = summarize(args, preset, variants, records, rounds)
     if args.out:
         _write(args.out, args, records, rows)
     return rows

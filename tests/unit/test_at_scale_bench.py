@@ -15,7 +15,15 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from at_scale import PRESETS, Variant, at_scale_workload, engine_options, main, parse_args  # noqa: E402
+from at_scale import (  # noqa: E402
+    PRESETS,
+    Variant,
+    at_scale_workload,
+    engine_options,
+    main,
+    parse_args,
+    protocol_rounds,
+)
 from at_scale_runs import engine_toml  # noqa: E402
 
 
@@ -90,9 +98,17 @@ def test_tiny_preset_runs_end_to_end_on_cpu(tmp_path: Path, capsys: pytest.Captu
     assert printed.rstrip().splitlines()[-1].startswith("  engine: runs")
 
 
+def test_protocol_rounds_follow_the_issue():
+    assert protocol_rounds([31.0, 58.2]) == 3  # every run over 30 s: a median of 3
+    assert protocol_rounds([29.5, 58.2]) == 5  # else a median of 5
+    assert protocol_rounds([]) == 5
+
+
 def test_deadline_skips_a_run_that_would_end_past_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     out = tmp_path / "at_scale.json"
-    # round 0 has no estimate and runs; round 1's estimate (round 0's wall) ends past 0.01 s
-    main(["--preset", "tiny", "--rounds", "2", "--deadline-s", "0.01", "--out", str(out)])
-    assert "deadline: round 1 engine skipped" in capsys.readouterr().out
+    # no --rounds: round 0 picks 5 (its run is short); later rounds are judged by round 0's wall
+    main(["--preset", "tiny", "--deadline-s", "0.01", "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert "protocol: 5 rounds" in printed
+    assert [f"deadline: round {r} engine skipped" in printed for r in range(1, 6)] == [True] * 4 + [False]
     assert [r["round"] for r in json.loads(out.read_text())["runs"]] == [0]
