@@ -11,8 +11,8 @@ written); KV, when given, is passed as the engine option ``kv_cache_dtype`` (``a
 ``fp8_e4m3``); without it the option is not passed at all (``--kv-cache-dtype`` sets it
 for every variant). Protocol: ``--rounds N`` rounds, each running every variant once in
 turn (interleaved, one engine at a time, each built afresh); the median counts. By default
-(``--rounds 0``) N is 3 when every run of the first round took over 30 s, else 5 (issue 13). Beside each
-figure: the floor of the shape (benchmarks/floor.py: weights x steps + KV reads + prefill
+(``--rounds 0``) N is 3 when every run of the first round took over 30 s, else 5 (issue
+13). Beside each figure: the floor of the shape (benchmarks/floor.py: weights x steps + KV reads + prefill
 FLOPs at 4.3 TB/s and 790 TFLOP/s) with at most ``max_running_reqs`` running, and the floor
 with the KV pool the engine actually had.
 
