@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from offline import Workload, fresh_copy, standard_workload, warmup_workload  # noqa: E402
 
 
-def _jobs(prefix: str, workload: Workload, temperature: float) -> list:
+def make_jobs(prefix: str, workload: Workload, temperature: float) -> list:
     from producer.schema import Job, SamplingParams
 
     return [
@@ -45,7 +45,7 @@ def _jobs(prefix: str, workload: Workload, temperature: float) -> list:
     ]
 
 
-def _run_jobs(client, collector, jobs: list, out: Path, timeout_s: float) -> float:
+def run_jobs(client, collector, jobs: list, out: Path, timeout_s: float) -> float:
     start = time.perf_counter()
     client.enqueue(jobs)
     report = collector.collect(out, ids=[j.id for j in jobs], wait=True, timeout_s=timeout_s, poll_s=0.05)
@@ -55,7 +55,7 @@ def _run_jobs(client, collector, jobs: list, out: Path, timeout_s: float) -> flo
     return elapsed
 
 
-def _check(out: Path, jobs: list) -> int:
+def check_results(out: Path, jobs: list) -> int:
     """Every job answered once, without error, with exactly max_tokens tokens; returns the total."""
     want = {j.id: j.sampling.max_tokens for j in jobs}
     rows = [json.loads(line) for line in out.read_text().splitlines()]
@@ -110,18 +110,18 @@ def main() -> None:
         try:
             client = Client.from_url(redis_server.url, "e2e")
             collector = Collector(client.redis, "e2e")
-            warm_s = _run_jobs(
+            warm_s = run_jobs(
                 client,
                 collector,
-                _jobs("w", warmup_workload(), args.temperature),
+                make_jobs("w", warmup_workload(), args.temperature),
                 work / "warm.jsonl",
                 args.timeout_s,
             )
             runs_s = []
             for r in range(args.repeat):
-                jobs = _jobs(f"j{r}-", fresh_copy(workload, r), args.temperature)
-                runs_s.append(_run_jobs(client, collector, jobs, work / f"out{r}.jsonl", args.timeout_s))
-                tokens = _check(work / f"out{r}.jsonl", jobs)
+                jobs = make_jobs(f"j{r}-", fresh_copy(workload, r), args.temperature)
+                runs_s.append(run_jobs(client, collector, jobs, work / f"out{r}.jsonl", args.timeout_s))
+                tokens = check_results(work / f"out{r}.jsonl", jobs)
             e2e_s = statistics.median(runs_s)
             client.close()
         finally:

@@ -1,0 +1,56 @@
+"""benchmarks/at_scale.py's through-the-queue variant on CPU, as a device run would start it:
+the script itself, the tiny preset, the engine alone and a real redis-server -> `radixq worker`
+-> collector, interleaved over two rounds. Every queue result is checked by the script (no
+error, max_tokens tokens, nothing served from an earlier round's cache); here the report must
+hold every run, the queue runs on the engine's KV pool, and the overhead line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import require_redis_server
+from tests.integration.procs import REPO_ROOT, subprocess_env
+
+pytestmark = pytest.mark.integration
+
+
+def test_tiny_preset_through_the_queue(tmp_path: Path):
+    require_redis_server()
+    out = tmp_path / "at_scale.json"
+    command = [sys.executable, "benchmarks/at_scale.py", "--preset", "tiny", "--variants", "engine,queue"]
+    command += [
+        "--rounds",
+        "2",
+        "--work-dir",
+        str(tmp_path / "work"),
+        "--out",
+        str(out),
+        "--timeout-s",
+        "120",
+    ]
+    done = subprocess.run(
+        command, cwd=REPO_ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=400
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    runs = report["runs"]
+    assert [(r["variant"], r["round"]) for r in runs] == [
+        ("engine", 0),
+        ("queue", 0),
+        ("engine", 1),
+        ("queue", 1),
+    ]
+    assert {r["output_tokens"] for r in runs} == {6 * 12}
+    # the queue's worker ran on the engine-alone run's KV pool (its TOML pins num_pages)
+    toml = (tmp_path / "work" / "atscale-1-queue.toml").read_text()
+    assert f"num_pages = {runs[0]['kv_pages']}" in toml
+    rows = {row["variant"]: row for row in report["table"]}
+    queue, engine = rows["queue"], rows["engine"]
+    assert queue["overhead"] == pytest.approx(queue["median_s"] / engine["median_s"] - 1)
+    assert "queue overhead (queue vs engine):" in done.stdout
+    assert done.stdout.count("round ") == 4  # one line per run as it ends

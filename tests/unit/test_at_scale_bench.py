@@ -1,0 +1,114 @@
+"""benchmarks/at_scale.py on CPU: the workload, the engine options each variant passes (the KV
+dtype only when one is named), the worker's TOML giving the same EngineConfig as the engine-alone
+run, and the tiny preset end to end through ``worker.LLM`` (the queue variant:
+tests/integration/test_at_scale_queue.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from at_scale import (  # noqa: E402
+    PRESETS,
+    Variant,
+    at_scale_workload,
+    engine_options,
+    main,
+    parse_args,
+    protocol_rounds,
+)
+from at_scale_runs import engine_toml  # noqa: E402
+
+
+def test_at_scale_workload_is_seeded_and_shaped():
+    preset = PRESETS["llama-3.1-8b"]
+    first = at_scale_workload(preset, seed=0)
+    assert len(first.prompts) == 1024 and {len(p) for p in first.prompts} == {1000}
+    assert first.max_tokens == [1000] * 1024 and first.num_output_tokens == 1_024_000
+    assert all(0 <= t <= 10000 for p in first.prompts for t in p)
+    assert at_scale_workload(preset, seed=0) == first
+    second = at_scale_workload(preset, seed=1)
+    # a fresh round shares no 16-token page with the first round's prompts
+    pages = {tuple(p[:16]) for p in first.prompts}
+    assert not pages & {tuple(p[:16]) for p in second.prompts}
+
+
+def test_kv_cache_dtype_is_passed_only_when_named():
+    args = parse_args(["--preset", "llama-3.1-8b"])
+    preset = PRESETS["llama-3.1-8b"]
+    plain = engine_options(args, preset, Variant.parse("engine", None).kv_cache_dtype)
+    assert "kv_cache_dtype" not in plain
+    assert plain["max_running_reqs"] == 1024 and plain["cuda_graph_max_bs"] == 1024
+    assert plain["max_seq_len"] == 2000 and plain["load_format"] == "dummy"
+    fp8 = engine_options(args, preset, Variant.parse("engine:fp8_e4m3", None).kv_cache_dtype)
+    assert fp8 == {**plain, "kv_cache_dtype": "fp8_e4m3"}
+    # --kv-cache-dtype names the KV of every variant that names none
+    assert Variant.parse("queue", "fp8_e4m3") == Variant("queue", "fp8_e4m3")
+    assert Variant.parse("queue:auto", "fp8_e4m3").name == "queue kv=auto"
+    with pytest.raises(ValueError, match="engine or queue"):
+        Variant.parse("offline", None)
+    capped = parse_args(["--max-running-reqs", "512", "--cuda-graph-max-bs", "256", "--mem-fraction", "0.8"])
+    options = engine_options(capped, preset, None)
+    assert (options["max_running_reqs"], options["cuda_graph_max_bs"], options["mem_fraction"]) == (
+        512,
+        256,
+        0.8,
+    )
+
+
+def test_worker_toml_builds_the_engine_alone_config(tmp_path: Path):
+    from worker.config import load_worker_config
+    from worker.engine.config import EngineConfig
+
+    preset = PRESETS["tiny"]
+    options = {**engine_options(parse_args(["--preset", "tiny"]), preset, None), "num_pages": 40}
+    path = tmp_path / "worker.toml"
+    path.write_text(engine_toml(preset.model, options))
+    worker = load_worker_config(path).for_device("cpu").engine
+    alone = EngineConfig.from_options(preset.model, **options)
+    assert worker == dataclasses.replace(alone, device="cpu")
+    assert "kv_cache_dtype" not in path.read_text()
+
+
+def test_tiny_preset_runs_end_to_end_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    out = tmp_path / "at_scale.json"
+    rows = main(["--preset", "tiny", "--variants", "engine", "--rounds", "2", "--out", str(out)])
+    printed = capsys.readouterr().out
+    preset = PRESETS["tiny"]
+    report = json.loads(out.read_text())
+    runs = report["runs"]
+    assert [r["round"] for r in runs] == [0, 1]
+    for run in runs:
+        assert run["output_tokens"] == preset.num_requests * preset.output_len
+        # 6 requests, 4 slots: the decode batch fills the slots and never passes them
+        assert 2 <= run["max_decode_batch"] <= preset.max_running_reqs
+        assert run["prefill_steps"] >= 2  # the last two requests wait for slots
+    (row,) = rows
+    assert row["variant"] == "engine" and row["runs_s"] == [round(r["seconds"], 3) for r in runs]
+    assert row["median_s"] == pytest.approx(sum(r["seconds"] for r in runs) / 2)
+    assert row["floor_s"] > 0 and row["pool_tokens"] == runs[0]["kv_pages"] * runs[0]["page_size"]
+    assert "at-scale tiny: 6 requests x 36/12 tokens" in printed
+    assert printed.rstrip().splitlines()[-1].startswith("  engine: runs")
+
+
+def test_protocol_rounds_follow_the_issue():
+    assert protocol_rounds([31.0, 58.2]) == 3  # every run over 30 s: a median of 3
+    assert protocol_rounds([29.5, 58.2]) == 5  # else a median of 5
+    assert protocol_rounds([]) == 5
+
+
+def test_deadline_skips_a_run_that_would_end_past_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    out = tmp_path / "at_scale.json"
+    # no --rounds: round 0 picks 5 (its run is short); later rounds are judged by round 0's wall
+    main(["--preset", "tiny", "--deadline-s", "0.01", "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert "protocol: 5 rounds" in printed
+    assert [f"deadline: round {r} engine skipped" in printed for r in range(1, 6)] == [True] * 4 + [False]
+    assert [r["round"] for r in json.loads(out.read_text())["runs"]] == [0]
