@@ -38,6 +38,7 @@ def build(
     page_size: int,
     use_tensor_cores: bool | None = None,
     seed: int = 0,
+    cache_dtype: torch.dtype | None = None,
 ):
     """A FlashInfer backend over a random pool holding ``specs`` ((cached_len, extend_len) a
     request, each on random distinct pages), and the pass's pinned layout."""
@@ -45,10 +46,10 @@ def build(
     seq_lens = [c + e for c, e in specs]
     max_len = max(seq_lens) + page_size
     num_pages = sum(-(-n // page_size) for n in seq_lens) + 1
-    kv = KVPool(POOL_LAYERS, num_pages, page_size, kv_heads, HEAD_DIM, torch.bfloat16, "cuda")
+    kv = KVPool(POOL_LAYERS, num_pages, page_size, kv_heads, HEAD_DIM, torch.bfloat16, "cuda", cache_dtype)
     for layer in range(POOL_LAYERS):
-        kv.k_buffer(layer).normal_()
-        kv.v_buffer(layer).normal_()
+        for pages in (kv.k_buffer(layer), kv.v_buffer(layer)):
+            pages.copy_(torch.randn(pages.shape, device="cuda").to(pages.dtype))
     page_table = torch.zeros(len(specs) + 1, max_len, dtype=torch.int32)
     perm = torch.randperm(num_pages, generator=gen)
     used = 0

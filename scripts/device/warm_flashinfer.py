@@ -1,7 +1,8 @@
 """Build (or load from ~/.cache/flashinfer) every FlashInfer module radixq uses, and time it.
 
-bf16, head_dim 128, q/kv heads 16/8 and 32/8, page sizes 1 and 16: ragged prefill (fa2),
-decode on tensor cores (the same fa2 prefill module) and decode on CUDA cores. With
+bf16 queries over bf16 and FP8 (e4m3) KV pages, head_dim 128, q/kv heads 16/8 and 32/8, page
+sizes 1 and 16: ragged prefill (fa2), decode on tensor cores (the same fa2 prefill module) and
+decode on CUDA cores. With
 ``--pack DIR`` it then writes the cache as DIR/flashinfer_cache.tgz.part00, part01, ... (15 MiB
 each); ``cat`` them, in name order, into .fi_cache/flashinfer_cache.tgz, which
 scripts/device/prelude.sh unpacks.
@@ -28,19 +29,26 @@ PART_BYTES = 15 * 2**20
 
 def warm() -> None:
     t0 = time.perf_counter()
-    for q_heads, kv_heads in ((16, 8), (32, 8)):
-        for page_size in (1, 16):
-            for use_tc in (True, False):
-                for specs in ([(5, 1), (40, 1)], [(0, 20), (17, 3)]):
-                    backend, layout = build(specs, q_heads, kv_heads, page_size, use_tensor_cores=use_tc)
-                    q = torch.randn(layout.num_tokens, q_heads, HEAD_DIM, dtype=torch.bfloat16, device="cuda")
-                    backend.forward(q, 0, backend.plan(layout))
-                    torch.cuda.synchronize()
-                    print(
-                        f"warm {q_heads}/{kv_heads} page {page_size} tc {use_tc} specs {specs}: "
-                        f"{time.perf_counter() - t0:.1f} s",
-                        flush=True,
-                    )
+    shapes = [
+        (h, p, tc, c)
+        for h in ((16, 8), (32, 8))
+        for p in (1, 16)
+        for tc in (True, False)
+        for c in (None, torch.float8_e4m3fn)
+    ]
+    for (q_heads, kv_heads), page_size, use_tc, cache_dtype in shapes:
+        for specs in ([(5, 1), (40, 1)], [(0, 20), (17, 3)]):
+            backend, layout = build(
+                specs, q_heads, kv_heads, page_size, use_tensor_cores=use_tc, cache_dtype=cache_dtype
+            )
+            q = torch.randn(layout.num_tokens, q_heads, HEAD_DIM, dtype=torch.bfloat16, device="cuda")
+            backend.forward(q, 0, backend.plan(layout))
+            torch.cuda.synchronize()
+            print(
+                f"warm {q_heads}/{kv_heads} page {page_size} tc {use_tc} kv {cache_dtype or 'bf16'} "
+                f"specs {specs}: {time.perf_counter() - t0:.1f} s",
+                flush=True,
+            )
     print(f"warm total {time.perf_counter() - t0:.1f} s")
 
 
