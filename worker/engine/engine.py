@@ -84,6 +84,7 @@ class Engine:
             model_config=model_config,
             page_size=self.page_size,
             device=self.device,
+            cascade=config.cascade_attention,
         )
         self.sampler = Sampler()
         # NOTE: both streams are set (CUDA + overlap) or both None; typed Any for that reason.

@@ -82,7 +82,9 @@ class Scheduler:
             self.cache, self.tables, config.output_reserve_ratio, config.schedule_policy
         )
         self.decode = DecodeManager()
-        self.preparer = BatchPreparer(engine, self.tables)
+        self.preparer = BatchPreparer(
+            engine, self.tables, self.cache.prefix if config.cascade_attention else None
+        )
         self.groups: dict[str, RequestGroup] = {}
         self.retracting: list[Req] = []
         self.outbox: list[Outbound] = []
