@@ -60,7 +60,9 @@ class _Spy:
         backend.plan = spy  # type: ignore[method-assign]
 
 
-def _run(path: Path, page_size: int, overlap: bool, cascade: bool) -> tuple[list[list[int]], _Spy | None]:
+def _run(
+    path: Path, page_size: int, overlap: bool, cascade: bool, **options
+) -> tuple[list[list[int]], _Spy | None]:
     llm = LLM(
         str(path),
         device="cpu",
@@ -69,6 +71,7 @@ def _run(path: Path, page_size: int, overlap: bool, cascade: bool) -> tuple[list
         overlap=overlap,
         cascade_attention=cascade,
         cascade_min_saved_mib=0.0,
+        **options,
     )
     spy = None
     if cascade:
@@ -83,17 +86,40 @@ def _run(path: Path, page_size: int, overlap: bool, cascade: bool) -> tuple[list
     return [r.choices[0].token_ids for r in results], spy
 
 
-@pytest.mark.parametrize(("page_size", "overlap"), [(1, True), (16, False), (16, True)])
-def test_cascade_on_equals_off_and_hf(model_dir: Path, page_size: int, overlap: bool) -> None:
-    plain, _ = _run(model_dir, page_size, overlap, cascade=False)
-    cascade, spy = _run(model_dir, page_size, overlap, cascade=True)
-    assert spy is not None and spy.decode_groups >= GREEDY.max_tokens - 1, "decode passes without groups"
-    assert spy.prefill_groups >= 1, "the batch's prefill over the cached systems had no groups"
+@pytest.mark.parametrize(
+    ("page_size", "overlap", "options"),
+    [(1, True, {}), (16, False, {}), (16, True, {}), (4, True, {"max_prefill_tokens": 16})],
+    ids=["page1", "page16", "page16-overlap", "page4-chunked"],
+)
+def test_cascade_on_equals_off_and_hf(model_dir: Path, page_size: int, overlap: bool, options: dict) -> None:
+    """Groups on decode and prefill passes (chunked prefill too); tokens equal the plain
+    engine's and transformers'."""
+    plain, _ = _run(model_dir, page_size, overlap, cascade=False, **options)
+    cascade, spy = _run(model_dir, page_size, overlap, cascade=True, **options)
     assert cascade == plain
+    assert spy is not None and spy.decode_groups >= 1 and spy.prefill_groups >= 1
+    # every step after the prompts' first decodes with groups (mixed steps count as prefill)
+    assert spy.decode_groups + spy.prefill_groups >= GREEDY.max_tokens
     hf = tiny_hf_model("llama", spread=0.2)
     _, batch = _workload(page_size)
     for prompt, tokens in list(zip(batch, cascade, strict=True))[::3]:
         assert tokens == hf_greedy(hf, prompt, GREEDY.max_tokens)
+
+
+def test_n_choices_form_a_group(model_dir: Path) -> None:
+    """n = 4 greedy choices of one prompt share its KV: they decode as one group, and every
+    choice equals transformers' greedy continuation."""
+    llm = LLM(
+        str(model_dir), device="cpu", attention="torch", page_size=4,
+        cascade_attention=True, cascade_min_saved_mib=0.0,
+    )  # fmt: skip
+    spy = _Spy(llm.engine.backend)  # type: ignore[arg-type]
+    prompt = _workload(4)[1][0]
+    sampling = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, n=4)
+    result = llm.generate([prompt], sampling)[0]
+    assert spy.decode_groups >= 1
+    expected = hf_greedy(tiny_hf_model("llama", spread=0.2), prompt, 8)
+    assert [c.token_ids for c in result.choices] == [expected] * 4
 
 
 def test_cost_rule_keeps_small_groups_on_the_plain_path(model_dir: Path) -> None:
