@@ -89,10 +89,12 @@ def cascade_pays(saved_tokens: int, kv_bytes_per_token: int, min_saved_mib: floa
 def to_prefix_groups(groups: Sequence[Group], batch_size: int) -> PrefixGroups:
     """The host-side form that BatchLayout carries: per request a group id (-1: none) and the
     group's prefix length in tokens (0: none)."""
-    group_ids = torch.full((batch_size,), -1, dtype=torch.int32)
-    prefix_lens = torch.zeros(batch_size, dtype=torch.int32)
+    group_ids = [-1] * batch_size
+    prefix_lens = [0] * batch_size
     for g, group in enumerate(groups):
-        members = torch.tensor(group.members, dtype=torch.int64)
-        group_ids[members] = g
-        prefix_lens[members] = group.prefix_len
-    return PrefixGroups(group_ids_cpu=group_ids, prefix_lens_cpu=prefix_lens)
+        for i in group.members:
+            group_ids[i], prefix_lens[i] = g, group.prefix_len
+    return PrefixGroups(
+        group_ids_cpu=torch.tensor(group_ids, dtype=torch.int32),
+        prefix_lens_cpu=torch.tensor(prefix_lens, dtype=torch.int32),
+    )
