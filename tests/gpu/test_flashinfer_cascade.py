@@ -95,7 +95,7 @@ def test_large_decode_batch_with_long_prefixes(device, use_tensor_cores: bool) -
 
 def test_engine_cascade_tokens_match_transformers(device, tmp_path) -> None:
     """A shared-prefix workload through LLM with cascade on (threshold 0, CUDA graphs on):
-    cascade passes ran, and the greedy tokens agree with the plain engine's and with
+    cascade passes ran (and none with it off), and the greedy tokens of both runs agree with
     transformers' up to bf16 near-ties (tests/gpu/test_engine_gpu.py's margin rule)."""
     from producer.schema import SamplingParams
     from tests.gpu.test_engine_gpu import _assert_matches_oracle
@@ -135,9 +135,7 @@ def test_engine_cascade_tokens_match_transformers(device, tmp_path) -> None:
         assert any(g is not None for g in planned) == cascade
         del llm
         torch.cuda.empty_cache()
-    for prompt, tokens in zip(prompts, outputs[True], strict=True):
-        _assert_matches_oracle(oracle, prompt, tokens, greedy.max_tokens)
-    same = sum(a == b for a, b in zip(outputs[True], outputs[False], strict=True))
-    assert same >= len(prompts) - 2, (
-        f"only {same} of {len(prompts)} prompts identical with cascade on and off"
-    )
+    # bf16 sums in another order may flip a near-tie: both runs answer to the oracle's margin rule
+    for mode in (True, False):
+        for prompt, tokens in zip(prompts, outputs[mode], strict=True):
+            _assert_matches_oracle(oracle, prompt, tokens, greedy.max_tokens)
