@@ -252,6 +252,8 @@ ENGINE_HELP: dict[str, str] = {
     "attention": "`auto`, `flashinfer`, `torch`",
     "cuda_graph": "CUDA graphs for decode batches up to `cuda_graph_max_bs`",
     "cuda_graph_max_bs": "largest decode batch captured as a CUDA graph",
+    "cascade_attention": "shared-prefix (cascade) attention: requests sharing cached prefix pages read them once per group (decode steps with groups run without CUDA graphs)",
+    "cascade_min_saved_mib": "cascade runs in a step only when it saves at least this many MiB of KV reads per layer (0: whenever a group exists)",
     "output_reserve_ratio": "share of remaining output reserved in the KV pool at admission",
     "triton": "fused Triton kernels on CUDA (false: the torch paths, for ablation)",
     "cache_dir": "where converted models are cached (empty: `~/.cache/radixq/models`)",

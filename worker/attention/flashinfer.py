@@ -160,10 +160,14 @@ class FlashInferBackend(AttentionBackend):
     def forward(self, q: torch.Tensor, layer_id: int, meta: FlashInferMeta) -> torch.Tensor:
         """q [T, q_heads, head_dim] (T == meta.num_rows) -> attention output of the same shape."""
         out = torch.empty_like(q)
-        if self.kv.quantized:  # FlashInfer folds k_scale into the softmax scale, multiplies out by v_scale
-            k_scale, v_scale = self.kv.k_scale[layer_id], self.kv.v_scale[layer_id]
-            return meta.wrapper.run(q, self._paged_kv[layer_id], out=out, k_scale=k_scale, v_scale=v_scale)
-        return meta.wrapper.run(q, self._paged_kv[layer_id], out=out)
+        return meta.wrapper.run(q, self._paged_kv[layer_id], out=out, **self.kv_scales(layer_id))
+
+    def kv_scales(self, layer_id: int) -> dict[str, float]:
+        """The run() arguments of an FP8 cache's scales for this layer (none for bf16/fp16):
+        FlashInfer folds k_scale into the softmax scale and multiplies the output by v_scale."""
+        if not self.kv.quantized:
+            return {}
+        return {"k_scale": self.kv.k_scale[layer_id], "v_scale": self.kv.v_scale[layer_id]}
 
     # ---- CUDA-graph decode ------------------------------------------------------------
 

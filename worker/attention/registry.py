@@ -19,6 +19,11 @@ ATTENTION_BACKENDS: dict[str, str] = {
     "torch": "worker.attention.torch_ref:create",
     "flashinfer": "worker.attention.flashinfer:create",
 }
+# The same backends with cascade (shared-prefix) attention: EngineConfig.cascade_attention.
+CASCADE_BACKENDS: dict[str, str] = {
+    "torch": "worker.attention.torch_cascade:create",
+    "flashinfer": "worker.attention.flashinfer_cascade:create",
+}
 
 
 def available_backends() -> list[str]:
@@ -42,15 +47,18 @@ def create_backend(
     model_config: ModelConfig,
     page_size: int,
     device: torch.device | str,
+    cascade: bool = False,
     **kw: Any,
 ) -> AttentionBackend:
-    """Build the backend ``name`` ("torch", "flashinfer" or "auto") for this KV pool.
+    """Build the backend ``name`` ("torch", "flashinfer" or "auto") for this KV pool; with
+    ``cascade``, its variant that attends to shared prefixes once (CASCADE_BACKENDS).
 
     Each backend module exposes ``create(*, kv, page_table, model_config, page_size, device, **kw)``.
     """
     resolved = resolve_backend_name(name, device)
     try:
-        factory = load_callable(resolved, ATTENTION_BACKENDS, "attention backend")
+        table = CASCADE_BACKENDS if cascade else ATTENTION_BACKENDS
+        factory = load_callable(resolved, table, "attention backend")
     except ImportError as exc:
         raise ImportError(
             f"attention backend {resolved!r} needs a package that is missing ({exc}); "

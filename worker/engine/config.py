@@ -39,6 +39,8 @@ class EngineConfig:
     attention: str = "auto"
     cuda_graph: bool = True
     cuda_graph_max_bs: int = 256
+    cascade_attention: bool = False  # attend to prefixes that running requests share once per group
+    cascade_min_saved_mib: float = 32.0  # the cost rule: KV MiB a step must save per layer (groups.py)
     output_reserve_ratio: float = 0.5
     triton: bool = True  # fused Triton kernels on CUDA (false: the torch paths, for ablation)
     cache_dir: str = ""  # where converted models are cached ("": ~/.cache/radixq/models)
@@ -76,6 +78,12 @@ class EngineConfig:
                 "schedule_policy",
                 self.schedule_policy,
                 "must be 'lpm' or 'fcfs'",
+            ),
+            (
+                self.cascade_min_saved_mib >= 0,
+                "cascade_min_saved_mib",
+                self.cascade_min_saved_mib,
+                "must be >= 0",
             ),
             (
                 0 <= self.output_reserve_ratio <= 1,

@@ -86,6 +86,7 @@ class Engine:
             model_config=model_config,
             page_size=self.page_size,
             device=self.device,
+            cascade=config.cascade_attention,
         )
         self.sampler = Sampler()
         if self.kv.quantized and config.kv_scales == "calibrated":

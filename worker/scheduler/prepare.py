@@ -20,17 +20,19 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-from worker.attention.base import BatchLayout
+from worker.attention.base import BatchLayout, PrefixGroups
 from worker.engine.input import ForwardInput
 from worker.engine.logprobs import logprob_rows
 from worker.engine.penalties import PenaltyRow, build_penalties, penalty_row
 from worker.engine.sampler import SamplingTensors
+from worker.scheduler.groups import cascade_pays, choose_groups, saved_kv_tokens, to_prefix_groups
 from worker.scheduler.intake import choice_seed
 from worker.scheduler.req import PendingReq, Req
 from worker.scheduler.table import TableManager
 
 if TYPE_CHECKING:
     from producer.schema import SamplingParams
+    from worker.cache.prefix import PrefixCache
     from worker.engine.engine import Engine
 
 ROWS = "rows"  # one entry per computed token, padding rows included
@@ -170,10 +172,14 @@ def sampling_tensors(
 
 
 class BatchPreparer:
-    def __init__(self, engine: Engine, tables: TableManager) -> None:
+    """Builds each pass's ForwardInput. ``prefix``: the prefix cache whose shared prefixes the
+    layouts name (PrefixGroups, for cascade attention); None leaves layouts without groups."""
+
+    def __init__(self, engine: Engine, tables: TableManager, prefix: PrefixCache | None = None) -> None:
         self.engine = engine
         self.tables = tables
         self.device = engine.device
+        self.prefix = prefix
         self._rows: dict[PendingReq, SamplingRow] = {}
         self._extras: dict[PendingReq, Extras | None] = {}
 
@@ -198,9 +204,11 @@ class BatchPreparer:
         device_lens = [r.device_len for r in reqs]
         extend = torch.tensor(device_lens, dtype=torch.int64) - cached
         num_tokens = int(extend.sum())
+        groups = self._prefix_groups(reqs) if self.prefix is not None else None
         runner = engine.graph_runner
         graph_bs = None
-        if num_tokens == batch_size and runner is not None:
+        if num_tokens == batch_size and runner is not None and groups is None:
+            # NOTE: cascade passes run eagerly: the captured graphs hold the plain path only
             graph_bs = runner.batch_size_for(batch_size)
         if num_tokens == batch_size:
             pad = (graph_bs or batch_size) - batch_size
@@ -247,6 +255,7 @@ class BatchPreparer:
             slots_cpu=slots.to(torch.int32),
             cached_lens_cpu=cached.to(torch.int32),
             extend_lens_cpu=extend.to(torch.int32),
+            prefix_groups=groups,
         )
         return ForwardInput(
             layout=layout,
@@ -259,6 +268,20 @@ class BatchPreparer:
             sampling=sampling,
             graph_bs=graph_bs,
         )
+
+    def _prefix_groups(self, reqs: list[Req]) -> PrefixGroups | None:
+        """The pass's shared-prefix groups (worker.scheduler.groups), or None when the cost
+        rule says attending to them once would not pay."""
+        assert self.prefix is not None
+        if len(reqs) < 2:
+            return None
+        paths = [self.prefix.prefix_path(r.handle) for r in reqs]
+        groups = choose_groups(paths, [r.cached_len for r in reqs])
+        kv = self.engine.kv
+        kv_bytes = kv.bytes_per_location(1, kv.num_kv_heads, kv.head_dim, kv.dtype)
+        if not cascade_pays(saved_kv_tokens(groups), kv_bytes, self.engine.config.cascade_min_saved_mib):
+            return None
+        return to_prefix_groups(groups, len(reqs))
 
     def _row(self, pending: PendingReq) -> SamplingRow:
         row = self._rows.get(pending)

@@ -82,7 +82,8 @@ class Scheduler:
             self.cache, self.tables, config.output_reserve_ratio, config.schedule_policy
         )
         self.decode = DecodeManager()
-        self.preparer = BatchPreparer(engine, self.tables)
+        cascade = config.cascade_attention and engine.backend.supports_cascade
+        self.preparer = BatchPreparer(engine, self.tables, self.cache.prefix if cascade else None)
         self.groups: dict[str, RequestGroup] = {}
         self.retracting: list[Req] = []
         self.outbox: list[Outbound] = []
