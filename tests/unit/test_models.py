@@ -66,6 +66,22 @@ def test_prefill_logits_match_hf(hf_and_dir, page_size):
             torch.testing.assert_close(logits[i], expected, atol=2e-5, rtol=1e-5)
 
 
+def test_logits_into_a_given_buffer_match_hf(hf_and_dir):
+    """The CUDA graphs' path: logits written into a slice of one shared buffer (logits_out)."""
+    _, hf, path = hf_and_dir
+    runner = PagedRunner(load_model(str(path)), page_size=4)
+    runner.step([(slot, 0, prompt) for slot, prompt in enumerate(PROMPTS)])
+    buffer = torch.full((len(PROMPTS) + 3, 128), float("nan"))
+    with torch.inference_mode():
+        got = runner.loaded.model(runner.last_batch, logits_out=buffer[: len(PROMPTS)])
+    assert got.data_ptr() == buffer.data_ptr() and buffer[len(PROMPTS) :].isnan().all()
+    with torch.no_grad():
+        for i, prompt in enumerate(PROMPTS):
+            torch.testing.assert_close(
+                buffer[i], hf(torch.tensor([prompt])).logits[0, -1], atol=2e-5, rtol=1e-5
+            )
+
+
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_greedy_decode_matches_hf_generate(hf_and_dir, page_size):
     """Batched paged greedy decoding reproduces HF generate(do_sample=False) token for token."""

@@ -58,7 +58,10 @@ class GraphRunner:
         self._inputs[2].fill_(engine.dummy_loc)
         self._sample_idx = torch.arange(max_bs, dtype=torch.int64, device=device)
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self._logits: dict[int, torch.Tensor] = {}
+        # NOTE: every graph writes its logits into this one buffer; a graph's own output would
+        # stay allocated in the pool, which at 1,024 sizes x a 152k vocabulary is ~10 GiB.
+        vocab = engine.model_config.vocab_size
+        self._logits = torch.empty((max_bs, vocab), dtype=engine.dtype, device=device)
         engine.backend.init_cuda_graphs(self.batch_sizes, max_seq_len=engine.max_seq_len)
         start = time.perf_counter()
         stream = engine.stream if engine.stream is not None else torch.cuda.Stream(device)
@@ -72,7 +75,7 @@ class GraphRunner:
                 stream.synchronize()
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool, stream=stream):
-                    self._logits[bs] = self._pass(bs, meta)
+                    self._pass(bs, meta)
                 self._graphs[bs] = graph
         torch.cuda.synchronize(device)
         logger.info(
@@ -82,7 +85,7 @@ class GraphRunner:
             time.perf_counter() - start,
         )
 
-    def _pass(self, bs: int, meta: object) -> torch.Tensor:
+    def _pass(self, bs: int, meta: object) -> None:
         engine = self.engine
         load_slots, positions, out_loc = self._inputs[:, :bs]
         ones = torch.ones(bs, dtype=torch.int32)
@@ -96,7 +99,7 @@ class GraphRunner:
             attn_meta=meta,
             kv=engine.kv,
         )
-        return engine.model(batch)
+        engine.model(batch, logits_out=self._logits[:bs])
 
     def batch_size_for(self, batch_size: int) -> int | None:
         """The smallest captured size holding ``batch_size`` requests, or None (run eagerly)."""
@@ -110,4 +113,4 @@ class GraphRunner:
         self._inputs[1, :bs].copy_(fi.positions)
         self._inputs[2, :bs].copy_(fi.out_loc)
         self._graphs[bs].replay()
-        return self._logits[bs][: fi.batch_size]
+        return self._logits[: fi.batch_size]

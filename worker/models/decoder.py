@@ -149,8 +149,9 @@ class CausalLM(nn.Module):
             else nn.Linear(cfg.hidden_size, cfg.vocab_size, False, dtype=dtype)
         )
 
-    def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        """Logits [B, vocab] in the model dtype for the tokens at ``batch.sample_idx``."""
+    def forward(self, batch: ForwardBatch, logits_out: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [B, vocab] in the model dtype for the tokens at ``batch.sample_idx``; written
+        into ``logits_out`` ([B, vocab]) when given (CUDA graphs: one buffer for every size)."""
         positions = batch.positions
         h, residual = self.model.embed_tokens(batch.input_ids), None
         for layer in self.model.layers:
@@ -161,6 +162,8 @@ class CausalLM(nn.Module):
         else:  # the last layer's residual add, fused into the final norm of the sampled rows
             h, _ = add_rms_norm(h[idx], residual[idx], norm.weight, norm.eps)
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        if logits_out is not None:
+            return torch.mm(h, weight.t(), out=logits_out)
         return F.linear(h, weight)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
