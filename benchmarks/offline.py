@@ -93,6 +93,8 @@ VARIANTS = {
     "naive": {"cache": "naive"},
     "page1": {"page_size": 1},
     "no-triton": {"triton": False},
+    "fp8-kv": {"kv_cache_dtype": "fp8_e4m3"},
+    "cascade": {"cascade_attention": True},
 }
 
 
