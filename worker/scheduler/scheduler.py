@@ -91,6 +91,7 @@ class Scheduler:
         self.fault: Fault | None = None  # injected failures (tests only)
         self.hooks: StepHooks | None = None  # step observer (profiling), worker.scheduler.hooks
         self._grammars: Grammars | None = None  # structured output, loaded with the first such job
+        self._compiling: dict[str, GenerateRequest] = {}  # requests whose grammar is being compiled
         self._launching: list[Req] = []  # NOTE: the requests of the step under way, named if it fails
         self._processing: list[Req] = []
 
@@ -115,8 +116,10 @@ class Scheduler:
 
         Blocks for messages only when ``block`` and nothing is running or waiting."""
         busy = last is not None or self.prefill.runnable or self.decode.runnable
-        for message in self.io.receive(block=block and not busy and not self.shutdown):
+        for message in self.io.receive(block=block and not (busy or self._compiling) and not self.shutdown):
             self._handle(message)
+        if self._compiling:
+            self._admit_compiled(wait_s=0.0 if busy else 0.01)
         started_s = time.perf_counter()
         self._launching = []
         self._processing = last.reqs if last is not None else []
@@ -148,7 +151,7 @@ class Scheduler:
 
     @property
     def idle(self) -> bool:
-        return not (self.prefill.runnable or self.decode.runnable or self.groups)
+        return not (self.prefill.runnable or self.decode.runnable or self.groups or self._compiling)
 
     def failing_uids(self) -> list[str]:
         """The requests of the step under way: the suspects when a step raises."""
@@ -186,15 +189,21 @@ class Scheduler:
         )
 
     def _admit_request(self, msg: GenerateRequest) -> None:
-        if msg.uid in self.groups:
+        if msg.uid in self.groups or msg.uid in self._compiling:
             refused: tuple[str, str] | None = ("invalid_job", f"request {msg.uid!r} is already running")
         else:
             refused = refusal(msg, self.engine.max_seq_len, self.engine.model_config.vocab_size)
         compiled = None
         if refused is None and msg.sampling.structured is not None:
             compiled, refused = self._compile_grammar(msg)
+            if compiled is None and refused is None:
+                self._compiling[msg.uid] = msg  # admitted once compiled (_admit_compiled)
+                return None
         if refused is not None:
             return self._reject(msg.uid, len(msg.input_ids), *refused)
+        self._start_group(msg, compiled)
+
+    def _start_group(self, msg: GenerateRequest, compiled: Any) -> None:
         group, choices = make_group(msg, self.engine.max_seq_len)
         if msg.sampling.structured is not None:
             assert self._grammars is not None
@@ -205,21 +214,46 @@ class Scheduler:
         group.held_back = choices[1:]  # NOTE: admitted once the first choice's prompt KV is cached
 
     def _compile_grammar(self, msg: GenerateRequest) -> tuple[Any, tuple[str, str] | None]:
-        """(compiled grammar, None), or (None, refusal) when it cannot be compiled."""
-        from worker.engine.grammar import GrammarError, load_grammars
+        """(compiled grammar, None) when cached, else (None, None): the grammar went to the
+        background compiler, which answers later (a model without a tokenizer: an error then)."""
+        from worker.engine.grammar import Grammars
 
         if self._grammars is None:
             engine = self.engine
-            self._grammars = load_grammars(
-                str(engine.loaded.path), engine.model_config.vocab_size, engine.eos_token_ids
+            self._grammars = Grammars.in_background(
+                str(engine.loaded.path),
+                engine.model_config.vocab_size,
+                engine.eos_token_ids,
+                self.config.grammar_timeout_s,
             )
-            if self._grammars is None:
-                why = f"{msg.sampling.structured}: structured output needs the model's tokenizer; it has none"
-                return None, ("invalid_job", why)
-        try:
-            return self._grammars.compile(msg.sampling), None
-        except GrammarError as exc:
-            return None, ("invalid_job", str(exc))
+        return self._grammars.submit(msg.uid, msg.sampling), None
+
+    def _admit_compiled(self, wait_s: float) -> None:
+        """Admit the requests whose grammar compiled, refuse those whose grammar failed; waits
+        up to ``wait_s`` for the compiler when nothing else is to do."""
+        from worker.engine.grammar import GrammarError
+
+        assert self._grammars is not None and self._grammars.background is not None
+        if wait_s > 0:
+            self._grammars.background.wait(wait_s)
+        for uid, outcome in self._grammars.poll():
+            msg = self._compiling.pop(uid, None)
+            if msg is None:
+                continue  # aborted while compiling
+            if isinstance(outcome, GrammarError):
+                self._reject(uid, len(msg.input_ids), "invalid_job", str(outcome))
+                continue
+            try:
+                self._start_group(msg, outcome)
+            except Exception as exc:  # one request's surprise is that request's error
+                logger.exception("request %s could not be admitted", uid)
+                self.groups.pop(uid, None)
+                self._reject(uid, len(msg.input_ids), "internal", f"could not be admitted: {exc}")
+
+    def close(self) -> None:
+        """Stop the grammar compiler's process, if one was started."""
+        if self._grammars is not None:
+            self._grammars.close()
 
     def _fail_unschedulable(self) -> None:
         """Nothing is in flight and nothing could be launched although requests wait: the one
@@ -239,6 +273,11 @@ class Scheduler:
         self._abort(group.uid, code="internal", why=why)
 
     def _abort(self, uid: str, code: str = "aborted", why: str = "aborted by the front end") -> None:
+        compiling = self._compiling.pop(uid, None)
+        if compiling is not None:
+            assert self._grammars is not None
+            self._grammars.cancel(uid)
+            return self._reject(uid, len(compiling.input_ids), code, why)
         group = self.groups.pop(uid, None)
         if group is None:
             return

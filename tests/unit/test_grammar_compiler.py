@@ -1,0 +1,125 @@
+"""The background grammar compiler (worker.engine.grammar_compiler) on SmolLM2's tokenizer:
+a key's failure (a time limit, a crash of the child, an invalid grammar) belongs to the jobs
+waiting for that key only; keys behind it compile; no child outlives ``close``.
+
+Oracles: the process table (``os.kill(pid, 0)``), a grammar compiled here by xgrammar on this
+thread, byte for byte against what comes back from the child."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from producer.schema import SamplingParams
+from tests.model_fixtures import smollm2_dir  # noqa: F401  (fixture)
+from worker.engine.grammar import GrammarError, Grammars, grammar_key, load_grammars
+from worker.engine.grammar_compiler import BackgroundCompiler, Outcome
+
+SLOW = grammar_key(
+    SamplingParams(json_schema={"type": "string", "pattern": "(a|b){20000}"})
+)  # tens of seconds on the test box
+assert SLOW is not None
+
+
+def _until(compiler: BackgroundCompiler, count: int, timeout_s: float = 60.0) -> list[Outcome]:
+    done: list[Outcome] = []
+    deadline = time.monotonic() + timeout_s
+    while len(done) < count:
+        done += compiler.poll()
+        compiler.wait(0.02)
+        assert time.monotonic() < deadline, f"only {done} within {timeout_s} s"
+    return done
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie still answers kill(0): read its state
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.fixture
+def compiler(smollm2_dir: Path) -> Iterator[BackgroundCompiler]:  # noqa: F811
+    compiler = BackgroundCompiler(str(smollm2_dir), 49152, [2], timeout_s=60.0)
+    yield compiler
+    compiler.close()
+
+
+def test_grammars_from_the_child_equal_grammars_compiled_here(smollm2_dir: Path) -> None:  # noqa: F811
+    """submit/poll answer every job, jobs sharing a key once compiled, an invalid grammar
+    with its field; the grammar equals the one compiled on this thread."""
+    background = Grammars.in_background(str(smollm2_dir), 49152, [2], timeout_s=60.0)
+    here = load_grammars(str(smollm2_dir), 49152, [2])
+    assert here is not None
+    schema = SamplingParams(json_schema={"type": "object", "properties": {"a": {"type": "integer"}}})
+    invalid = SamplingParams(regex="a((")
+    try:
+        assert background.submit("a", schema) is None
+        assert background.submit("b", schema) is None
+        assert background.submit("c", invalid) is None
+        assert background.background is not None
+        done: dict[str, object] = {}
+        deadline = time.monotonic() + 60
+        while len(done) < 3:
+            done.update(background.poll())
+            background.background.wait(0.02)
+            assert time.monotonic() < deadline
+        assert done["a"] is done["b"]
+        assert json.loads(done["a"].serialize_json()) == json.loads(here.compile(schema).serialize_json())  # type: ignore[attr-defined]
+        error = done["c"]
+        assert isinstance(error, GrammarError) and error.field == "regex" and "parenthesis" in str(error)
+        assert background.submit("d", schema) is done["a"]  # cached now
+    finally:
+        background.close()
+
+
+def test_time_limit_fails_that_key_only_and_the_child_restarts(compiler: BackgroundCompiler) -> None:
+    compiler.timeout_s = 2.0
+    compiler.submit("slow", SLOW)
+    compiler.submit("quick", ("regex", "[0-9]+"))
+    started = time.monotonic()
+    done = {uid: (serialized, error) for uid, _, serialized, error in _until(compiler, 2)}
+    assert done["slow"][0] is None and "did not compile within 2 s" in str(done["slow"][1])
+    assert done["quick"][1] is None and done["quick"][0]
+    assert compiler.restarts == 1
+    print(f"slow failed and quick compiled within {time.monotonic() - started:.1f} s")
+
+
+def test_a_crashing_child_fails_the_key_it_was_compiling_only(compiler: BackgroundCompiler) -> None:
+    """A C++ crash in the child (SIGSEGV, sent here) answers the key it was compiling with
+    that reason; the next key compiles in a new child."""
+    compiler.submit("victim", SLOW)
+    compiler.submit("next", ("regex", "[a-z]+"))
+    deadline = time.monotonic() + 60
+    while compiler._running is None:  # the child is up and compiling the slow key
+        assert compiler.poll() == [] and time.monotonic() < deadline
+        compiler.wait(0.02)
+    pid = compiler.child_pid
+    assert pid is not None
+    os.kill(pid, signal.SIGSEGV)
+    done = {uid: (serialized, error) for uid, _, serialized, error in _until(compiler, 2)}
+    assert done["victim"] == (None, "the grammar compiler was killed by signal SIGSEGV while compiling it")
+    assert done["next"][1] is None and done["next"][0]
+    assert compiler.child_pid != pid and not _alive(pid)
+
+
+def test_cancel_and_close_leave_no_process(compiler: BackgroundCompiler) -> None:
+    compiler.submit("gone", SLOW)
+    compiler.submit("kept", ("regex", "x+"))
+    compiler.cancel("gone")
+    (uid, key, serialized, error), *rest = _until(compiler, 1)
+    assert (uid, key, error, rest) == ("kept", ("regex", "x+"), None, [])
+    pid = compiler.child_pid
+    assert pid is not None and _alive(pid)
+    compiler.close()
+    assert not _alive(pid)
