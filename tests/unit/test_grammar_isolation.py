@@ -106,3 +106,21 @@ def test_slow_grammar_neither_stalls_nor_blocks_others(llm: LLM, smollm2_dir: Pa
     choice = answers["after"].choices[0]
     assert answers["after"].error_code is None and choice.finish_reason == "stop"
     assert llm.tokenizer.decode(choice.token_ids) in ("yes", "no")
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_complete_grammar_wins_over_min_tokens(llm: LLM, temperature: float) -> None:
+    """A choice whose grammar is complete before min_tokens (only EOS allowed, and min_tokens
+    masks EOS): the grammar wins, the choice ends with "stop" and one of the options, shorter
+    than min_tokens; a job without a grammar in the same batch still waits for min_tokens."""
+    prompt = [{"role": "user", "content": "Is the sky blue?"}]
+    constrained = SamplingParams(
+        max_tokens=12, min_tokens=6, temperature=temperature, seed=1, choice=["yes", "no"], n=2
+    )
+    plain = SamplingParams(max_tokens=12, min_tokens=6, temperature=0.0)
+    results = llm.generate([prompt, prompt], [constrained, plain])
+    assert results[0].error is None
+    for choice in results[0].choices:
+        assert choice.finish_reason == "stop" and choice.text in ("yes", "no")
+        assert len(choice.token_ids) < 6
+    assert len(results[1].choices[0].token_ids) >= 6
