@@ -302,3 +302,26 @@ def test_stop_strings_and_ids_wait_for_min_tokens() -> None:
         assert stop_after(output, min_tokens=3) is None
     assert stop_after([4, 4, 9], min_tokens=3) is not None  # the third token may stop it
     assert stop_after([4] * 10, min_tokens=10).finish_reason == "length"
+
+
+def test_repetition_penalty_is_bounded_where_float32_logits_stay_finite() -> None:
+    """A repetition_penalty that float32 reads as 0 or as a subnormal turned a repeated token's
+    positive logit into +inf (sampling then drew from NaN probabilities): such values are the
+    job's error naming the field; at the lowest accepted value, logits up to the float32
+    range's 1e30 stay finite, as transformers' processor computes them."""
+    from producer.schema import JobError
+
+    for tiny_value in (1e-300, 1e-40, 1e-3):
+        with pytest.raises(JobError) as info:
+            SamplingParams(repetition_penalty=tiny_value)
+        assert info.value.field == "repetition_penalty"
+    lowest = SamplingParams(repetition_penalty=0.01)
+    logits = torch.tensor([[1e30, -1e30, 3.0, 0.5] + [0.0] * (VOCAB - 4)])
+    row = penalty_row(lowest, EOS, VOCAB)
+    pool = torch.zeros(1, 8, dtype=torch.int32)
+    pool[0, :4] = torch.tensor([0, 1, 2, 3])
+    penalties = build_penalties([row], [0], [4], [4], pool)
+    assert penalties is not None
+    got = apply_penalties(logits, penalties)
+    expected = RepetitionPenaltyLogitsProcessor(0.01)(torch.tensor([[0, 1, 2, 3]]), logits.clone())
+    assert torch.isfinite(got).all() and torch.equal(got, expected)
