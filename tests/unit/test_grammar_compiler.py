@@ -123,3 +123,20 @@ def test_cancel_and_close_leave_no_process(compiler: BackgroundCompiler) -> None
     assert pid is not None and _alive(pid)
     compiler.close()
     assert not _alive(pid)
+
+
+def test_cancelling_the_running_compile_stops_the_child(compiler: BackgroundCompiler) -> None:
+    """A compile no job waits for any more burns no CPU: its child is stopped at once, and
+    the next key gets a new one."""
+    compiler.submit("gone", SLOW)
+    deadline = time.monotonic() + 60
+    while compiler._running is None:
+        assert compiler.poll() == [] and time.monotonic() < deadline
+        compiler.wait(0.02)
+    pid = compiler.child_pid
+    assert pid is not None
+    compiler.cancel("gone")
+    assert not compiler.pending and compiler.child_pid is None and not _alive(pid)
+    compiler.submit("next", ("regex", "[0-9]+"))
+    ((uid, _, serialized, error),) = _until(compiler, 1)
+    assert uid == "next" and serialized and error is None

@@ -9,6 +9,7 @@ Oracles: wall-clock step times measured here (a slow schema compiles for about 2
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import pytest
 from producer.schema import SamplingParams
 from tests.model_fixtures import hf_from_dir, hf_greedy, smollm2_dir  # noqa: F401  (fixture)
 from worker.llm import LLM
-from worker.scheduler.messages import GenerateRequest, RequestFinished
+from worker.scheduler.messages import AbortRequest, GenerateRequest, RequestFinished
 
 pytestmark = pytest.mark.slow
 TIMEOUT_S = 5.0
@@ -124,3 +125,46 @@ def test_a_complete_grammar_wins_over_min_tokens(llm: LLM, temperature: float) -
         assert choice.finish_reason == "stop" and choice.text in ("yes", "no")
         assert len(choice.token_ids) < 6
     assert len(results[1].choices[0].token_ids) >= 6
+
+
+def test_a_grammar_cut_by_max_tokens_still_answers(llm: LLM) -> None:
+    """A schema that needs more tokens than max_tokens: every choice ends with "length",
+    max_tokens tokens that its grammar accepted (an independent xgrammar matcher replays
+    them), logprobs for each; the job is not an error."""
+    import xgrammar as xgr
+
+    schema = {
+        "type": "object",
+        "properties": {"story": {"type": "string", "minLength": 200}},
+        "required": ["story"],
+    }
+    sampling = SamplingParams(max_tokens=6, json_schema=schema, n=2, seed=3, logprobs=True, top_logprobs=2)
+    result = llm.generate([{"role": "user", "content": "Tell a story as JSON."}], sampling)[0]
+    assert result.error is None and len(result.choices) == 2
+    info = xgr.TokenizerInfo.from_huggingface(llm.tokenizer, vocab_size=49152, stop_token_ids=[2])
+    compiled = xgr.GrammarCompiler(info).compile_json_schema(json.dumps(schema), any_whitespace=False)
+    for choice in result.choices:
+        assert choice.finish_reason == "length" and len(choice.token_ids) == 6
+        assert choice.logprobs is not None and len(choice.logprobs) == 6
+        matcher = xgr.GrammarMatcher(compiled)
+        assert all(matcher.accept_token(token) for token in choice.token_ids)
+        assert choice.text.startswith('{"story": "')
+
+
+def test_a_job_aborted_while_its_grammar_compiles_is_answered_once(llm: LLM) -> None:
+    """An abort that arrives while the job's grammar compiles answers it "aborted" at once;
+    the compile's outcome later answers nothing more, and the scheduler goes idle."""
+    slow = GenerateRequest("gone", [1, 2, 3], SamplingParams(max_tokens=4, json_schema=SLOW_SCHEMA))
+    llm.io.put(slow)
+    llm.scheduler.step(None, block=False)
+    llm.io.put(AbortRequest("gone"))
+    answers: list[RequestFinished] = []
+    started = time.perf_counter()
+    while True:
+        last = llm.scheduler.step(None, block=False)
+        answers += [m for m in llm.io.take_all() if isinstance(m, RequestFinished)]
+        background = llm.scheduler._grammars.background  # type: ignore[union-attr]
+        if last is None and llm.scheduler.idle and not background.pending:
+            break
+        assert time.perf_counter() - started < 2 * TIMEOUT_S + 30
+    assert [(a.uid, a.error_code) for a in answers] == [("gone", "aborted")]

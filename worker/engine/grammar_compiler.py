@@ -129,7 +129,7 @@ class BackgroundCompiler:
         self._child: _Child | None = None
         self._alive: list[_Child] = []  # NOTE: the finalizer's reference: it must not hold self
         self._finalizer = weakref.finalize(self, _kill_all, self._alive)
-        self.restarts = 0  # children killed or lost (a timeout, a crash)
+        self.restarts = 0  # children stopped or lost (a time limit, a crash, a dropped compile)
         self.tokenizer_info: str | None = None  # xgrammar.TokenizerInfo as JSON, from the first child
 
     @property
@@ -144,11 +144,14 @@ class BackgroundCompiler:
         self._waiting.setdefault(key, []).append(uid)
 
     def cancel(self, uid: str) -> None:
+        """Forget a job; a compile no job waits for any more is dropped (stopped if running)."""
         for key, uids in list(self._waiting.items()):
             if uid in uids:
                 uids.remove(uid)
-                if not uids and (self._running is None or self._running[0] != key):
+                if not uids:
                     del self._waiting[key]
+                    if self._running is not None and self._running[0] == key:
+                        self._stop_child()  # NOTE: nobody polls a queue with nothing waiting
 
     def wait(self, timeout_s: float) -> None:
         """Block up to ``timeout_s`` for the child's next reply (when nothing else is to do)."""
