@@ -140,3 +140,37 @@ def test_cancelling_the_running_compile_stops_the_child(compiler: BackgroundComp
     compiler.submit("next", ("regex", "[0-9]+"))
     ((uid, _, serialized, error),) = _until(compiler, 1)
     assert uid == "next" and serialized and error is None
+
+
+def test_the_child_dies_with_its_parent(smollm2_dir: Path, tmp_path: Path) -> None:  # noqa: F811
+    """kill -9 of the process holding the compiler (a scheduler) takes the compiling child
+    with it (its parent-death signal)."""
+    import subprocess
+    import sys
+
+    script = f"""
+import sys, time
+from worker.engine.grammar_compiler import BackgroundCompiler
+compiler = BackgroundCompiler({str(smollm2_dir)!r}, 49152, [2], timeout_s=600.0)
+compiler.submit("slow", {SLOW!r})
+while compiler._running is None:
+    compiler.poll()
+    compiler.wait(0.02)
+print(compiler.child_pid, flush=True)
+time.sleep(600)
+"""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, env=env)
+    try:
+        assert parent.stdout is not None
+        child_pid = int(parent.stdout.readline())
+        assert _alive(child_pid)
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 10
+        while _alive(child_pid):
+            assert time.monotonic() < deadline, "the compiler outlived its parent"
+            time.sleep(0.05)
+    finally:
+        parent.kill()
+        parent.wait()
