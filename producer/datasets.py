@@ -22,6 +22,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import string
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -185,17 +186,36 @@ def row_job(record: dict[str, Any], row_no: int, mapping: ColumnMapping) -> Job:
 
 
 def fill_template(template: str, record: dict[str, Any]) -> str:
-    """``template`` with ``{column}`` fields filled from the row (``{{``/``}}`` are braces)."""
+    """``template`` with ``{column}`` fields filled from the row (``{{``/``}}`` are braces).
+
+    A field names a column verbatim (``{user.name}`` is the column "user.name": no attribute
+    or item of a value is reachable); a format spec applies to the value (``{n:>4}``). A row
+    whose value a field cannot take is that row's error, never the file's."""
     try:
-        return template.format_map(_Columns(record))
+        return _ROW_FORMATTER.vformat(template, (), _Columns(record))
+    except JobError:
+        raise
     except KeyError as exc:
         raise JobError("template", f"{{{exc.args[0]}}}", "names no column of this file") from None
-    except (ValueError, IndexError) as exc:
-        raise JobError("template", None, f"not a valid template: {exc}") from None
+    except Exception as exc:  # NOTE: a format spec meeting this row's value (TypeError, ValueError, ...)
+        raise JobError("template", None, f"not a valid template for this row: {exc}") from None
+
+
+class _RowFormatter(string.Formatter):
+    def get_field(self, field_name: str, args: Any, kwargs: Any) -> tuple[Any, str]:
+        return self.get_value(field_name, args, kwargs), field_name
+
+    def get_value(self, key: int | str, args: Any, kwargs: Any) -> Any:
+        if isinstance(key, int) or key.isdigit():
+            raise ValueError("Format string contains positional fields; name a column: {column}")
+        return kwargs[key]
+
+
+_ROW_FORMATTER = _RowFormatter()
 
 
 class _Columns(dict):  # type: ignore[type-arg]
-    """A row for str.format_map: a missing value is an error, not the text "None"."""
+    """A row for the template: a missing value is an error, not the text "None"."""
 
     def __missing__(self, key: str) -> Any:
         raise KeyError(key)

@@ -190,3 +190,29 @@ def test_a_join_that_makes_no_table_is_one_clear_error(tmp_path: Path) -> None:
     with pytest.raises(OutputFileError, match="cannot write .* as Parquet"):
         write_parquet(rows_file, tmp_path / "o.parquet", input_columns(source, parsed))
     assert not (tmp_path / "o.parquet").exists()
+
+
+def test_a_template_that_fails_on_one_row_rejects_that_row_only(tmp_path: Path) -> None:
+    """JSONL rows may hold any type per row: a format spec that one row's value cannot take
+    (a list given a format code: TypeError) rejects that row naming the template, and the
+    other rows become jobs. An empty value is named as its column, not as a bad template."""
+    path = tmp_path / "rows.jsonl"
+    rows = [{"q": "first", "n": 1}, {"q": "second", "n": [2]}, {"q": "third", "n": None}]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    parsed = read_input(path, ColumnMapping(template="Q: {q} #{n:d}"))
+    texts = [str(row) for row in parsed.rows]
+    assert parsed.rows[0].prompt == "Q: first #1"  # type: ignore[union-attr]
+    assert "2: template" in texts[1] and "list" in texts[1]
+    assert "3: n: is empty in this row" in texts[2]
+    assert len(parsed.jobs) == 1
+
+
+def test_template_fields_name_columns_verbatim(tmp_path: Path) -> None:
+    """A column whose name holds a dot (flattened Parquet structs) is a template field as
+    written; no attribute of a value is reachable through a template."""
+    path = tmp_path / "dotted.parquet"
+    pq.write_table(pa.table({"user.name": ["ada"], "q": ["hi"]}), path)
+    parsed = read_input(path, ColumnMapping(template="{user.name} asks: {q}"))
+    assert parsed.rows[0].prompt == "ada asks: hi"  # type: ignore[union-attr]
+    parsed = read_input(path, ColumnMapping(template="{q.__class__}"))
+    assert "names no column" in str(parsed.rows[0])
