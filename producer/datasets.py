@@ -109,11 +109,15 @@ def read_records(path: str | Path) -> Iterator[tuple[int, dict[str, Any] | JobEr
     if kind == "jsonl":
         yield from _jsonl_records(path)
         return
-    yield from enumerate(read_table(path).to_pylist(), start=1)
+    if kind == "parquet":
+        yield from enumerate(read_table(path).to_pylist(), start=1)
+        return
+    for row_no, cells in enumerate(read_table(path).to_pylist(), start=1):
+        yield row_no, _csv_row(cells)
 
 
 def read_table(path: str | Path) -> Any:
-    """A Parquet or CSV file as a pyarrow Table (CSV cells as text, empty cells null)."""
+    """A Parquet or CSV file as a pyarrow Table (CSV cells as bytes, empty cells null)."""
     if file_format(path) == "parquet":
         import pyarrow.parquet as pq
 
@@ -121,11 +125,23 @@ def read_table(path: str | Path) -> Any:
     import pyarrow as pa
     import pyarrow.csv as pacsv
 
-    # NOTE: every CSV column as text: an id "007" must stay "007"; numbers (max_tokens) are
-    # converted by the job's own validation.
-    types = {name: pa.string() for name in _csv_header(path)}
+    # NOTE: every CSV column as bytes, decoded row by row (_csv_row): a cell that is not UTF-8
+    # is its row's error, not the file's; as text, an id "007" stays "007" and numbers
+    # (max_tokens) are converted by the job's own validation.
+    types = {name: pa.binary() for name in _csv_header(path)}
     options = pacsv.ConvertOptions(column_types=types, strings_can_be_null=True)
     return pacsv.read_csv(path, convert_options=options)
+
+
+def _csv_row(cells: dict[str, bytes | None]) -> dict[str, Any] | JobError:
+    """A CSV row's cells as text, or the error naming the first cell that is not UTF-8."""
+    row: dict[str, Any] = {}
+    for column, cell in cells.items():
+        try:
+            row[column] = None if cell is None else cell.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            return JobError(column, None, f"not UTF-8 text ({exc.reason} at byte {exc.start})")
+    return row
 
 
 def _csv_header(path: str | Path) -> list[str]:

@@ -216,3 +216,17 @@ def test_template_fields_name_columns_verbatim(tmp_path: Path) -> None:
     assert parsed.rows[0].prompt == "ada asks: hi"  # type: ignore[union-attr]
     parsed = read_input(path, ColumnMapping(template="{q.__class__}"))
     assert "names no column" in str(parsed.rows[0])
+
+
+def test_a_csv_cell_that_is_not_utf8_rejects_its_row_only(tmp_path: Path) -> None:
+    """One byte that is not UTF-8 in one cell rejects that row naming the column (the file is
+    otherwise read, every row in its place); before, Arrow refused the whole file."""
+    path = tmp_path / "mixed.csv"
+    path.write_bytes(b"id,prompt,max_tokens\na,hello,4\nb,caf\xe9,4\nc,world,4\n")
+    parsed = read_input(path)
+    assert [type(row).__name__ for row in parsed.rows] == ["Job", "Rejected", "Job"]
+    assert [job.prompt for job in parsed.jobs] == ["hello", "world"]
+    rejected = parsed.rejected[0]
+    assert rejected.line_no == 2 and "prompt" in rejected.reason and "UTF-8" in rejected.reason
+    columns = input_columns(path, parsed)
+    assert columns[0] == ("a", {"id": "a", "prompt": "hello", "max_tokens": "4"}) and columns[1][1] == {}
