@@ -63,9 +63,27 @@ def split_id(entry_id: str) -> tuple[int, str]:
     return (int(head), raw) if sep else (0, entry_id)
 
 
+class RoutingCorrupt(ValueError):
+    """The queue's meta hash holds a routing value that is not an integer (written by hand or
+    by another program): nothing can be routed until it is put right."""
+
+
 def read_routing(client: redis.Redis, keys: QueueKeys) -> tuple[int, int]:
-    """The queue's (partitions, prefix_chars); (1, default) for a queue that has none."""
+    """The queue's (partitions, prefix_chars); (1, default) for a queue that has none.
+    Raises RoutingCorrupt naming the key, the field and the value when one is not an integer."""
     values: Any = client.hmget(keys.meta, [META_PARTITIONS, META_PREFIX_CHARS])
-    partitions = int(values[0]) if values[0] is not None else 1
-    chars = int(values[1]) if values[1] is not None else DEFAULT_PREFIX_CHARS
-    return max(1, min(partitions, MAX_PARTITIONS)), chars
+    partitions = _meta_int(keys, META_PARTITIONS, values[0], 1)
+    chars = _meta_int(keys, META_PREFIX_CHARS, values[1], DEFAULT_PREFIX_CHARS)
+    return max(1, min(partitions, MAX_PARTITIONS)), max(0, chars)
+
+
+def _meta_int(keys: QueueKeys, field: str, value: Any, default: int) -> int:
+    if value is None:
+        return default
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise RoutingCorrupt(
+            f"the queue's {keys.meta} field {field!r} is {value!r}, not an integer: set it back "
+            f"(HSET {keys.meta} {field} N) or delete the queue"
+        ) from None
