@@ -325,3 +325,41 @@ def test_repetition_penalty_is_bounded_where_float32_logits_stay_finite() -> Non
     got = apply_penalties(logits, penalties)
     expected = RepetitionPenaltyLogitsProcessor(0.01)(torch.tensor([[0, 1, 2, 3]]), logits.clone())
     assert torch.isfinite(got).all() and torch.equal(got, expected)
+
+
+def test_building_a_batch_of_large_logit_bias_rows_is_cheap() -> None:
+    """256 requests with the largest logit_bias (1,024 entries each) and min_tokens: the host
+    builds the batch's sparse additions without a Python loop over the entries (the per-step
+    cost every request of the batch would pay), and they equal the per-row dicts."""
+    import time
+
+    from producer.schema import MAX_LOGIT_BIAS
+
+    rows = []
+    for i in range(256):
+        bias = {str((i * 7 + j * 40) % 49152): float(j % 200 - 100) for j in range(MAX_LOGIT_BIAS)}
+        rows.append(penalty_row(SamplingParams(logit_bias=bias, min_tokens=9), EOS, 49152))
+    pool = torch.zeros(256, 16, dtype=torch.int32)
+    build = lambda: build_penalties(rows, list(range(256)), [4] * 256, [5] * 256, pool)  # noqa: E731
+    build()
+    started = time.perf_counter()
+    for _ in range(5):
+        penalties = build()
+    per_step_ms = (time.perf_counter() - started) / 5 * 1000
+    print(f"build_penalties, 256 rows x {MAX_LOGIT_BIAS} biases: {per_step_ms:.1f} ms")
+    assert penalties is not None
+    got: dict[tuple[int, int], float] = {}
+    for r, t, v in zip(
+        penalties.sparse_rows.tolist(),
+        penalties.sparse_tokens.tolist(),
+        penalties.sparse_values.tolist(),
+        strict=True,
+    ):
+        got[(r, t)] = got.get((r, t), 0.0) + v
+    for i, row in enumerate(rows):
+        assert row is not None
+        expected = {(i, t): b for t, b in row.bias.items()}
+        for stop in row.stop_tokens:
+            expected[(i, stop)] = expected.get((i, stop), 0.0) + float("-inf")
+        assert {k: v for k, v in got.items() if k[0] == i} == expected
+    assert per_step_ms < 8.0
