@@ -3,7 +3,7 @@
 A queue's jobs go to P partition streams (P is the queue's ``partitions``, fixed by its first
 enqueue; 1 for a queue enqueued before partitions existed). A job's prefix key says which jobs
 share a prompt prefix: the job's ``prefix_key`` if given, else the first ``prefix_chars``
-characters of its prompt (of its messages, roles included; of its ``input_ids``, the first
+characters of its prompt (of its first prompt for a prompt list; of its messages, roles included; of its ``input_ids``, the first
 ``prefix_chars // 4`` ids). Its partition is the key's hash modulo P, so every job of a prefix
 group lands in the same stream, which one worker owns (worker.queue.routing).
 
@@ -36,8 +36,9 @@ def prefix_key(job: Job, prefix_chars: int = DEFAULT_PREFIX_CHARS) -> str:
     """The job's prefix key as 16 hex digits (a hash of what its prefix group shares)."""
     if job.prefix_key is not None:
         text = "k:" + job.prefix_key
-    elif job.prompt is not None:
-        text = "p:" + job.prompt[:prefix_chars]
+    elif job.prompt is not None or job.prompts:
+        first = job.prompt if job.prompt is not None else (job.prompts or [""])[0]
+        text = "p:" + first[:prefix_chars]
     elif job.messages is not None:
         text = "m:" + "".join(f"{m.role}\n{m.content}\n" for m in job.messages)[:prefix_chars]
     else:
