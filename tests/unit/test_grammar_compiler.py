@@ -88,7 +88,7 @@ def test_time_limit_fails_that_key_only_and_the_child_restarts(compiler: Backgro
     compiler.submit("slow", SLOW)
     compiler.submit("quick", ("regex", "[0-9]+"))
     started = time.monotonic()
-    done = {uid: (serialized, error) for uid, _, serialized, error in _until(compiler, 2)}
+    done = {uid: (serialized, error) for uid, _, serialized, error, _ in _until(compiler, 2)}
     assert done["slow"][0] is None and "did not compile within 2 s" in str(done["slow"][1])
     assert done["quick"][1] is None and done["quick"][0]
     assert compiler.restarts == 1
@@ -107,7 +107,7 @@ def test_a_crashing_child_fails_the_key_it_was_compiling_only(compiler: Backgrou
     pid = compiler.child_pid
     assert pid is not None
     os.kill(pid, signal.SIGSEGV)
-    done = {uid: (serialized, error) for uid, _, serialized, error in _until(compiler, 2)}
+    done = {uid: (serialized, error) for uid, _, serialized, error, _ in _until(compiler, 2)}
     assert done["victim"] == (None, "the grammar compiler was killed by signal SIGSEGV while compiling it")
     assert done["next"][1] is None and done["next"][0]
     assert compiler.child_pid != pid and not _alive(pid)
@@ -117,7 +117,7 @@ def test_cancel_and_close_leave_no_process(compiler: BackgroundCompiler) -> None
     compiler.submit("gone", SLOW)
     compiler.submit("kept", ("regex", "x+"))
     compiler.cancel("gone")
-    (uid, key, serialized, error), *rest = _until(compiler, 1)
+    (uid, key, serialized, error, _), *rest = _until(compiler, 1)
     assert (uid, key, error, rest) == ("kept", ("regex", "x+"), None, [])
     pid = compiler.child_pid
     assert pid is not None and _alive(pid)
@@ -138,7 +138,7 @@ def test_cancelling_the_running_compile_stops_the_child(compiler: BackgroundComp
     compiler.cancel("gone")
     assert not compiler.pending and compiler.child_pid is None and not _alive(pid)
     compiler.submit("next", ("regex", "[0-9]+"))
-    ((uid, _, serialized, error),) = _until(compiler, 1)
+    ((uid, _, serialized, error, _),) = _until(compiler, 1)
     assert uid == "next" and serialized and error is None
 
 
@@ -174,3 +174,30 @@ time.sleep(600)
     finally:
         parent.kill()
         parent.wait()
+
+
+def test_a_key_that_failed_fails_at_once_next_time(smollm2_dir: Path) -> None:  # noqa: F811
+    """A grammar that ran past the time limit is not compiled again for the next job that
+    asks for it (a dataset of rows sharing one hostile schema would otherwise cost the limit
+    per batch, holding up every other grammar behind it): the next job gets the same error
+    at once, and nothing goes to the child."""
+    grammars = Grammars.in_background(str(smollm2_dir), 49152, [2], timeout_s=2.0)
+    slow = SamplingParams(json_schema=json.loads(SLOW[1]))
+    try:
+        assert grammars.submit("first", slow) is None
+        assert grammars.background is not None
+        done: list[tuple[str, object]] = []
+        deadline = time.monotonic() + 60
+        while not done:
+            done += grammars.poll()
+            grammars.background.wait(0.02)
+            assert time.monotonic() < deadline
+        ((uid, error),) = done
+        assert uid == "first" and isinstance(error, GrammarError) and "within 2 s" in str(error)
+        started = time.monotonic()
+        with pytest.raises(GrammarError) as again:
+            grammars.submit("second", slow)
+        assert str(again.value) == str(error) and time.monotonic() - started < 0.1
+        assert not grammars.background.pending
+    finally:
+        grammars.close()

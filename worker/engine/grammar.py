@@ -100,6 +100,7 @@ class Grammars:
         self._compiler = xgr.GrammarCompiler(info, cache_enabled=False) if info is not None else None
         self._batch = xgr.BatchGrammarMatcher()
         self._cache: OrderedDict[tuple[str, str], Any] = OrderedDict()  # NOTE: xgrammar's cache is off
+        self._failed: OrderedDict[tuple[str, str], str] = OrderedDict()  # key -> why its compile failed
         self.cache_hits = 0
         self.cache_misses = 0
         self.background = background
@@ -153,13 +154,18 @@ class Grammars:
 
     def submit(self, uid: str, sampling: SamplingParams) -> Any | None:
         """The job's compiled grammar when cached; else None, and its key goes to the background
-        compiler: ``poll`` answers ``uid`` later."""
+        compiler: ``poll`` answers ``uid`` later. Raises GrammarError at once for a key whose
+        compile failed before (invalid, too slow, crashed the compiler): it is not tried again."""
         compiled = self.cached(sampling)
         if compiled is None:
             assert self.background is not None, "submit() without a background compiler"
-            self.cache_misses += 1
             key = grammar_key(sampling)
             assert key is not None
+            failed = self._failed.get(key)
+            if failed is not None:
+                self._failed.move_to_end(key)
+                raise GrammarError(key[0], failed)
+            self.cache_misses += 1
             self.background.submit(uid, key)
         return compiled
 
@@ -171,7 +177,7 @@ class Grammars:
         finished = self.background.poll()
         if self._info is None and self.background.tokenizer_info is not None:
             self._info = self._xgr.TokenizerInfo.deserialize_json(self.background.tokenizer_info)
-        for uid, key, serialized, error in finished:
+        for uid, key, serialized, error, of_key in finished:
             compiled = self._cache.get(key)
             if compiled is None and serialized is not None:
                 try:
@@ -180,6 +186,10 @@ class Grammars:
                     )
                 except Exception as exc:  # NOTE: a surprise in the child's output is that job's error
                     error = f"the compiled grammar could not be read: {xgrammar_reason(exc)}"
+            if compiled is None and of_key:
+                self._failed[key] = str(error)
+                if len(self._failed) > GRAMMAR_CACHE_SIZE:
+                    self._failed.popitem(last=False)
             done.append((uid, compiled if compiled is not None else GrammarError(key[0], str(error))))
         return done
 

@@ -31,14 +31,25 @@ from collections import OrderedDict
 from collections.abc import Collection
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from producer.lifetime import start_child
 
 logger = logging.getLogger(__name__)
 
 Key = tuple[str, str]  # (field, canonical text): worker.engine.grammar.grammar_key
-Outcome = tuple[str, Key, str | None, str | None]  # uid, key, serialized grammar | None, error | None
+
+
+class Outcome(NamedTuple):
+    """How a job's compile ended: the serialized grammar, or why not."""
+
+    uid: str
+    key: Key
+    serialized: str | None
+    error: str | None
+    of_key: bool = True  # the error is the key's own (not the compiler's failing to start)
+
+
 START_TIMEOUT_S = 120.0  # loading the tokenizer in the child
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 _XGRAMMAR_PREFIX = re.compile(r"^\[[^\]]*\] \S+:\d+: ")  # "[06:12:14] /project/cpp/x.cc:94: "
@@ -231,14 +242,16 @@ class BackgroundCompiler:
         key = self._running[0]
         self._running = None
         uids = self._waiting.pop(key, [])
-        return [(uid, key, reply.get("ok"), reply.get("error")) for uid in uids]
+        return [Outcome(uid, key, reply.get("ok"), reply.get("error")) for uid in uids]
 
     def _fail_key(self, key: Key, why: str) -> list[Outcome]:
-        return [(uid, key, None, why) for uid in self._waiting.pop(key, [])]
+        return [Outcome(uid, key, None, why) for uid in self._waiting.pop(key, [])]
 
     def _fail_all(self, why: str) -> list[Outcome]:
         self._stop_child()
-        done: list[Outcome] = [(uid, key, None, why) for key, uids in self._waiting.items() for uid in uids]
+        done = [
+            Outcome(uid, key, None, why, of_key=False) for key, uids in self._waiting.items() for uid in uids
+        ]
         self._waiting.clear()
         return done
 

@@ -214,9 +214,9 @@ class Scheduler:
         group.held_back = choices[1:]  # NOTE: admitted once the first choice's prompt KV is cached
 
     def _compile_grammar(self, msg: GenerateRequest) -> tuple[Any, tuple[str, str] | None]:
-        """(compiled grammar, None) when cached, else (None, None): the grammar went to the
-        background compiler, which answers later (a model without a tokenizer: an error then)."""
-        from worker.engine.grammar import Grammars
+        """(compiled grammar, None) when cached; (None, refusal) when its compile failed before;
+        else (None, None): the grammar went to the background compiler, which answers later."""
+        from worker.engine.grammar import GrammarError, Grammars
 
         if self._grammars is None:
             engine = self.engine
@@ -226,7 +226,10 @@ class Scheduler:
                 engine.eos_token_ids,
                 self.config.grammar_timeout_s,
             )
-        return self._grammars.submit(msg.uid, msg.sampling), None
+        try:
+            return self._grammars.submit(msg.uid, msg.sampling), None
+        except GrammarError as exc:  # its compile failed before: not tried again
+            return None, ("invalid_job", str(exc))
 
     def _admit_compiled(self, wait_s: float) -> None:
         """Admit the requests whose grammar compiled, refuse those whose grammar failed; waits
