@@ -88,9 +88,9 @@ def test_time_limit_fails_that_key_only_and_the_child_restarts(compiler: Backgro
     compiler.submit("slow", SLOW)
     compiler.submit("quick", ("regex", "[0-9]+"))
     started = time.monotonic()
-    done = {uid: (serialized, error) for uid, _, serialized, error, _ in _until(compiler, 2)}
+    done = {uid: (compiled, error) for uid, _, compiled, error, _ in _until(compiler, 2)}
     assert done["slow"][0] is None and "did not compile within 2 s" in str(done["slow"][1])
-    assert done["quick"][1] is None and done["quick"][0]
+    assert done["quick"][1] is None and done["quick"][0] is not None
     assert compiler.restarts == 1
     print(f"slow failed and quick compiled within {time.monotonic() - started:.1f} s")
 
@@ -107,9 +107,9 @@ def test_a_crashing_child_fails_the_key_it_was_compiling_only(compiler: Backgrou
     pid = compiler.child_pid
     assert pid is not None
     os.kill(pid, signal.SIGSEGV)
-    done = {uid: (serialized, error) for uid, _, serialized, error, _ in _until(compiler, 2)}
+    done = {uid: (compiled, error) for uid, _, compiled, error, _ in _until(compiler, 2)}
     assert done["victim"] == (None, "the grammar compiler was killed by signal SIGSEGV while compiling it")
-    assert done["next"][1] is None and done["next"][0]
+    assert done["next"][1] is None and done["next"][0] is not None
     assert compiler.child_pid != pid and not _alive(pid)
 
 
@@ -117,7 +117,7 @@ def test_cancel_and_close_leave_no_process(compiler: BackgroundCompiler) -> None
     compiler.submit("gone", SLOW)
     compiler.submit("kept", ("regex", "x+"))
     compiler.cancel("gone")
-    (uid, key, serialized, error, _), *rest = _until(compiler, 1)
+    (uid, key, compiled, error, _), *rest = _until(compiler, 1)
     assert (uid, key, error, rest) == ("kept", ("regex", "x+"), None, [])
     pid = compiler.child_pid
     assert pid is not None and _alive(pid)
@@ -138,8 +138,8 @@ def test_cancelling_the_running_compile_stops_the_child(compiler: BackgroundComp
     compiler.cancel("gone")
     assert not compiler.pending and compiler.child_pid is None and not _alive(pid)
     compiler.submit("next", ("regex", "[0-9]+"))
-    ((uid, _, serialized, error, _),) = _until(compiler, 1)
-    assert uid == "next" and serialized and error is None
+    ((uid, _, compiled, error, _),) = _until(compiler, 1)
+    assert uid == "next" and compiled is not None and error is None
 
 
 def test_the_child_dies_with_its_parent(smollm2_dir: Path, tmp_path: Path) -> None:  # noqa: F811
@@ -201,3 +201,52 @@ def test_a_key_that_failed_fails_at_once_next_time(smollm2_dir: Path) -> None:  
         assert not grammars.background.pending
     finally:
         grammars.close()
+
+
+def test_a_large_grammar_is_read_back_off_the_callers_thread(smollm2_dir: Path) -> None:  # noqa: F811
+    """A 20,000-value enum compiles to about 57 MB, which xgrammar reads back in seconds: the
+    reading happens on the compiler's reader thread, so no poll (the scheduler's step) takes
+    long, and the grammar arrives whole (it equals the one compiled here)."""
+    schema = SamplingParams(json_schema={"enum": [f"value{i}" for i in range(20000)]})
+    background = Grammars.in_background(str(smollm2_dir), 49152, [2], timeout_s=120.0)
+    try:
+        assert background.submit("big", schema) is None
+        assert background.background is not None
+        done: list[tuple[str, object]] = []
+        longest_s = 0.0
+        deadline = time.monotonic() + 120
+        while not done:
+            started = time.monotonic()
+            done += background.poll()
+            longest_s = max(longest_s, time.monotonic() - started)
+            background.background.wait(0.02)
+            assert time.monotonic() < deadline
+        ((uid, compiled),) = done
+        print(f"longest poll while a 57 MB grammar was read back: {longest_s * 1000:.0f} ms")
+        assert uid == "big" and not isinstance(compiled, GrammarError)
+        assert longest_s < 0.5
+        matcher = background.matcher(compiled)
+        bitmask = background.token_bitmask([matcher])
+        assert bitmask is not None and 0 < int((bitmask != 0).sum())
+    finally:
+        background.close()
+
+
+def test_a_grammar_over_the_memory_limit_is_that_jobs_error(
+    smollm2_dir: Path,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from worker.engine import grammar_compiler
+
+    monkeypatch.setattr(grammar_compiler, "MAX_GRAMMAR_BYTES", 1 << 20)
+    compiler = BackgroundCompiler(str(smollm2_dir), 49152, [2], timeout_s=60.0)
+    try:
+        big = grammar_key(SamplingParams(json_schema={"enum": [f"value{i}" for i in range(20000)]}))
+        assert big is not None
+        compiler.submit("big", big)
+        compiler.submit("small", ("regex", "[0-9]+"))
+        done = {outcome.uid: outcome for outcome in _until(compiler, 2)}
+        assert done["big"].compiled is None and "over the limit of 1 MiB" in str(done["big"].error)
+        assert done["small"].compiled is not None and compiler.restarts == 0
+    finally:
+        compiler.close()

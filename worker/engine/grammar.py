@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from producer.schema import SamplingParams
 
 GRAMMAR_CACHE_SIZE = 256  # compiled grammars kept by the scheduler process (least recently used go)
+GRAMMAR_CACHE_BYTES = 1 << 30  # and at most this much of them (xgrammar's memory_size_bytes)
 
 
 class GrammarError(ValueError):
@@ -100,6 +101,7 @@ class Grammars:
         self._compiler = xgr.GrammarCompiler(info, cache_enabled=False) if info is not None else None
         self._batch = xgr.BatchGrammarMatcher()
         self._cache: OrderedDict[tuple[str, str], Any] = OrderedDict()  # NOTE: xgrammar's cache is off
+        self._cache_bytes = 0
         self._failed: OrderedDict[tuple[str, str], str] = OrderedDict()  # key -> why its compile failed
         self.cache_hits = 0
         self.cache_misses = 0
@@ -175,17 +177,11 @@ class Grammars:
             return []
         done: list[tuple[str, Any]] = []
         finished = self.background.poll()
-        if self._info is None and self.background.tokenizer_info is not None:
-            self._info = self._xgr.TokenizerInfo.deserialize_json(self.background.tokenizer_info)
-        for uid, key, serialized, error, of_key in finished:
-            compiled = self._cache.get(key)
-            if compiled is None and serialized is not None:
-                try:
-                    compiled = self._keep(
-                        key, self._xgr.CompiledGrammar.deserialize_json(serialized, self._info)
-                    )
-                except Exception as exc:  # NOTE: a surprise in the child's output is that job's error
-                    error = f"the compiled grammar could not be read: {xgrammar_reason(exc)}"
+        if self._info is None:
+            self._info = self.background.tokenizer_info
+        for uid, key, compiled, error, of_key in finished:
+            if compiled is not None:
+                compiled = self._keep(key, compiled)
             if compiled is None and of_key:
                 self._failed[key] = str(error)
                 if len(self._failed) > GRAMMAR_CACHE_SIZE:
@@ -202,10 +198,17 @@ class Grammars:
             self.background.close()
 
     def _keep(self, key: tuple[str, str], compiled: Any) -> Any:
-        self._cache[key] = compiled
-        if len(self._cache) > GRAMMAR_CACHE_SIZE:
-            self._cache.popitem(last=False)
-        return compiled
+        """Cache ``compiled``: at most GRAMMAR_CACHE_SIZE grammars and GRAMMAR_CACHE_BYTES of
+        them (the least recently used go; the newest always stays)."""
+        if key not in self._cache:
+            self._cache[key] = compiled
+            self._cache_bytes += _size_bytes(compiled)
+        while len(self._cache) > 1 and (
+            len(self._cache) > GRAMMAR_CACHE_SIZE or self._cache_bytes > GRAMMAR_CACHE_BYTES
+        ):
+            _, dropped = self._cache.popitem(last=False)
+            self._cache_bytes -= _size_bytes(dropped)
+        return self._cache[key]
 
     def matcher(self, compiled: Any) -> Matcher:
         return Matcher(self._xgr.GrammarMatcher(compiled))
@@ -223,6 +226,10 @@ class Grammars:
         live = [matchers[i].xgr for i in rows]  # type: ignore[union-attr]
         self._batch.batch_fill_next_token_bitmask(live, bitmask, indices=rows)
         return bitmask
+
+
+def _size_bytes(compiled: Any) -> int:
+    return int(getattr(compiled, "memory_size_bytes", 0))
 
 
 def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:

@@ -21,10 +21,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import queue
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import weakref
 from collections import OrderedDict
@@ -45,12 +47,15 @@ class Outcome(NamedTuple):
 
     uid: str
     key: Key
-    serialized: str | None
+    compiled: Any  # xgrammar.CompiledGrammar, or None
     error: str | None
     of_key: bool = True  # the error is the key's own (not the compiler's failing to start)
 
 
 START_TIMEOUT_S = 120.0  # loading the tokenizer in the child
+# NOTE: a compiled grammar's memory in the scheduler process (xgrammar's memory_size_bytes);
+# reading one back costs about 1 s per 15 MB (off the scheduler's thread, but held in memory)
+MAX_GRAMMAR_BYTES = 128 << 20
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 _XGRAMMAR_PREFIX = re.compile(r"^\[[^\]]*\] \S+:\d+: ")  # "[06:12:14] /project/cpp/x.cc:94: "
 
@@ -78,7 +83,11 @@ def compile_threads() -> int:
 
 
 class _Child:
-    """One incarnation of the compiler process and its two pipe ends."""
+    """One incarnation of the compiler process, its request pipe and a reader thread.
+
+    NOTE: the reader thread takes the child's replies and deserializes compiled grammars (a
+    large one takes seconds; xgrammar releases the GIL meanwhile), so the scheduler's thread
+    only drains ``replies``. It owns the inbox and closes it at the child's EOF."""
 
     def __init__(self, args: list[str]) -> None:
         to_child_r, to_child_w = os.pipe()
@@ -100,16 +109,47 @@ class _Child:
             os.close(to_child_r)
             os.close(from_child_w)
         self.outbox = Connection(to_child_w, readable=False)
-        self.inbox = Connection(from_child_r, writable=False)
+        self.replies: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self.arrived = threading.Event()
         self.started_s = time.monotonic()
         self.ready = False
+        self.info: Any = None  # xgrammar.TokenizerInfo, from the ready message
+        inbox = Connection(from_child_r, writable=False)
+        threading.Thread(target=self._read, args=(inbox,), name="grammar-reader", daemon=True).start()
+
+    def _read(self, inbox: Connection) -> None:
+        import xgrammar as xgr
+
+        try:
+            while True:
+                header = json.loads(inbox.recv_bytes())
+                if "ready" in header:
+                    self.info = xgr.TokenizerInfo.deserialize_json(inbox.recv_bytes().decode())
+                    self._put("ready", self.info)
+                elif "ok" in header:
+                    data = inbox.recv_bytes().decode()
+                    try:
+                        self._put("ok", xgr.CompiledGrammar.deserialize_json(data, self.info))
+                    except Exception as exc:  # NOTE: a surprise in the child's output is that key's error
+                        self._put("error", f"the compiled grammar could not be read: {xgrammar_reason(exc)}")
+                else:
+                    self._put(
+                        "error" if "error" in header else "failed", header.get("error", header.get("failed"))
+                    )
+        except (EOFError, OSError, ValueError):
+            self._put("eof", None)
+        finally:
+            inbox.close()
+
+    def _put(self, kind: str, payload: Any) -> None:
+        self.replies.put((kind, payload))
+        self.arrived.set()
 
     def kill(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
         self.outbox.close()
-        self.inbox.close()
 
     def exit_reason(self) -> str:
         try:
@@ -126,14 +166,20 @@ class BackgroundCompiler:
     """Compiles grammar keys in a child process, one at a time, in the order first asked for.
 
     ``submit(uid, key)`` queues a job's key (jobs asking for the same key share one compile);
-    ``poll()`` returns ``(uid, key, serialized | None, error | None)`` for every job whose
+    ``poll()`` returns an Outcome (the compiled grammar, or why not) for every job whose
     compile ended, and never blocks; ``cancel(uid)`` forgets a job. ``close()`` stops the child
     (also done when the object is collected)."""
 
     def __init__(
         self, model_path: str, vocab_size: int, stop_token_ids: Collection[int], timeout_s: float
     ) -> None:
-        self._args = [model_path, str(vocab_size), json.dumps(sorted(stop_token_ids)), str(compile_threads())]
+        self._args = [
+            model_path,
+            str(vocab_size),
+            json.dumps(sorted(stop_token_ids)),
+            str(compile_threads()),
+            str(MAX_GRAMMAR_BYTES),
+        ]
         self.timeout_s = timeout_s
         self._waiting: OrderedDict[Key, list[str]] = OrderedDict()  # key -> uids, first asked first
         self._running: tuple[Key, float] | None = None  # the key the child compiles, since when
@@ -141,7 +187,7 @@ class BackgroundCompiler:
         self._alive: list[_Child] = []  # NOTE: the finalizer's reference: it must not hold self
         self._finalizer = weakref.finalize(self, _kill_all, self._alive)
         self.restarts = 0  # children stopped or lost (a time limit, a crash, a dropped compile)
-        self.tokenizer_info: str | None = None  # xgrammar.TokenizerInfo as JSON, from the first child
+        self.tokenizer_info: Any = None  # xgrammar.TokenizerInfo, from the first child that started
 
     @property
     def pending(self) -> bool:
@@ -167,7 +213,7 @@ class BackgroundCompiler:
     def wait(self, timeout_s: float) -> None:
         """Block up to ``timeout_s`` for the child's next reply (when nothing else is to do)."""
         if self._child is not None:
-            self._child.inbox.poll(timeout_s)
+            self._child.arrived.wait(timeout_s)
         else:
             time.sleep(min(timeout_s, 0.001))
 
@@ -179,13 +225,15 @@ class BackgroundCompiler:
             self._start()
         child = self._child
         assert child is not None
-        try:
-            while self._child is child and child.inbox.poll(0):
-                reply = json.loads(child.inbox.recv_bytes())
-                done += self._take(reply)
-        except (EOFError, OSError):
-            done += self._child_died(child)
-            return done
+        child.arrived.clear()
+        while self._child is child:
+            try:
+                kind, payload = child.replies.get_nowait()
+            except queue.Empty:
+                break
+            if kind == "eof":
+                return done + self._child_died(child)
+            done += self._take(kind, payload)
         if self._child is not child:
             return done
         now = time.monotonic()
@@ -230,19 +278,21 @@ class BackgroundCompiler:
             return  # the child is gone: its EOF is read at the next poll
         self._running = (key, time.monotonic())
 
-    def _take(self, reply: dict[str, Any]) -> list[Outcome]:
+    def _take(self, kind: str, payload: Any) -> list[Outcome]:
         assert self._child is not None
-        if reply.get("ready"):
+        if kind == "ready":
             self._child.ready = True
-            self.tokenizer_info = self.tokenizer_info or reply.get("tokenizer_info")
+            self.tokenizer_info = self.tokenizer_info or payload
             return []
-        if "failed" in reply:
-            return self._fail_all(str(reply["failed"]))
+        if kind == "failed":
+            return self._fail_all(str(payload))
         assert self._running is not None, "a compile reply with nothing asked"
         key = self._running[0]
         self._running = None
         uids = self._waiting.pop(key, [])
-        return [Outcome(uid, key, reply.get("ok"), reply.get("error")) for uid in uids]
+        if kind == "ok":
+            return [Outcome(uid, key, payload, None) for uid in uids]
+        return [Outcome(uid, key, None, str(payload)) for uid in uids]
 
     def _fail_key(self, key: Key, why: str) -> list[Outcome]:
         return [Outcome(uid, key, None, why) for uid in self._waiting.pop(key, [])]
@@ -276,7 +326,7 @@ def _kill_all(children: list[_Child]) -> None:
 
 
 def main(argv: list[str]) -> int:
-    read_fd, write_fd, model_path, vocab_size, stop_ids, threads = argv
+    read_fd, write_fd, model_path, vocab_size, stop_ids, threads, max_bytes = argv
     inbox = Connection(int(read_fd), writable=False)
     outbox = Connection(int(write_fd), readable=False)
     try:
@@ -294,22 +344,28 @@ def main(argv: list[str]) -> int:
         )
         compiler = xgr.GrammarCompiler(info, max_threads=int(threads), cache_enabled=False)
     except Exception as exc:  # NOTE: reported to the parent, which fails the waiting jobs
-        outbox.send_bytes(
-            json.dumps({"failed": f"structured output is unavailable: {type(exc).__name__}: {exc}"}).encode()
-        )
+        why = f"structured output is unavailable: {type(exc).__name__}: {exc}"
+        outbox.send_bytes(json.dumps({"failed": why}).encode())
         return 1
-    ready = {"ready": True, "tokenizer_info": info.serialize_json()}
-    outbox.send_bytes(json.dumps(ready).encode())
+    outbox.send_bytes(b'{"ready": true}')
+    outbox.send_bytes(info.serialize_json().encode())
     while True:
         try:
             request = json.loads(inbox.recv_bytes())
         except EOFError:
             return 0
         try:
-            reply = {"ok": compile_text(compiler, request["field"], request["text"]).serialize_json()}
+            compiled = compile_text(compiler, request["field"], request["text"])
         except Exception as exc:  # NOTE: xgrammar raises RuntimeError (C++) and others: the job's error
-            reply = {"error": xgrammar_reason(exc)}
-        outbox.send_bytes(json.dumps(reply).encode())
+            outbox.send_bytes(json.dumps({"error": xgrammar_reason(exc)}).encode())
+            continue
+        size = compiled.memory_size_bytes
+        if size > int(max_bytes):
+            why = f"compiles to {size >> 20} MiB, over the limit of {int(max_bytes) >> 20} MiB: make it smaller"
+            outbox.send_bytes(json.dumps({"error": why}).encode())
+            continue
+        outbox.send_bytes(b'{"ok": true}')
+        outbox.send_bytes(compiled.serialize_json().encode())
 
 
 if __name__ == "__main__":
