@@ -250,3 +250,24 @@ def test_a_grammar_over_the_memory_limit_is_that_jobs_error(
         assert done["small"].compiled is not None and compiler.restarts == 0
     finally:
         compiler.close()
+
+
+def test_a_compiler_that_cannot_start_fails_the_waiting_jobs(
+    compiler: BackgroundCompiler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No process to be had (fork refused under memory pressure): the waiting jobs get that
+    error, not the scheduler an exception; the next job tries again."""
+    from worker.engine import grammar_compiler
+
+    def refused(args: list[str]) -> None:
+        raise OSError(12, "Cannot allocate memory")
+
+    monkeypatch.setattr(grammar_compiler, "_Child", refused)
+    compiler.submit("a", ("regex", "x+"))
+    ((uid, _, compiled, error, of_key),) = compiler.poll()
+    assert (uid, compiled, of_key) == ("a", None, False)
+    assert "could not start" in str(error) and "Cannot allocate memory" in str(error)
+    monkeypatch.undo()
+    compiler.submit("b", ("regex", "x+"))
+    ((uid, _, compiled, error, _),) = _until(compiler, 1)
+    assert uid == "b" and compiled is not None

@@ -169,3 +169,28 @@ def test_a_job_aborted_while_its_grammar_compiles_is_answered_once(llm: LLM) -> 
             break
         assert time.perf_counter() - started < 2 * TIMEOUT_S + 30
     assert [(a.uid, a.error_code) for a in answers] == [("gone", "aborted")]
+
+
+def test_a_failing_compiler_answers_its_jobs_and_the_loop_goes_on(
+    llm: LLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A surprise inside the grammar engine's poll is the waiting jobs' internal error; the
+    scheduler keeps serving (a plain job is answered) and the next grammar job gets a new
+    compiler."""
+    from worker.engine.grammar import Grammars
+
+    def broken(self: Grammars) -> list[tuple[str, object]]:
+        raise RuntimeError("boom")
+
+    prompt = llm.encode([{"role": "user", "content": "Hi"}])
+    with monkeypatch.context() as patch:
+        patch.setattr(Grammars, "poll", broken)
+        results = llm.generate(
+            [prompt, prompt],
+            [SamplingParams(max_tokens=4, regex="[a-z]{3}"), SamplingParams(max_tokens=4, temperature=0.0)],
+        )
+    assert results[0].error is not None and results[0].error.code == "internal"
+    assert "the grammar compiler failed: boom" in results[0].error.message
+    assert results[1].error is None and len(results[1].choices[0].token_ids) >= 1
+    again = llm.generate([prompt], SamplingParams(max_tokens=4, regex="[a-z]{3}"))[0]
+    assert again.error is None and again.choices[0].finish_reason in ("stop", "length")

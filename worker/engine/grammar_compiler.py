@@ -222,7 +222,10 @@ class BackgroundCompiler:
         if not self._waiting:
             return done
         if self._child is None:
-            self._start()
+            try:
+                self._start()
+            except OSError as exc:  # NOTE: no process to be had (fork or pipe refused): the jobs' error
+                return self._fail_all(f"the grammar compiler could not start: {exc}")
         child = self._child
         assert child is not None
         child.arrived.clear()
@@ -361,7 +364,9 @@ def main(argv: list[str]) -> int:
             continue
         size = compiled.memory_size_bytes
         if size > int(max_bytes):
-            why = f"compiles to {size >> 20} MiB, over the limit of {int(max_bytes) >> 20} MiB: make it smaller"
+            why = (
+                f"compiles to {size >> 20} MiB, over the limit of {int(max_bytes) >> 20} MiB: make it smaller"
+            )
             outbox.send_bytes(json.dumps({"error": why}).encode())
             continue
         outbox.send_bytes(b'{"ok": true}')

@@ -239,7 +239,17 @@ class Scheduler:
         assert self._grammars is not None and self._grammars.background is not None
         if wait_s > 0:
             self._grammars.background.wait(wait_s)
-        for uid, outcome in self._grammars.poll():
+        try:
+            finished = self._grammars.poll()
+        except Exception as exc:  # NOTE: the waiting requests' error, not the loop's; a new compiler next
+            logger.exception("the grammar compiler failed")
+            self._grammars.close()
+            self._grammars = None
+            for uid, waiting in self._compiling.items():
+                self._reject(uid, len(waiting.input_ids), "internal", f"the grammar compiler failed: {exc}")
+            self._compiling.clear()
+            return
+        for uid, outcome in finished:
             msg = self._compiling.pop(uid, None)
             if msg is None:
                 continue  # aborted while compiling
