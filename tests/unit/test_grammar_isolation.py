@@ -164,7 +164,7 @@ def test_a_job_aborted_while_its_grammar_compiles_is_answered_once(llm: LLM) -> 
     while True:
         last = llm.scheduler.step(None, block=False)
         answers += [m for m in llm.io.take_all() if isinstance(m, RequestFinished)]
-        background = llm.scheduler._grammars.background  # type: ignore[union-attr]
+        background = llm.scheduler.compiling.grammars.background  # type: ignore[union-attr]
         if last is None and llm.scheduler.idle and not background.pending:
             break
         assert time.perf_counter() - started < 2 * TIMEOUT_S + 30
