@@ -164,10 +164,11 @@ def expected_errors(url: str) -> Iterator[None]:
     from producer.outfile import OutputFileError
     from producer.redis_errors import describe
     from producer.retry import RedisUnavailable
+    from producer.routing import RoutingCorrupt
 
     try:
         yield
-    except (UnknownQueueError, OutputFileError) as exc:
+    except (UnknownQueueError, OutputFileError, RoutingCorrupt) as exc:
         fail(str(exc), exits.USAGE)
     except RedisUnavailable as exc:
         fail(

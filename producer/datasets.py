@@ -22,6 +22,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import string
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,11 +109,15 @@ def read_records(path: str | Path) -> Iterator[tuple[int, dict[str, Any] | JobEr
     if kind == "jsonl":
         yield from _jsonl_records(path)
         return
-    yield from enumerate(read_table(path).to_pylist(), start=1)
+    if kind == "parquet":
+        yield from enumerate(read_table(path).to_pylist(), start=1)
+        return
+    for row_no, cells in enumerate(read_table(path).to_pylist(), start=1):
+        yield row_no, _csv_row(cells)
 
 
 def read_table(path: str | Path) -> Any:
-    """A Parquet or CSV file as a pyarrow Table (CSV cells as text, empty cells null)."""
+    """A Parquet or CSV file as a pyarrow Table (CSV cells as bytes, empty cells null)."""
     if file_format(path) == "parquet":
         import pyarrow.parquet as pq
 
@@ -120,11 +125,23 @@ def read_table(path: str | Path) -> Any:
     import pyarrow as pa
     import pyarrow.csv as pacsv
 
-    # NOTE: every CSV column as text: an id "007" must stay "007"; numbers (max_tokens) are
-    # converted by the job's own validation.
-    types = {name: pa.string() for name in _csv_header(path)}
+    # NOTE: every CSV column as bytes, decoded row by row (_csv_row): a cell that is not UTF-8
+    # is its row's error, not the file's; as text, an id "007" stays "007" and numbers
+    # (max_tokens) are converted by the job's own validation.
+    types = {name: pa.binary() for name in _csv_header(path)}
     options = pacsv.ConvertOptions(column_types=types, strings_can_be_null=True)
     return pacsv.read_csv(path, convert_options=options)
+
+
+def _csv_row(cells: dict[str, bytes | None]) -> dict[str, Any] | JobError:
+    """A CSV row's cells as text, or the error naming the first cell that is not UTF-8."""
+    row: dict[str, Any] = {}
+    for column, cell in cells.items():
+        try:
+            row[column] = None if cell is None else cell.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            return JobError(column, None, f"not UTF-8 text ({exc.reason} at byte {exc.start})")
+    return row
 
 
 def _csv_header(path: str | Path) -> list[str]:
@@ -185,17 +202,36 @@ def row_job(record: dict[str, Any], row_no: int, mapping: ColumnMapping) -> Job:
 
 
 def fill_template(template: str, record: dict[str, Any]) -> str:
-    """``template`` with ``{column}`` fields filled from the row (``{{``/``}}`` are braces)."""
+    """``template`` with ``{column}`` fields filled from the row (``{{``/``}}`` are braces).
+
+    A field names a column verbatim (``{user.name}`` is the column "user.name": no attribute
+    or item of a value is reachable); a format spec applies to the value (``{n:>4}``). A row
+    whose value a field cannot take is that row's error, never the file's."""
     try:
-        return template.format_map(_Columns(record))
+        return _ROW_FORMATTER.vformat(template, (), _Columns(record))
+    except JobError:
+        raise
     except KeyError as exc:
         raise JobError("template", f"{{{exc.args[0]}}}", "names no column of this file") from None
-    except (ValueError, IndexError) as exc:
-        raise JobError("template", None, f"not a valid template: {exc}") from None
+    except Exception as exc:  # NOTE: a format spec meeting this row's value (TypeError, ValueError, ...)
+        raise JobError("template", None, f"not a valid template for this row: {exc}") from None
+
+
+class _RowFormatter(string.Formatter):
+    def get_field(self, field_name: str, args: Any, kwargs: Any) -> tuple[Any, str]:
+        return self.get_value(field_name, args, kwargs), field_name
+
+    def get_value(self, key: int | str, args: Any, kwargs: Any) -> Any:
+        if isinstance(key, int) or key.isdigit():
+            raise ValueError("Format string contains positional fields; name a column: {column}")
+        return kwargs[key]
+
+
+_ROW_FORMATTER = _RowFormatter()
 
 
 class _Columns(dict):  # type: ignore[type-arg]
-    """A row for str.format_map: a missing value is an error, not the text "None"."""
+    """A row for the template: a missing value is an error, not the text "None"."""
 
     def __missing__(self, key: str) -> Any:
         raise KeyError(key)

@@ -3,7 +3,7 @@
 A queue's jobs go to P partition streams (P is the queue's ``partitions``, fixed by its first
 enqueue; 1 for a queue enqueued before partitions existed). A job's prefix key says which jobs
 share a prompt prefix: the job's ``prefix_key`` if given, else the first ``prefix_chars``
-characters of its prompt (of its messages, roles included; of its ``input_ids``, the first
+characters of its prompt (of its first prompt for a prompt list; of its messages, roles included; of its ``input_ids``, the first
 ``prefix_chars // 4`` ids). Its partition is the key's hash modulo P, so every job of a prefix
 group lands in the same stream, which one worker owns (worker.queue.routing).
 
@@ -36,8 +36,9 @@ def prefix_key(job: Job, prefix_chars: int = DEFAULT_PREFIX_CHARS) -> str:
     """The job's prefix key as 16 hex digits (a hash of what its prefix group shares)."""
     if job.prefix_key is not None:
         text = "k:" + job.prefix_key
-    elif job.prompt is not None:
-        text = "p:" + job.prompt[:prefix_chars]
+    elif job.prompt is not None or job.prompts:
+        first = job.prompt if job.prompt is not None else (job.prompts or [""])[0]
+        text = "p:" + first[:prefix_chars]
     elif job.messages is not None:
         text = "m:" + "".join(f"{m.role}\n{m.content}\n" for m in job.messages)[:prefix_chars]
     else:
@@ -63,9 +64,27 @@ def split_id(entry_id: str) -> tuple[int, str]:
     return (int(head), raw) if sep else (0, entry_id)
 
 
+class RoutingCorrupt(ValueError):
+    """The queue's meta hash holds a routing value that is not an integer (written by hand or
+    by another program): nothing can be routed until it is put right."""
+
+
 def read_routing(client: redis.Redis, keys: QueueKeys) -> tuple[int, int]:
-    """The queue's (partitions, prefix_chars); (1, default) for a queue that has none."""
+    """The queue's (partitions, prefix_chars); (1, default) for a queue that has none.
+    Raises RoutingCorrupt naming the key, the field and the value when one is not an integer."""
     values: Any = client.hmget(keys.meta, [META_PARTITIONS, META_PREFIX_CHARS])
-    partitions = int(values[0]) if values[0] is not None else 1
-    chars = int(values[1]) if values[1] is not None else DEFAULT_PREFIX_CHARS
-    return max(1, min(partitions, MAX_PARTITIONS)), chars
+    partitions = _meta_int(keys, META_PARTITIONS, values[0], 1)
+    chars = _meta_int(keys, META_PREFIX_CHARS, values[1], DEFAULT_PREFIX_CHARS)
+    return max(1, min(partitions, MAX_PARTITIONS)), max(0, chars)
+
+
+def _meta_int(keys: QueueKeys, field: str, value: Any, default: int) -> int:
+    if value is None:
+        return default
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise RoutingCorrupt(
+            f"the queue's {keys.meta} field {field!r} is {value!r}, not an integer: set it back "
+            f"(HSET {keys.meta} {field} N) or delete the queue"
+        ) from None

@@ -41,6 +41,8 @@ MAX_METADATA_DEPTH = 32  # dicts and lists, the metadata object itself counting 
 MAX_TOP_LOGPROBS = 20  # as OpenAI
 MAX_PENALTY = 2.0  # frequency_penalty and presence_penalty lie in [-2, 2], as OpenAI
 MAX_REPETITION_PENALTY = 100.0
+# NOTE: 1 / MAX: smaller values divide float32 logits by 0 or a subnormal (+inf logits, NaN draws)
+MIN_REPETITION_PENALTY = 0.01
 MAX_LOGIT_BIAS = 1024  # entries
 MAX_BIAS = 100.0  # a logit_bias value lies in [-100, 100], as OpenAI
 MAX_REGEX_CHARS = 16384
@@ -121,8 +123,9 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
         )
         check_number(self.frequency_penalty, "frequency_penalty", -MAX_PENALTY, MAX_PENALTY)
         check_number(self.presence_penalty, "presence_penalty", -MAX_PENALTY, MAX_PENALTY)
-        check_number(self.repetition_penalty, "repetition_penalty", 0.0, MAX_REPETITION_PENALTY)
-        check(self.repetition_penalty > 0, "repetition_penalty", self.repetition_penalty, "must be above 0")
+        check_number(
+            self.repetition_penalty, "repetition_penalty", MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY
+        )
         check(isinstance(self.logit_bias, dict), "logit_bias", None, "must be an object")
         check(
             len(self.logit_bias) <= MAX_LOGIT_BIAS,

@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 import msgspec
 import redis
 
-from producer.keys import META_EPOCH, META_PARTITIONS, QueueKeys
+from producer.keys import META_EPOCH, QueueKeys
 
 
 class Heartbeat(msgspec.Struct, frozen=True, kw_only=True):
@@ -194,8 +194,10 @@ def exposition(status: QueueStatus) -> str:
 
 
 def read_partitions(client: redis.Redis, keys: QueueKeys) -> int:
-    value: Any = client.hget(keys.meta, META_PARTITIONS)
-    return max(1, int(value)) if value is not None else 1
+    """The queue's partition count (producer.routing.read_routing: raises RoutingCorrupt)."""
+    from producer.routing import read_routing
+
+    return read_routing(client, keys)[0]
 
 
 class _Partition(NamedTuple):

@@ -257,6 +257,7 @@ ENGINE_HELP: dict[str, str] = {
     "output_reserve_ratio": "share of remaining output reserved in the KV pool at admission",
     "triton": "fused Triton kernels on CUDA (false: the torch paths, for ablation)",
     "cache_dir": "where converted models are cached (empty: `~/.cache/radixq/models`)",
+    "grammar_timeout_s": "seconds a job's grammar may take to compile (in a child process); a longer compile fails that job only",
     "step_profile": "record every scheduler step and log a summary at exit (profiling)",
     "fault": "injected failures for the failure tests: `raise-on-token:N`, `exit-on-token:N`, `raise-on-batch:K`, `sleep-per-step:MS`",
 }

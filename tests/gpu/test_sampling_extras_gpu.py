@@ -156,3 +156,34 @@ def test_cuda_fp32_matches_the_cpu_torch_path(tiny_dir):
             for (a, top_a), (b, top_b) in zip(lp_gpu, lp_cpu, strict=True):
                 assert abs(a - b) < 1e-3
                 assert all(abs(x[1] - y[1]) < 1e-3 for x, y in zip(top_a, top_b, strict=True))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_complete_grammar_wins_over_min_tokens_on_cuda(temperature: float) -> None:
+    """The sampler's rule for a row that the grammar's mask and min_tokens leave without a
+    token (worker.engine.sampler): on CUDA (the fused unfiltered kernel included at
+    temperature 1) as on CPU, the grammar's EOS is drawn; a row with another allowed token
+    draws it; an unconstrained row never draws EOS while min_tokens holds."""
+    from producer.schema import SamplingParams
+    from worker.engine.penalties import build_penalties, penalty_row
+    from worker.engine.sampler import Sampler
+    from worker.scheduler.prepare import sampling_tensors
+
+    gen = torch.Generator().manual_seed(4)
+    logits = torch.randn(3, VOCAB, generator=gen)
+    bitmask = torch.full((3, -(-VOCAB // 32)), -1, dtype=torch.int32)
+    bitmask[:2] = 0
+    bitmask[:2, 0] = 1 << EOS[0]
+    bitmask[1, 1] |= 1 << 8  # token 40
+    params = SamplingParams(temperature=temperature, min_tokens=5, seed=0)
+    drawn = []
+    for device in ("cpu", "cuda"):
+        pool = torch.zeros(3, 16, dtype=torch.int32, device=device)
+        penalties = build_penalties([penalty_row(params, EOS, VOCAB)] * 3, [0, 1, 2], [4] * 3, [5] * 3, pool)
+        tensors = replace(
+            sampling_tensors([params] * 3, [1] * 3, device, seeds=[0, 1, 2]), penalties=penalties
+        )
+        tokens = Sampler().sample(logits.to(device), tensors, bitmask.to(device)).tolist()
+        assert tokens[:2] == [EOS[0], 40] and tokens[2] not in EOS
+        drawn.append(tokens)
+    assert drawn[0] == drawn[1]

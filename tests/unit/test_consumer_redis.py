@@ -3,12 +3,14 @@ entries anyone can write, consumers that die holding entries, trimming, forgetti
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import Any
 
 import fakeredis
 import msgspec
+import pytest
 
 from producer.client import Client
 from producer.collector import Collector
@@ -159,3 +161,22 @@ def test_dead_consumers_holding_nothing_are_forgotten(fake_redis: fakeredis.Fake
     assert "quitter" not in names and "holder" in names  # never one that holds entries
     assert fake_redis.hget(KEYS.workers, "gone") is None
     assert decode_heartbeat(fake_redis.hget(KEYS.workers, "c1") or b"") is not None  # not itself
+
+
+def test_a_corrupt_routing_value_keeps_the_worker_waiting_not_dead(
+    fake_redis: fakeredis.FakeRedis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The queue's meta hash holding a partition count that is not a number (written by hand or
+    by another program) is said once, clearly, and waited out like an outage; put right, the
+    worker goes on. Before, every worker of the queue died after five tracebacks."""
+    Client(fake_redis).enqueue(make_jobs(3))
+    fake_redis.hset(KEYS.meta, "partitions", "three")
+    consumer = consumer_for(fake_redis, FakeGenerator(), max_backoff_s=0.05)
+    with caplog.at_level(logging.WARNING, logger="radixq.worker"):
+        for _ in range(12):
+            assert consumer.guarded(consumer.step) is False
+    assert "'partitions' is b'three', not an integer" in caplog.text
+    assert "Traceback" not in caplog.text
+    fake_redis.hset(KEYS.meta, "partitions", "1")
+    step_until([consumer], 3, fake_redis)
+    assert all(results[0].ok for results in results_by_id(fake_redis).values())

@@ -190,3 +190,43 @@ def test_a_join_that_makes_no_table_is_one_clear_error(tmp_path: Path) -> None:
     with pytest.raises(OutputFileError, match="cannot write .* as Parquet"):
         write_parquet(rows_file, tmp_path / "o.parquet", input_columns(source, parsed))
     assert not (tmp_path / "o.parquet").exists()
+
+
+def test_a_template_that_fails_on_one_row_rejects_that_row_only(tmp_path: Path) -> None:
+    """JSONL rows may hold any type per row: a format spec that one row's value cannot take
+    (a list given a format code: TypeError) rejects that row naming the template, and the
+    other rows become jobs. An empty value is named as its column, not as a bad template."""
+    path = tmp_path / "rows.jsonl"
+    rows = [{"q": "first", "n": 1}, {"q": "second", "n": [2]}, {"q": "third", "n": None}]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    parsed = read_input(path, ColumnMapping(template="Q: {q} #{n:d}"))
+    texts = [str(row) for row in parsed.rows]
+    assert parsed.rows[0].prompt == "Q: first #1"  # type: ignore[union-attr]
+    assert "2: template" in texts[1] and "list" in texts[1]
+    assert "3: n: is empty in this row" in texts[2]
+    assert len(parsed.jobs) == 1
+
+
+def test_template_fields_name_columns_verbatim(tmp_path: Path) -> None:
+    """A column whose name holds a dot (flattened Parquet structs) is a template field as
+    written; no attribute of a value is reachable through a template."""
+    path = tmp_path / "dotted.parquet"
+    pq.write_table(pa.table({"user.name": ["ada"], "q": ["hi"]}), path)
+    parsed = read_input(path, ColumnMapping(template="{user.name} asks: {q}"))
+    assert parsed.rows[0].prompt == "ada asks: hi"  # type: ignore[union-attr]
+    parsed = read_input(path, ColumnMapping(template="{q.__class__}"))
+    assert "names no column" in str(parsed.rows[0])
+
+
+def test_a_csv_cell_that_is_not_utf8_rejects_its_row_only(tmp_path: Path) -> None:
+    """One byte that is not UTF-8 in one cell rejects that row naming the column (the file is
+    otherwise read, every row in its place); before, Arrow refused the whole file."""
+    path = tmp_path / "mixed.csv"
+    path.write_bytes(b"id,prompt,max_tokens\na,hello,4\nb,caf\xe9,4\nc,world,4\n")
+    parsed = read_input(path)
+    assert [type(row).__name__ for row in parsed.rows] == ["Job", "Rejected", "Job"]
+    assert [job.prompt for job in parsed.jobs] == ["hello", "world"]
+    rejected = parsed.rejected[0]
+    assert rejected.line_no == 2 and "prompt" in rejected.reason and "UTF-8" in rejected.reason
+    columns = input_columns(path, parsed)
+    assert columns[0] == ("a", {"id": "a", "prompt": "hello", "max_tokens": "4"}) and columns[1][1] == {}

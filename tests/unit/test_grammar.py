@@ -4,6 +4,7 @@ engine (cache, per-job errors, choice lists) on SmolLM2's tokenizer."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -144,3 +145,26 @@ def test_token_bitmask_rows(grammars: Grammars) -> None:
     allowed = reference_mask(torch.zeros(1, 49152), bitmask[1:2])[0] == 0
     assert not allowed[2]
     assert 0 < int(allowed.sum()) < 49152
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_mask_allowing_only_stop_tokens_wins_over_min_tokens(temperature: float) -> None:
+    """Row 0's grammar allows only EOS (token 2) while min_tokens masks it: the grammar wins
+    and EOS is drawn. Row 1 allows EOS and token 40: min_tokens holds, 40 is drawn. Row 2
+    (no grammar) never draws EOS while min_tokens holds."""
+    from worker.engine.penalties import build_penalties, penalty_row
+
+    logits = torch.randn(3, VOCAB, generator=torch.Generator().manual_seed(4))
+    bitmask = torch.full((3, -(-VOCAB // 32)), -1, dtype=torch.int32)
+    bitmask[:2] = 0
+    bitmask[:2, 0] = 1 << 2
+    bitmask[1, 1] |= 1 << 8  # token 40
+    params = SamplingParams(temperature=temperature, min_tokens=5, seed=0)
+    rows = [penalty_row(params, [2], VOCAB)] * 3
+    pool = torch.zeros(3, 16, dtype=torch.int32)
+    penalties = build_penalties(rows, [0, 1, 2], [4] * 3, [5] * 3, pool)
+    tensors = sampling_tensors([params] * 3, [1] * 3, "cpu", seeds=[0, 1, 2])
+    tensors = dataclasses.replace(tensors, penalties=penalties)
+    for _ in range(3):
+        tokens = Sampler().sample(logits.clone(), tensors, bitmask).tolist()
+        assert tokens[:2] == [2, 40] and tokens[2] != 2

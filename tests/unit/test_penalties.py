@@ -302,3 +302,64 @@ def test_stop_strings_and_ids_wait_for_min_tokens() -> None:
         assert stop_after(output, min_tokens=3) is None
     assert stop_after([4, 4, 9], min_tokens=3) is not None  # the third token may stop it
     assert stop_after([4] * 10, min_tokens=10).finish_reason == "length"
+
+
+def test_repetition_penalty_is_bounded_where_float32_logits_stay_finite() -> None:
+    """A repetition_penalty that float32 reads as 0 or as a subnormal turned a repeated token's
+    positive logit into +inf (sampling then drew from NaN probabilities): such values are the
+    job's error naming the field; at the lowest accepted value, logits up to the float32
+    range's 1e30 stay finite, as transformers' processor computes them."""
+    from producer.schema import JobError
+
+    for tiny_value in (1e-300, 1e-40, 1e-3):
+        with pytest.raises(JobError) as info:
+            SamplingParams(repetition_penalty=tiny_value)
+        assert info.value.field == "repetition_penalty"
+    lowest = SamplingParams(repetition_penalty=0.01)
+    logits = torch.tensor([[1e30, -1e30, 3.0, 0.5] + [0.0] * (VOCAB - 4)])
+    row = penalty_row(lowest, EOS, VOCAB)
+    pool = torch.zeros(1, 8, dtype=torch.int32)
+    pool[0, :4] = torch.tensor([0, 1, 2, 3])
+    penalties = build_penalties([row], [0], [4], [4], pool)
+    assert penalties is not None
+    got = apply_penalties(logits, penalties)
+    expected = RepetitionPenaltyLogitsProcessor(0.01)(torch.tensor([[0, 1, 2, 3]]), logits.clone())
+    assert torch.isfinite(got).all() and torch.equal(got, expected)
+
+
+def test_building_a_batch_of_large_logit_bias_rows_is_cheap() -> None:
+    """256 requests with the largest logit_bias (1,024 entries each) and min_tokens: the host
+    builds the batch's sparse additions without a Python loop over the entries (the per-step
+    cost every request of the batch would pay), and they equal the per-row dicts."""
+    import time
+
+    from producer.schema import MAX_LOGIT_BIAS
+
+    rows = []
+    for i in range(256):
+        bias = {str((i * 7 + j * 40) % 49152): float(j % 200 - 100) for j in range(MAX_LOGIT_BIAS)}
+        rows.append(penalty_row(SamplingParams(logit_bias=bias, min_tokens=9), EOS, 49152))
+    pool = torch.zeros(256, 16, dtype=torch.int32)
+    build = lambda: build_penalties(rows, list(range(256)), [4] * 256, [5] * 256, pool)  # noqa: E731
+    build()
+    started = time.perf_counter()
+    for _ in range(5):
+        penalties = build()
+    per_step_ms = (time.perf_counter() - started) / 5 * 1000
+    print(f"build_penalties, 256 rows x {MAX_LOGIT_BIAS} biases: {per_step_ms:.1f} ms")
+    assert penalties is not None
+    got: dict[tuple[int, int], float] = {}
+    for r, t, v in zip(
+        penalties.sparse_rows.tolist(),
+        penalties.sparse_tokens.tolist(),
+        penalties.sparse_values.tolist(),
+        strict=True,
+    ):
+        got[(r, t)] = got.get((r, t), 0.0) + v
+    for i, row in enumerate(rows):
+        assert row is not None
+        expected = {(i, t): b for t, b in row.bias.items()}
+        for stop in row.stop_tokens:
+            expected[(i, stop)] = expected.get((i, stop), 0.0) + float("-inf")
+        assert {k: v for k, v in got.items() if k[0] == i} == expected
+    assert per_step_ms < 8.0

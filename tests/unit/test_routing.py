@@ -310,3 +310,14 @@ def test_prefix_tally_keeps_the_latest_distinct_keys() -> None:
     for key in ["a", "b", "a", "c", "d", "a"]:
         tally.saw(key, 10, 4)
     assert (tally.prefix_keys, tally.prompt_tokens, tally.cached_tokens) == (3, 60, 24)
+
+
+def test_a_prompt_list_job_is_keyed_by_its_first_prompt() -> None:
+    """Jobs with ``prompts`` (a completions request with a prompt list) are grouped by their
+    first prompt's start like prompt jobs; before, every such job had the same key (the empty
+    token list's), so all of them went to one partition and one worker."""
+    first = Job(id="a", prompts=["alpha " * 60, "beta"])
+    same_start = Job(id="b", prompts=["alpha " * 60 + "then other", "gamma"])
+    other = Job(id="c", prompts=["delta", "beta"])
+    assert prefix_key(first) == prefix_key(same_start) != prefix_key(other)
+    assert prefix_key(first) == prefix_key(Job(id="d", prompt="alpha " * 60))

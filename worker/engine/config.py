@@ -44,6 +44,7 @@ class EngineConfig:
     output_reserve_ratio: float = 0.5
     triton: bool = True  # fused Triton kernels on CUDA (false: the torch paths, for ablation)
     cache_dir: str = ""  # where converted models are cached ("": ~/.cache/radixq/models)
+    grammar_timeout_s: float = 60.0  # a job's grammar that compiles longer fails that job
     step_profile: bool = False  # record every scheduler step (profiling runs; logged at exit)
     fault: str = ""  # injected failures, for the failure tests (worker.scheduler.faults)
 
@@ -52,6 +53,7 @@ class EngineConfig:
             (self.page_size >= 1, "page_size", self.page_size, "must be >= 1"),
             (self.num_pages is None or self.num_pages >= 1, "num_pages", self.num_pages, "must be >= 1"),
             (0 < self.mem_fraction <= 1, "mem_fraction", self.mem_fraction, "must be in (0, 1]"),
+            (self.grammar_timeout_s > 0, "grammar_timeout_s", self.grammar_timeout_s, "must be > 0"),
             (self.max_running_reqs >= 1, "max_running_reqs", self.max_running_reqs, "must be >= 1"),
             (self.max_prefill_tokens >= 1, "max_prefill_tokens", self.max_prefill_tokens, "must be >= 1"),
             (

@@ -25,6 +25,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
+import numpy as np
 import torch
 
 if TYPE_CHECKING:
@@ -40,6 +41,10 @@ class PenaltyRow(NamedTuple):
     bias: dict[int, float]  # token id -> bias, ids in the vocabulary
     min_tokens: int
     stop_tokens: tuple[int, ...]  # masked while fewer than min_tokens tokens were generated
+    bias_tokens: np.ndarray  # int64: bias's keys, and its values (float32), as a step adds them
+    bias_values: np.ndarray
+    stop_array: np.ndarray  # int64 stop_tokens, and as many float32 -inf
+    stop_values: np.ndarray
 
     @property
     def needs_history(self) -> bool:
@@ -71,6 +76,10 @@ def penalty_row(params: SamplingParams, eos_token_ids: Collection[int], vocab_si
         bias,
         params.min_tokens if stops else 0,
         stops,
+        np.fromiter(bias.keys(), dtype=np.int64, count=len(bias)),
+        np.fromiter(bias.values(), dtype=np.float32, count=len(bias)),
+        np.asarray(stops, dtype=np.int64),
+        np.full(len(stops), -np.inf, dtype=np.float32),
     )
     return row if (row.needs_history or row.bias or row.min_tokens) else None
 
@@ -112,10 +121,9 @@ class Penalties:
         return self.rows, self.frequency
 
 
-def _to_device(values: list[int] | list[float], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    pin = device.type == "cuda"
-    host = torch.tensor(values, dtype=dtype)
-    return host.pin_memory().to(device, non_blocking=True) if pin else host
+def _to_device(values: np.ndarray, device: torch.device) -> torch.Tensor:
+    host = torch.from_numpy(values)
+    return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host
 
 
 def build_penalties(
@@ -129,43 +137,33 @@ def build_penalties(
     request does anything at this step. ``lens[i]``: tokens request i holds before this pass
     (prompt + generated). Copies are queued on the current stream without waiting."""
     picked = [i for i, row in enumerate(rows) if row is not None]
-    index = {i: j for j, i in enumerate(picked)}
-    sparse_rows: list[int] = []
-    sparse_tokens: list[int] = []
-    sparse_values: list[float] = []
+    chosen = [row for row in rows if row is not None]
+    # NOTE: each row's additions are arrays built once (PenaltyRow): a step concatenates them
+    # instead of looping over up to MAX_LOGIT_BIAS entries per request in Python
+    counts: list[int] = []
+    tokens: list[np.ndarray] = []
+    values: list[np.ndarray] = []
     history_len = 0
-    for i in picked:
-        row = rows[i]
-        assert row is not None
+    for i, row in zip(picked, chosen, strict=True):
         if row.needs_history:
             history_len = max(history_len, lens[i])
-        if row.bias:
-            sparse_rows += [index[i]] * len(row.bias)
-            sparse_tokens += row.bias.keys()
-            sparse_values += row.bias.values()
-        if lens[i] - prompt_lens[i] < row.min_tokens:
-            sparse_rows += [index[i]] * len(row.stop_tokens)
-            sparse_tokens += row.stop_tokens
-            sparse_values += [float("-inf")] * len(row.stop_tokens)
-    if not (history_len or sparse_rows):
+        masked = lens[i] - prompt_lens[i] < row.min_tokens
+        tokens += [row.bias_tokens, row.stop_array] if masked else [row.bias_tokens]
+        values += [row.bias_values, row.stop_values] if masked else [row.bias_values]
+        counts.append(len(row.bias_tokens) + (len(row.stop_tokens) if masked else 0))
+    sparse_rows = np.repeat(np.arange(len(picked), dtype=np.int64), counts)
+    if not (history_len or len(sparse_rows)):
         return None
-    chosen = [row for row in rows if row is not None]
     device = token_pool.device
-    ints = _to_device(
-        [*picked, *(slots[i] for i in picked), *(prompt_lens[i] for i in picked), *(lens[i] for i in picked)]
-        + sparse_rows
-        + sparse_tokens,
-        torch.int64,
-        device,
-    )
-    floats = _to_device(
-        [r.frequency for r in chosen]
-        + [r.presence for r in chosen]
-        + [r.repetition for r in chosen]
-        + sparse_values,
-        torch.float32,
-        device,
-    )
+    header = [
+        *picked,
+        *(slots[i] for i in picked),
+        *(prompt_lens[i] for i in picked),
+        *(lens[i] for i in picked),
+    ]
+    ints = _to_device(np.concatenate([np.asarray(header, dtype=np.int64), sparse_rows, *tokens]), device)
+    params = [r.frequency for r in chosen] + [r.presence for r in chosen] + [r.repetition for r in chosen]
+    floats = _to_device(np.concatenate([np.asarray(params, dtype=np.float32), *values]), device)
     p, n = len(picked), len(sparse_rows)
     rows_d, slots_d, prompt_d, lens_d, sparse_rows_d, sparse_tokens_d = ints.split([p, p, p, p, n, n])
     freq_d, pres_d, rep_d, values_d = floats.split([p, p, p, n])

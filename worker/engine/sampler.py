@@ -6,7 +6,9 @@ probability exceeds ``u`` (times the row's total mass). A seeded request therefo
 the same token at the same output position whatever else shares its batch, every row costs
 O(vocab) memory traffic, and nothing here synchronises with the host.
 
-Penalties, logit_bias and min_tokens change the logits first (worker.engine.penalties).
+Penalties, logit_bias and min_tokens change the logits first (worker.engine.penalties), after
+structured output's mask; a row they leave without any allowed token (min_tokens masking the
+EOS that a complete grammar alone allows) keeps the mask's logits: the grammar wins.
 Filters apply in this order, each on the survivors of the previous one: top-k (the k most
 likely tokens), top-p (the smallest prefix, by probability, whose mass after renormalising
 reaches top_p; the most likely token always survives), min-p (tokens whose probability is
@@ -99,7 +101,14 @@ class Sampler:
 
             apply_token_bitmask(logits, token_bitmask)
         if t.penalties is not None:
-            logits = apply_penalties(logits, t.penalties)
+            penalized = apply_penalties(logits, t.penalties)
+            if token_bitmask is not None:
+                # NOTE: min_tokens' -inf on the stop tokens leaves a row whose grammar is complete
+                # (it allows EOS only) no token at all: the grammar wins, that row keeps its
+                # masked logits and may end (vLLM's logits processors would draw garbage there)
+                stuck = torch.isneginf(penalized).all(dim=-1, keepdim=True)
+                penalized = torch.where(stuck, logits.float(), penalized)
+            logits = penalized
         if not (t.all_greedy or t.use_top_k or t.use_top_p or t.use_min_p) and logits.is_cuda:
             from worker.kernels.sampling import sample_unfiltered
 

@@ -89,6 +89,7 @@ def run_scheduler(config: EngineConfig, io: SchedulerIO, detokenize: Detokenize 
         io.send([SchedulerFailed(error=one_line(exc), suspect_uids=scheduler.failing_uids())])
         raise
     finally:
+        scheduler.close()
         gc.unfreeze()  # let shutdown collect them (frozen objects read as leaks to nanobind at exit)
         if profiler is not None:
             logger.warning("step profile: %s", json.dumps(profiler.summary()))

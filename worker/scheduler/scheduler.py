@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -44,10 +44,8 @@ from worker.scheduler.prefill import PrefillManager
 from worker.scheduler.prepare import BatchPreparer
 from worker.scheduler.req import ChunkedReq, Req, RequestGroup
 from worker.scheduler.stop import Detokenize, Stop, check_stop
+from worker.scheduler.structured import GrammarWaits
 from worker.scheduler.table import TableManager
-
-if TYPE_CHECKING:
-    from worker.engine.grammar import Grammars
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +89,7 @@ class Scheduler:
         self.shutdown = False
         self.fault: Fault | None = None  # injected failures (tests only)
         self.hooks: StepHooks | None = None  # step observer (profiling), worker.scheduler.hooks
-        self._grammars: Grammars | None = None  # structured output, loaded with the first such job
+        self.compiling = GrammarWaits(engine, config.grammar_timeout_s)  # structured output's waiting room
         self._launching: list[Req] = []  # NOTE: the requests of the step under way, named if it fails
         self._processing: list[Req] = []
 
@@ -116,8 +114,10 @@ class Scheduler:
 
         Blocks for messages only when ``block`` and nothing is running or waiting."""
         busy = last is not None or self.prefill.runnable or self.decode.runnable
-        for message in self.io.receive(block=block and not busy and not self.shutdown):
+        for message in self.io.receive(block=block and not (busy or self.compiling) and not self.shutdown):
             self._handle(message)
+        if self.compiling:
+            self._admit_compiled(wait_s=0.0 if busy else 0.01)
         started_s = time.perf_counter()
         self._launching = []
         self._processing = last.reqs if last is not None else []
@@ -149,7 +149,7 @@ class Scheduler:
 
     @property
     def idle(self) -> bool:
-        return not (self.prefill.runnable or self.decode.runnable or self.groups)
+        return not (self.prefill.runnable or self.decode.runnable or self.groups or self.compiling)
 
     def failing_uids(self) -> list[str]:
         """The requests of the step under way: the suspects when a step raises."""
@@ -187,40 +187,46 @@ class Scheduler:
         )
 
     def _admit_request(self, msg: GenerateRequest) -> None:
-        if msg.uid in self.groups:
+        if msg.uid in self.groups or msg.uid in self.compiling:
             refused: tuple[str, str] | None = ("invalid_job", f"request {msg.uid!r} is already running")
         else:
             refused = refusal(msg, self.engine.max_seq_len, self.engine.model_config.vocab_size)
         compiled = None
         if refused is None and msg.sampling.structured is not None:
-            compiled, refused = self._compile_grammar(msg)
+            compiled, refused = self.compiling.submit(msg)
+            if msg.uid in self.compiling:
+                return None  # admitted once its grammar is compiled (_admit_compiled)
         if refused is not None:
             return self._reject(msg.uid, len(msg.input_ids), *refused)
+        self._start_group(msg, compiled)
+
+    def _start_group(self, msg: GenerateRequest, compiled: Any) -> None:
         group, choices = make_group(msg, self.engine.max_seq_len)
         if msg.sampling.structured is not None:
-            assert self._grammars is not None
+            assert self.compiling.grammars is not None
             for choice in choices:
-                choice.grammar = self._grammars.matcher(compiled)
+                choice.grammar = self.compiling.grammars.matcher(compiled)
         self.groups[msg.uid] = group
         self.prefill.add(choices[0])
         group.held_back = choices[1:]  # NOTE: admitted once the first choice's prompt KV is cached
 
-    def _compile_grammar(self, msg: GenerateRequest) -> tuple[Any, tuple[str, str] | None]:
-        """(compiled grammar, None), or (None, refusal) when it cannot be compiled."""
-        from worker.engine.grammar import GrammarError, load_grammars
+    def _admit_compiled(self, wait_s: float) -> None:
+        """Admit the requests whose grammar compiled, refuse those whose grammar failed; waits
+        up to ``wait_s`` for the compiler when nothing else is to do."""
+        for msg, compiled, refused in self.compiling.finished(wait_s):
+            if refused is not None:
+                self._reject(msg.uid, len(msg.input_ids), *refused)
+                continue
+            try:
+                self._start_group(msg, compiled)
+            except Exception as exc:  # one request's surprise is that request's error
+                logger.exception("request %s could not be admitted", msg.uid)
+                self.groups.pop(msg.uid, None)
+                self._reject(msg.uid, len(msg.input_ids), "internal", f"could not be admitted: {exc}")
 
-        if self._grammars is None:
-            engine = self.engine
-            self._grammars = load_grammars(
-                str(engine.loaded.path), engine.model_config.vocab_size, engine.eos_token_ids
-            )
-            if self._grammars is None:
-                why = f"{msg.sampling.structured}: structured output needs the model's tokenizer; it has none"
-                return None, ("invalid_job", why)
-        try:
-            return self._grammars.compile(msg.sampling), None
-        except GrammarError as exc:
-            return None, ("invalid_job", str(exc))
+    def close(self) -> None:
+        """Stop the grammar compiler's process, if one was started."""
+        self.compiling.close()
 
     def _fail_unschedulable(self) -> None:
         """Nothing is in flight and nothing could be launched although requests wait: the one
@@ -240,6 +246,9 @@ class Scheduler:
         self._abort(group.uid, code="internal", why=why)
 
     def _abort(self, uid: str, code: str = "aborted", why: str = "aborted by the front end") -> None:
+        compiling = self.compiling.abort(uid)
+        if compiling is not None:
+            return self._reject(uid, len(compiling.input_ids), code, why)
         group = self.groups.pop(uid, None)
         if group is None:
             return
@@ -307,9 +316,10 @@ class Scheduler:
         bitmask while the pass may still run on the device; masking and sampling queue behind it."""
         if step is None or step.output is not None:
             return step
-        assert self._grammars is not None
+        grammars = self.compiling.grammars
+        assert grammars is not None
         matchers = [r.pending.grammar if r.produces_token and not r.finished else None for r in step.reqs]
-        bitmask = self._grammars.token_bitmask(matchers)
+        bitmask = grammars.token_bitmask(matchers)
         output = self.engine.sample(step.input, step.logits, bitmask)
         step = step._replace(output=output, logits=None)
         if self.hooks is not None:

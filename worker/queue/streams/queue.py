@@ -37,7 +37,7 @@ from producer.keys import (
     QueueKeys,
 )
 from producer.redis_errors import classify, describe, url_of
-from producer.routing import qualify, read_routing, split_id
+from producer.routing import RoutingCorrupt, qualify, read_routing, split_id
 from producer.status import Heartbeat, decode_heartbeat, now_ms
 from worker.queue.jobqueue import (
     Delivery,
@@ -82,6 +82,8 @@ def _translated(method: Callable[..., T]) -> Callable[..., T]:
     def call(self: RedisJobQueue, *args: Any, **kwargs: Any) -> T:
         try:
             return method(self, *args, **kwargs)
+        except RoutingCorrupt as exc:  # NOTE: Redis state someone else wrote: waited out, said once
+            raise QueueUnavailable(str(exc)) from None
         except redis.RedisError as exc:
             kind = classify(exc)
             if kind == "fatal":

@@ -1,0 +1,281 @@
+"""The background grammar compiler (worker.engine.grammar_compiler) on SmolLM2's tokenizer:
+a key's failure (a time limit, a crash of the child, an invalid grammar) belongs to the jobs
+waiting for that key only; keys behind it compile; no child outlives ``close``.
+
+Oracles: the process table (``os.kill(pid, 0)``), a grammar compiled here by xgrammar on this
+thread, byte for byte against what comes back from the child."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from producer.schema import SamplingParams
+from tests.model_fixtures import smollm2_dir  # noqa: F401  (fixture)
+from worker.engine.grammar import GrammarError, Grammars, grammar_key, load_grammars
+from worker.engine.grammar_compiler import BackgroundCompiler, Outcome
+
+# NOTE: xgrammar expands each `pattern` repetition into rules: about 2.5 s a pattern on the
+# test box, so eight take tens of seconds (one pattern of (a|b){60000} takes only 2.6 s)
+SLOW = grammar_key(
+    SamplingParams(
+        json_schema={
+            "type": "object",
+            "properties": {f"p{i}": {"type": "string", "pattern": "(a|b){5000}"} for i in range(8)},
+        }
+    )
+)
+assert SLOW is not None
+
+
+def _until(compiler: BackgroundCompiler, count: int, timeout_s: float = 60.0) -> list[Outcome]:
+    done: list[Outcome] = []
+    deadline = time.monotonic() + timeout_s
+    while len(done) < count:
+        done += compiler.poll()
+        compiler.wait(0.02)
+        assert time.monotonic() < deadline, f"only {done} within {timeout_s} s"
+    return done
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie still answers kill(0): read its state
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.fixture
+def compiler(smollm2_dir: Path) -> Iterator[BackgroundCompiler]:  # noqa: F811
+    compiler = BackgroundCompiler(str(smollm2_dir), 49152, [2], timeout_s=60.0)
+    yield compiler
+    compiler.close()
+
+
+def test_grammars_from_the_child_equal_grammars_compiled_here(smollm2_dir: Path) -> None:  # noqa: F811
+    """submit/poll answer every job, jobs sharing a key once compiled, an invalid grammar
+    with its field; the grammar equals the one compiled on this thread."""
+    background = Grammars.in_background(str(smollm2_dir), 49152, [2], timeout_s=60.0)
+    here = load_grammars(str(smollm2_dir), 49152, [2])
+    assert here is not None
+    schema = SamplingParams(json_schema={"type": "object", "properties": {"a": {"type": "integer"}}})
+    invalid = SamplingParams(regex="a((")
+    try:
+        assert background.submit("a", schema) is None
+        assert background.submit("b", schema) is None
+        assert background.submit("c", invalid) is None
+        assert background.background is not None
+        done: dict[str, object] = {}
+        deadline = time.monotonic() + 60
+        while len(done) < 3:
+            done.update(background.poll())
+            background.background.wait(0.02)
+            assert time.monotonic() < deadline
+        assert done["a"] is done["b"]
+        assert json.loads(done["a"].serialize_json()) == json.loads(here.compile(schema).serialize_json())  # type: ignore[attr-defined]
+        error = done["c"]
+        assert isinstance(error, GrammarError) and error.field == "regex" and "parenthesis" in str(error)
+        assert background.submit("d", schema) is done["a"]  # cached now
+    finally:
+        background.close()
+
+
+def test_time_limit_fails_that_key_only_and_the_child_restarts(compiler: BackgroundCompiler) -> None:
+    compiler.timeout_s = 2.0
+    compiler.submit("slow", SLOW)
+    compiler.submit("quick", ("regex", "[0-9]+"))
+    started = time.monotonic()
+    done = {uid: (compiled, error) for uid, _, compiled, error, _ in _until(compiler, 2)}
+    assert done["slow"][0] is None and "did not compile within 2 s" in str(done["slow"][1])
+    assert done["quick"][1] is None and done["quick"][0] is not None
+    assert compiler.restarts == 1
+    print(f"slow failed and quick compiled within {time.monotonic() - started:.1f} s")
+
+
+def test_a_crashing_child_fails_the_key_it_was_compiling_only(compiler: BackgroundCompiler) -> None:
+    """A child that dies while compiling (SIGKILL sent here, as the kernel's OOM killer does;
+    a SIGSEGV sent from outside can leave Python's fault handler hung, which the time limit
+    then ends) answers the key it was compiling with that reason; the next key compiles in a new child."""
+    compiler.submit("victim", SLOW)
+    compiler.submit("next", ("regex", "[a-z]+"))
+    deadline = time.monotonic() + 60
+    while compiler._running is None:  # the child is up and compiling the slow key
+        assert compiler.poll() == [] and time.monotonic() < deadline
+        compiler.wait(0.02)
+    pid = compiler.child_pid
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    done = {uid: (compiled, error) for uid, _, compiled, error, _ in _until(compiler, 2)}
+    assert done["victim"] == (None, "the grammar compiler was killed by signal SIGKILL while compiling it")
+    assert done["next"][1] is None and done["next"][0] is not None
+    assert compiler.child_pid != pid and not _alive(pid)
+
+
+def test_cancel_and_close_leave_no_process(compiler: BackgroundCompiler) -> None:
+    compiler.submit("gone", SLOW)
+    compiler.submit("kept", ("regex", "x+"))
+    compiler.cancel("gone")
+    (uid, key, compiled, error, _), *rest = _until(compiler, 1)
+    assert (uid, key, error, rest) == ("kept", ("regex", "x+"), None, [])
+    pid = compiler.child_pid
+    assert pid is not None and _alive(pid)
+    compiler.close()
+    assert not _alive(pid)
+
+
+def test_cancelling_the_running_compile_stops_the_child(compiler: BackgroundCompiler) -> None:
+    """A compile no job waits for any more burns no CPU: its child is stopped at once, and
+    the next key gets a new one."""
+    compiler.submit("gone", SLOW)
+    deadline = time.monotonic() + 60
+    while compiler._running is None:
+        assert compiler.poll() == [] and time.monotonic() < deadline
+        compiler.wait(0.02)
+    pid = compiler.child_pid
+    assert pid is not None
+    compiler.cancel("gone")
+    assert not compiler.pending and compiler.child_pid is None and not _alive(pid)
+    compiler.submit("next", ("regex", "[0-9]+"))
+    ((uid, _, compiled, error, _),) = _until(compiler, 1)
+    assert uid == "next" and compiled is not None and error is None
+
+
+def test_the_child_dies_with_its_parent(smollm2_dir: Path, tmp_path: Path) -> None:  # noqa: F811
+    """kill -9 of the process holding the compiler (a scheduler) takes the compiling child
+    with it (its parent-death signal)."""
+    import subprocess
+    import sys
+
+    script = f"""
+import sys, time
+from worker.engine.grammar_compiler import BackgroundCompiler
+compiler = BackgroundCompiler({str(smollm2_dir)!r}, 49152, [2], timeout_s=600.0)
+compiler.submit("slow", {SLOW!r})
+while compiler._running is None:
+    compiler.poll()
+    compiler.wait(0.02)
+print(compiler.child_pid, flush=True)
+time.sleep(600)
+"""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, env=env)
+    try:
+        assert parent.stdout is not None
+        child_pid = int(parent.stdout.readline())
+        assert _alive(child_pid)
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 10
+        while _alive(child_pid):
+            assert time.monotonic() < deadline, "the compiler outlived its parent"
+            time.sleep(0.05)
+    finally:
+        parent.kill()
+        parent.wait()
+
+
+def test_a_key_that_failed_fails_at_once_next_time(smollm2_dir: Path) -> None:  # noqa: F811
+    """A grammar that ran past the time limit is not compiled again for the next job that
+    asks for it (a dataset of rows sharing one hostile schema would otherwise cost the limit
+    per batch, holding up every other grammar behind it): the next job gets the same error
+    at once, and nothing goes to the child."""
+    grammars = Grammars.in_background(str(smollm2_dir), 49152, [2], timeout_s=2.0)
+    slow = SamplingParams(json_schema=json.loads(SLOW[1]))
+    try:
+        assert grammars.submit("first", slow) is None
+        assert grammars.background is not None
+        done: list[tuple[str, object]] = []
+        deadline = time.monotonic() + 60
+        while not done:
+            done += grammars.poll()
+            grammars.background.wait(0.02)
+            assert time.monotonic() < deadline
+        ((uid, error),) = done
+        assert uid == "first" and isinstance(error, GrammarError) and "within 2 s" in str(error)
+        started = time.monotonic()
+        with pytest.raises(GrammarError) as again:
+            grammars.submit("second", slow)
+        assert str(again.value) == str(error) and time.monotonic() - started < 0.1
+        assert not grammars.background.pending
+    finally:
+        grammars.close()
+
+
+def test_a_large_grammar_is_read_back_off_the_callers_thread(smollm2_dir: Path) -> None:  # noqa: F811
+    """A 20,000-value enum compiles to about 57 MB, which xgrammar reads back in seconds: the
+    reading happens on the compiler's reader thread, so no poll (the scheduler's step) takes
+    long, and the grammar arrives whole (it equals the one compiled here)."""
+    schema = SamplingParams(json_schema={"enum": [f"value{i}" for i in range(20000)]})
+    background = Grammars.in_background(str(smollm2_dir), 49152, [2], timeout_s=120.0)
+    try:
+        assert background.submit("big", schema) is None
+        assert background.background is not None
+        done: list[tuple[str, object]] = []
+        longest_s = 0.0
+        deadline = time.monotonic() + 120
+        while not done:
+            started = time.monotonic()
+            done += background.poll()
+            longest_s = max(longest_s, time.monotonic() - started)
+            background.background.wait(0.02)
+            assert time.monotonic() < deadline
+        ((uid, compiled),) = done
+        print(f"longest poll while a 57 MB grammar was read back: {longest_s * 1000:.0f} ms")
+        assert uid == "big" and not isinstance(compiled, GrammarError)
+        assert longest_s < 0.5
+        matcher = background.matcher(compiled)
+        bitmask = background.token_bitmask([matcher])
+        assert bitmask is not None and 0 < int((bitmask != 0).sum())
+    finally:
+        background.close()
+
+
+def test_a_grammar_over_the_memory_limit_is_that_jobs_error(
+    smollm2_dir: Path,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from worker.engine import grammar_compiler
+
+    monkeypatch.setattr(grammar_compiler, "MAX_GRAMMAR_BYTES", 1 << 20)
+    compiler = BackgroundCompiler(str(smollm2_dir), 49152, [2], timeout_s=60.0)
+    try:
+        big = grammar_key(SamplingParams(json_schema={"enum": [f"value{i}" for i in range(20000)]}))
+        assert big is not None
+        compiler.submit("big", big)
+        compiler.submit("small", ("regex", "[0-9]+"))
+        done = {outcome.uid: outcome for outcome in _until(compiler, 2)}
+        assert done["big"].compiled is None and "over the limit of 1 MiB" in str(done["big"].error)
+        assert done["small"].compiled is not None and compiler.restarts == 0
+    finally:
+        compiler.close()
+
+
+def test_a_compiler_that_cannot_start_fails_the_waiting_jobs(
+    compiler: BackgroundCompiler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No process to be had (fork refused under memory pressure): the waiting jobs get that
+    error, not the scheduler an exception; the next job tries again."""
+    from worker.engine import grammar_compiler
+
+    def refused(args: list[str]) -> None:
+        raise OSError(12, "Cannot allocate memory")
+
+    monkeypatch.setattr(grammar_compiler, "_Child", refused)
+    compiler.submit("a", ("regex", "x+"))
+    ((uid, _, compiled, error, of_key),) = compiler.poll()
+    assert (uid, compiled, of_key) == ("a", None, False)
+    assert "could not start" in str(error) and "Cannot allocate memory" in str(error)
+    monkeypatch.undo()
+    compiler.submit("b", ("regex", "x+"))
+    ((uid, _, compiled, error, _),) = _until(compiler, 1)
+    assert uid == "b" and compiled is not None
