@@ -205,22 +205,13 @@ def test_decode_kernel_choice_by_batch_size(device: str, batch_size: int) -> Non
     check_eager(case, device)
 
 
-@pytest.mark.parametrize("use_tensor_cores", [True, False, None])
-@pytest.mark.parametrize("page_size", [1, 16])
-def test_cuda_graph_replay_matches_dense_oracle(
-    device: str, page_size: int, use_tensor_cores: bool | None
-) -> None:
-    """Decode graphs captured on dummy data replay correctly for new, padded batches."""
-    case = Case(decode_specs(16, seed=7), 16, 8, page_size, device, seed=7)
-    backend = make_backend(case, device, use_tensor_cores=use_tensor_cores)
-    backend.init_cuda_graphs([8, 4], max_seq_len=MAX_SEQ_LEN)
-    assert backend.supports_cuda_graphs and backend.graph_batch_sizes == [4, 8]
-    assert fitting_batch_size(backend.graph_batch_sizes, 1) == 4
-    assert fitting_batch_size(backend.graph_batch_sizes, 5) == 8
-    assert fitting_batch_size(backend.graph_batch_sizes, 9) is None
+def check_graph_replay(case: Case, backend, sizes: list[int], request_sets: list[list[int]]) -> None:
+    """Capture one decode graph per size on dummy data, then replay each request set (padded
+    to the smallest size that holds it) and compare every layer with the dense oracle."""
+    backend.init_cuda_graphs(sizes, max_seq_len=MAX_SEQ_LEN)
     graphs = {}
-    for bs in (8, 4):
-        q_static = torch.zeros(bs, 16, HEAD_DIM, dtype=torch.bfloat16, device=device)
+    for bs in sorted(sizes, reverse=True):
+        q_static = torch.zeros(bs, case.q_heads, HEAD_DIM, dtype=torch.bfloat16, device=case.device)
         meta = backend.capture_meta(bs)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -231,7 +222,7 @@ def test_cuda_graph_replay_matches_dense_oracle(
         with torch.cuda.graph(graph):
             outs = [backend.forward(q_static, layer, meta) for layer in range(NUM_LAYERS)]
         graphs[bs] = (graph, q_static, outs)
-    for requests in ([0, 3, 5, 9, 12], list(range(8, 16)), [15, 2, 7], [4]):
+    for requests in request_sets:
         batch = case.batch(requests)
         bs = fitting_batch_size(backend.graph_batch_sizes, batch.layout.batch_size)
         graph, q_static, outs = graphs[bs]
@@ -242,6 +233,22 @@ def test_cuda_graph_replay_matches_dense_oracle(
         for layer in range(NUM_LAYERS):
             got = outs[layer][: len(requests)].float()
             torch.testing.assert_close(got, case.oracle(batch, layer), atol=ATOL, rtol=RTOL)
+
+
+@pytest.mark.parametrize("use_tensor_cores", [True, False, None])
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_cuda_graph_replay_matches_dense_oracle(
+    device: str, page_size: int, use_tensor_cores: bool | None
+) -> None:
+    """Decode graphs captured on dummy data replay correctly for new, padded batches."""
+    case = Case(decode_specs(16, seed=7), 16, 8, page_size, device, seed=7)
+    backend = make_backend(case, device, use_tensor_cores=use_tensor_cores)
+    assert backend.supports_cuda_graphs
+    check_graph_replay(case, backend, [8, 4], [[0, 3, 5, 9, 12], list(range(8, 16)), [15, 2, 7], [4]])
+    assert backend.graph_batch_sizes == [4, 8]
+    assert fitting_batch_size(backend.graph_batch_sizes, 1) == 4
+    assert fitting_batch_size(backend.graph_batch_sizes, 5) == 8
+    assert fitting_batch_size(backend.graph_batch_sizes, 9) is None
 
 
 def test_matches_torch_reference_backend(device: str) -> None:
@@ -277,24 +284,4 @@ def test_fp8_kv_matches_dense_oracle(device: str, use_tensor_cores: bool) -> Non
 def test_fp8_kv_cuda_graph_replay(device: str) -> None:
     """The scales are baked into captured decode graphs: replays still match the oracle."""
     case = Case(decode_specs(16, seed=5), 16, 8, 16, device, seed=5, cache_dtype=torch.float8_e4m3fn)
-    backend = make_backend(case, device)
-    backend.init_cuda_graphs([8], max_seq_len=MAX_SEQ_LEN)
-    q_static = torch.zeros(8, 16, HEAD_DIM, dtype=torch.bfloat16, device=device)
-    meta = backend.capture_meta(8)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        backend.forward(q_static, 0, meta)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outs = [backend.forward(q_static, layer, meta) for layer in range(NUM_LAYERS)]
-    for requests in ([0, 3, 5, 9, 12], list(range(8, 16))):
-        batch = case.batch(requests)
-        backend.plan_for_replay(batch.layout, 8)
-        q_static.zero_()
-        q_static[: len(requests)].copy_(batch.q)
-        graph.replay()
-        for layer in range(NUM_LAYERS):
-            got = outs[layer][: len(requests)].float()
-            torch.testing.assert_close(got, case.oracle(batch, layer), atol=ATOL, rtol=RTOL)
+    check_graph_replay(case, make_backend(case, device), [8], [[0, 3, 5, 9, 12], list(range(8, 16))])
