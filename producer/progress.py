@@ -2,7 +2,7 @@
 
 The collector tells a Progress how many jobs are in scope and hands it every counted result
 as it reads it (before the in-order write). Progress shows: done/total, failed, jobs/s and
-output tokens/s over the last RATE_WINDOW_S seconds, the prefix-cache hit rate (cached prompt
+output tokens/s over the last RATE_WINDOW_S seconds (the final line: over the whole run), the prefix-cache hit rate (cached prompt
 tokens / prompt tokens of the results seen) and the ETA (jobs left / jobs/s). On a terminal it
 is a rich live line redrawn a few times a second; otherwise (a pipe, a log file) a plain line
 every ``interval_s`` seconds and one at the end; ``quiet`` shows nothing.
@@ -108,6 +108,7 @@ class Progress:
         self._thread: threading.Thread | None = None
         self._live: Any = None
         self._begun = False  # a collect call has begun (it reached Redis)
+        self._final = False  # the display is ending: show whole-run averages
 
     # ---- what the collector calls -----------------------------------------------------------
 
@@ -135,9 +136,14 @@ class Progress:
 
     # ---- what it shows ----------------------------------------------------------------------
 
-    def snapshot(self) -> Snapshot:
+    def snapshot(self, final: bool = False) -> Snapshot:
+        """The state now; ``final``: the rates are averages over the whole display (the last
+        line of a run shorter than one sampling interval would otherwise show 0 jobs/s)."""
         now_s = self.clock()
         jobs_per_s, tokens_per_s = self._rates.sample(now_s, self._all_read, self.output_tokens)
+        if final:
+            elapsed_s = max(now_s - self._started_s, 1e-9)
+            jobs_per_s, tokens_per_s = self._all_read / elapsed_s, self.output_tokens / elapsed_s
         done = self._already + self._read
         total = max(self.total, done)
         left = total - done
@@ -175,6 +181,7 @@ class Progress:
     def __exit__(self, exc_type: object, *exc: object) -> None:
         """Shows the final state, unless the collect failed before it began (its error is the
         message then) or while it ran (the last line shown stands)."""
+        self._final = True
         if self._live is not None:
             self._live.stop()  # draws the final state
             self._live = None
@@ -183,13 +190,13 @@ class Progress:
             self._thread.join()
             self._thread = None
             if exc_type is None and self._begun:
-                self._say(self.snapshot().line())
+                self._say(self.snapshot(final=True).line())
 
     def _render(self) -> Any:
         from rich.progress_bar import ProgressBar
         from rich.table import Table
 
-        snap = self.snapshot()
+        snap = self.snapshot(final=self._final)
         grid = Table.grid(padding=(0, 1))
         grid.add_row(ProgressBar(total=max(snap.total, 1), completed=snap.done, width=20), snap.line())
         return grid

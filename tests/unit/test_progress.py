@@ -44,3 +44,18 @@ def test_plain_mode_writes_a_final_line() -> None:
         progress.result(encode(Result(id="a", usage=Usage(completion_tokens=3))))
     assert stream.getvalue().startswith("progress: 1/1 done  0 failed")
     assert "ETA 0:00:00" in stream.getvalue()
+
+
+def test_the_final_line_shows_whole_run_rates() -> None:
+    """A run shorter than one plain-line interval: the last line averages over the run
+    (4 jobs and 40 output tokens in 8 s), not the empty sampling window (0 jobs/s)."""
+    now, stream = [100.0], io.StringIO()
+    with Progress(interval_s=60, stream=stream, clock=lambda: now[0]) as progress:
+        progress.begin(total=4, already=0, already_failed=0)
+        for i in range(4):
+            now[0] += 2.0
+            progress.result(encode(Result(id=f"j{i}", usage=Usage(completion_tokens=10))))
+    assert (
+        stream.getvalue()
+        == "progress: 4/4 done  0 failed  0.5 jobs/s  5 tok/s out  cache -  ETA 0:00:00  elapsed 0:00:08\n"
+    )
