@@ -8,7 +8,6 @@ its KV pool from the same free memory.
 
 from __future__ import annotations
 
-import gc
 import json
 import signal
 import subprocess
@@ -21,7 +20,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from offline import Workload  # noqa: E402
+from offline import Workload, free_gpu_memory  # noqa: E402
 from queue_e2e_gpu import check_results, make_jobs, run_jobs  # noqa: E402
 
 from worker.scheduler.hooks import StepHooks  # noqa: E402
@@ -69,16 +68,6 @@ def warmup_workload(prompt_len: int, output_len: int, num_requests: int = 8) -> 
     """A few short requests (constant ids, so they share no page with random prompts)."""
     lengths = [min(prompt_len, 16 + 8 * i) for i in range(num_requests)]
     return Workload([[i + 1] * n for i, n in enumerate(lengths)], [min(output_len, 16)] * num_requests)
-
-
-def free_device_memory() -> None:
-    """Collect the dropped engine (its objects form cycles) and hand its memory back."""
-    import torch
-
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
 
 
 def run_engine(
@@ -139,7 +128,7 @@ def run_engine(
         graph_batch_sizes=list(engine.graph_runner.batch_sizes) if engine.graph_runner else [],
     )
     llm = engine = results = None  # type: ignore[assignment]  # NOTE: drop every reference first
-    free_device_memory()
+    free_gpu_memory()
     return record
 
 

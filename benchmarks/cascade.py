@@ -19,7 +19,6 @@ Modes: ``off`` (radix cache, cascade off), ``on`` (radix cache, cascade_attentio
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import random
 import statistics
@@ -31,6 +30,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
 
+from offline import free_gpu_memory  # noqa: E402
 from prefix_sched import tiny_model_path, vocab_size  # noqa: E402
 
 from producer.schema import SamplingParams  # noqa: E402
@@ -104,11 +104,7 @@ def run(
         "cached_tokens": sum(r.usage.cached_tokens for r in results),
     }
     del llm, results
-    gc.collect()
-    if args.device == "cuda":
-        import torch
-
-        torch.cuda.empty_cache()
+    free_gpu_memory()
     return {**row, "outputs": outputs}
 
 

@@ -171,7 +171,7 @@ def run_radixq(args: argparse.Namespace, workload: Workload, variant: str = "def
     if args.kernel_profile:
         result["kernel_profile"] = kernel_profile(generate, workload, args.kernel_profile)
     llm = generate = profiler = None  # type: ignore[assignment]  # NOTE: drop every reference first
-    _free_gpu_memory()
+    free_gpu_memory()
     return result
 
 
@@ -215,7 +215,7 @@ def kernel_profile(generate: object, workload: Workload, max_tokens: int) -> lis
     return rows[:60]
 
 
-def _free_gpu_memory() -> None:
+def free_gpu_memory() -> None:
     """Collect the dropped engine (its objects form cycles) and hand its memory back to the
     driver, so the next variant sizes its KV pool from the same free memory as the first."""
     import gc
