@@ -104,9 +104,13 @@ def test_cascade_plumbing_equals_reference(cascade_module, page_size, requests):
     reference = TorchRefBackend(kv, page_table, num_q_heads, 16, page_size)
     expected = reference.forward(q, layer, reference.plan(plain))
     config = types.SimpleNamespace(num_q_heads=num_q_heads)
-    backend = cascade_module.FlashInferCascadeBackend(
-        kv, page_table, config, page_size, "cpu", workspace_mib=1
-    )
+    from worker.attention.registry import create_backend  # through the registry's cascade table
+
+    backend = create_backend(
+        "flashinfer", cascade=True, kv=kv, page_table=page_table, model_config=config,
+        page_size=page_size, device="cpu", workspace_mib=1,
+    )  # fmt: skip
+    assert isinstance(backend, cascade_module.FlashInferCascadeBackend)
     # the fake is faithful on the plain path...
     torch.testing.assert_close(backend.forward(q, layer, backend.plan(plain)), expected, rtol=0, atol=1e-5)
     # ...and the cascade plan splits each row at its group's prefix and merges back exactly

@@ -145,9 +145,7 @@ class FlashInferBackend(AttentionBackend):
             wrapper = self._decode[self.decode_uses_tensor_cores(layout.batch_size)]
             self._plan_decode(wrapper, lens, indices_gpu)
             return FlashInferMeta(wrapper, layout.batch_size)
-        qo_indptr_cpu = self._empty_host(layout.batch_size + 1)
-        qo_indptr_cpu[0] = 0
-        torch.cumsum(layout.extend_lens_cpu, 0, out=qo_indptr_cpu[1:])
+        qo_indptr_cpu = self._indptr_host(layout.extend_lens_cpu)
         self._plan_pages(self._stage(self._prefill), lens, indices_gpu, qo_indptr_cpu, causal=True)
         return FlashInferMeta(self._prefill, layout.num_tokens)
 
@@ -257,6 +255,13 @@ class FlashInferBackend(AttentionBackend):
 
     def _empty_host(self, n: int) -> torch.Tensor:
         return torch.empty(n, dtype=torch.int32, pin_memory=self._pin)
+
+    def _indptr_host(self, counts_cpu: torch.Tensor) -> torch.Tensor:
+        """[0, cumsum(counts)] in a (pinned) host buffer: FlashInfer's indptr arrays."""
+        indptr = self._empty_host(int(counts_cpu.shape[0]) + 1)
+        indptr[0] = 0
+        torch.cumsum(counts_cpu, 0, out=indptr[1:])
+        return indptr
 
     def _plan_decode(self, wrapper: Any, lens: _Lengths, indices_gpu: torch.Tensor) -> None:
         self._stage(wrapper)

@@ -43,7 +43,6 @@ from worker.attention.flashinfer import (
     FlashInferMeta,
     _Lengths,
 )
-from worker.engine.kv_pool import KVPool
 
 
 @dataclass(frozen=True)
@@ -128,12 +127,6 @@ class FlashInferCascadeBackend(FlashInferBackend):
         rows_cpu = torch.tensor(rows, dtype=torch.int64)
         return rows_cpu.pin_memory().to(self.device, non_blocking=True) if self._pin else rows_cpu
 
-    def _indptr_host(self, counts_cpu: torch.Tensor) -> torch.Tensor:
-        indptr = self._empty_host(int(counts_cpu.shape[0]) + 1)
-        indptr[0] = 0
-        torch.cumsum(counts_cpu, 0, out=indptr[1:])
-        return indptr
-
     def _spans(
         self, slots_cpu: torch.Tensor, starts_cpu: torch.Tensor, ends_cpu: torch.Tensor
     ) -> tuple[_Lengths, torch.Tensor]:
@@ -169,16 +162,3 @@ class FlashInferCascadeBackend(FlashInferBackend):
         if ps > 1:
             locations = torch.div(locations, ps, rounding_mode="floor")
         return lens, locations.to(torch.int32)
-
-
-def create(
-    *,
-    kv: KVPool,
-    page_table: torch.Tensor,
-    model_config: Any,
-    page_size: int,
-    device: torch.device | str,
-    **kw: Any,
-) -> FlashInferCascadeBackend:
-    """Registry factory (worker.attention.registry.CASCADE_BACKENDS)."""
-    return FlashInferCascadeBackend(kv, page_table, model_config, page_size, device, **kw)

@@ -22,7 +22,7 @@ ATTENTION_BACKENDS: dict[str, str] = {
 # The same backends with cascade (shared-prefix) attention: EngineConfig.cascade_attention.
 CASCADE_BACKENDS: dict[str, str] = {
     "torch": "worker.attention.torch_cascade:create",
-    "flashinfer": "worker.attention.flashinfer_cascade:create",
+    "flashinfer": "worker.attention.flashinfer_cascade:FlashInferCascadeBackend",  # takes the same keywords
 }
 
 
