@@ -11,12 +11,32 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import math
+from pathlib import Path
 from typing import Any
 
 from producer.openai_request import CHAT_URL
 from producer.schema import Choice, Result, TokenLogprob
 
-_VERSION = importlib.metadata.version("radixq")
+
+def package_version() -> str:
+    """radixq's version: the installed distribution's, or, run from a source checkout that was
+    never pip-installed, the one its pyproject.toml names ("unknown" without either)."""
+    try:
+        return importlib.metadata.version("radixq")
+    except importlib.metadata.PackageNotFoundError:
+        try:
+            import tomllib
+        except ImportError:  # Python 3.10
+            import tomli as tomllib  # type: ignore[no-redef]
+
+        pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+        try:
+            return str(tomllib.loads(pyproject.read_text())["project"]["version"]) + "+source"
+        except (OSError, KeyError, tomllib.TOMLDecodeError):
+            return "unknown"
+
+
+_VERSION = package_version()
 # OpenAI reports a log-probability of minus infinity as this (JSON has no infinity).
 LOGPROB_FLOOR = -9999.0
 
