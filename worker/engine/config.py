@@ -32,11 +32,13 @@ class EngineConfig:
     max_seq_len: int | None = None
     cache: str = "radix"
     kv_cache_dtype: str = "auto"  # "auto": the model's dtype; "fp8_e4m3": half the bytes (per-layer scales)
+    quantization: str = "none"  # "fp8": e4m3 projection weights (per-channel scales), FP8 GEMMs
     kv_scales: str = "calibrated"  # FP8 scales: "calibrated" at load, or "unit" (1.0 everywhere)
     schedule_policy: str = "lpm"  # waiting-request order: longest cached prefix first, or "fcfs"
     overlap: bool = True
     mixed_batches: bool = True  # while a long prompt is chunked, its steps decode the running requests too
     attention: str = "auto"
+    decode_kernel: str = "auto"  # flashinfer decode: "auto" (XQA over FP8 pages on sm90, else FA2), "fa2", "xqa"
     cuda_graph: bool = True
     cuda_graph_max_bs: int = 256
     cascade_attention: bool = False  # attend to prefixes that running requests share once per group
@@ -68,6 +70,18 @@ class EngineConfig:
                 "kv_cache_dtype",
                 self.kv_cache_dtype,
                 "must be 'auto' or 'fp8_e4m3'",
+            ),
+            (
+                self.quantization in ("none", "fp8"),
+                "quantization",
+                self.quantization,
+                "must be 'none' or 'fp8'",
+            ),
+            (
+                self.decode_kernel in ("auto", "fa2", "xqa"),
+                "decode_kernel",
+                self.decode_kernel,
+                "must be 'auto', 'fa2' or 'xqa'",
             ),
             (
                 self.kv_scales in ("calibrated", "unit"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -41,15 +42,18 @@ class Engine:
         self.device = torch.device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.kv_dtype = cache_dtype_of(config.kv_cache_dtype) or self.dtype  # what the KV pages hold
-        from worker.kernels.ops import use_triton
+        from worker.kernels.ops import triton_scope
 
-        use_triton(config.triton)
+        # NOTE: every pass of this engine (eager, captured, calibration) runs inside this scope,
+        # so another engine of the process with the other setting never changes this one's kernels.
+        self.kernels = functools.partial(triton_scope, config.triton)
         self.loaded = load_model(
             config.model,
             load_format=config.load_format,
             dtype=self.dtype,
             device=self.device,
             cache_dir=config.cache_dir or None,
+            quantization=config.quantization,
         )
         model_config = self.loaded.config
         self.model_config = model_config
@@ -87,12 +91,14 @@ class Engine:
             page_size=self.page_size,
             device=self.device,
             cascade=config.cascade_attention,
+            **({"decode_kernel": config.decode_kernel} if config.decode_kernel != "auto" else {}),
         )
         self.sampler = Sampler()
         if self.kv.quantized and config.kv_scales == "calibrated":
             from worker.engine.kv_calibration import calibrate_kv_scales, calibration_ids
 
-            calibrate_kv_scales(self, calibration_ids(self))  # before CUDA graphs bake the scales in
+            with self.kernels():
+                calibrate_kv_scales(self, calibration_ids(self))  # before CUDA graphs bake the scales in
         # NOTE: both streams are set (CUDA + overlap) or both None; typed Any for that reason.
         self.stream: Any = None  # the engine stream, where passes run
         self.scheduler_stream: Any = None  # where the scheduler copies batch metadata
@@ -108,7 +114,8 @@ class Engine:
             from worker.engine.graph import GraphRunner, graph_batch_sizes
 
             max_bs = min(config.cuda_graph_max_bs, config.max_running_reqs)
-            self.graph_runner = GraphRunner(self, graph_batch_sizes(max_bs))
+            with self.kernels():
+                self.graph_runner = GraphRunner(self, graph_batch_sizes(max_bs))
 
     def _pages_from_memory(self, config: EngineConfig) -> int:
         mc = self.model_config
@@ -140,12 +147,13 @@ class Engine:
 
         Nothing here waits for the GPU: under overlap the host returns while the pass runs."""
         if self.stream is None:
-            return self._logits(fi)
+            with self.kernels():
+                return self._logits(fi)
         self.stream.wait_stream(self.scheduler_stream)
         copied = (fi.load_slots, fi.sampling.temperature, *fi.sampling.side_buffers)
         for t in copied:  # buffers copied on the scheduler stream
             t.record_stream(self.stream)
-        with torch.cuda.stream(self.stream):
+        with torch.cuda.stream(self.stream), self.kernels():
             return self._logits(fi)
 
     @torch.inference_mode()
@@ -156,8 +164,9 @@ class Engine:
         to the host. ``token_bitmask``: structured output's host bitmask for this batch
         (worker.engine.grammar), copied to the device here without waiting."""
         if self.stream is None:
-            return self._sample(fi, logits, token_bitmask)
-        with torch.cuda.stream(self.stream):
+            with self.kernels():
+                return self._sample(fi, logits, token_bitmask)
+        with torch.cuda.stream(self.stream), self.kernels():
             return self._sample(fi, logits, token_bitmask)
 
     def _logits(self, fi: ForwardInput) -> torch.Tensor:

@@ -4,29 +4,57 @@
     add_rms_norm(x, residual, w, eps)    -> (norm(x + residual), x + residual)
     norm_rope(x, positions, cos, sin, w, eps)   [T, H, D] -> contiguous [T, H, D]
     silu_and_mul(x)                      [T, 2I] -> [T, I]
+    quantize_fp8_rows(x)                 [T, K] -> Fp8Rows (e4m3 [T, K], fp32 scale [T])
+
+``rms_norm``, ``add_rms_norm`` and ``silu_and_mul`` take ``fp8=True`` to return their output
+quantized for an FP8 GEMM (worker.models.fp8): the same values, then ``quantize_fp8_rows``, in
+one kernel on CUDA.
 
 The torch paths are the reference semantics (HF's): norms in float32, cast to the model dtype
-before the weight; rope in float32 on neox halves. ``use_triton(False)`` (the engine setting
-``triton = false``) forces the torch paths (ablation, debugging); with triton's own
-``TRITON_INTERPRET=1`` the kernels run on CPU tensors in its interpreter
-(tests/unit/test_kernels_interpret.py).
+before the weight; rope in float32 on neox halves. ``triton_scope(False)`` (the engine setting
+``triton = false``, entered by the engine around each of its passes) forces the torch paths
+(ablation, debugging); with triton's own ``TRITON_INTERPRET=1`` the kernels run on CPU tensors
+in its interpreter (tests/unit/test_kernels_interpret.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 
-_ENABLED = [True]  # NOTE: one switch per process, set by the engine from its config
+# NOTE: the switch the kernels read; an engine sets it for the length of each of its passes
+# (triton_scope), so two engines of one process with different settings never mix.
+_ENABLED = [True]
+FP8_MAX = 448.0  # the largest finite float8_e4m3fn value
+_FP8_MIN_SCALE = 1e-12 / FP8_MAX  # an all-zero row gets this scale, not 0 (no division by 0)
+
+
+class Fp8Rows(NamedTuple):
+    """Activations quantized per row for an FP8 GEMM: ``data * scale[:, None]`` ~ the values."""
+
+    data: torch.Tensor  # float8_e4m3fn [T, K]
+    scale: torch.Tensor  # float32 [T]
 
 
 def use_triton(enabled: bool) -> None:
-    """Switch the fused kernels on or off for this process (the engine does, at start)."""
+    """The default outside any triton_scope (tests set it; engines use triton_scope)."""
     _ENABLED[0] = enabled
+
+
+@contextlib.contextmanager
+def triton_scope(enabled: bool) -> Iterator[None]:
+    """Run the block with the fused kernels on or off, then restore the previous setting."""
+    previous, _ENABLED[0] = _ENABLED[0], enabled
+    try:
+        yield
+    finally:
+        _ENABLED[0] = previous
 
 
 @functools.cache
@@ -62,25 +90,30 @@ def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Ten
     return weight * x32.to(x.dtype)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, fp8: bool = False) -> Any:
+    """rms_norm_ref's values; with ``fp8`` (2-D x only) quantized per row as Fp8Rows."""
     k = _kernels_for(x)
     if k is None or x.stride(-1) != 1 or x.dim() not in (2, 3) or x.dtype != weight.dtype:
-        return rms_norm_ref(x, weight, eps)
+        out = rms_norm_ref(x, weight, eps)
+        return quantize_fp8_rows_ref(out) if fp8 else out
+    if fp8:
+        return _norm_fp8(k, x, None, weight, eps)[0]
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     rows, heads, sx_row, sx_head = _rows_heads(x)
     so_row, so_head = (out.stride(0), 0) if x.dim() == 2 else (out.stride(0), out.stride(1))
     n = x.shape[-1]
     k.rms_norm_kernel[(rows, heads)](
-        x, x, out, out, weight, sx_row, sx_head, 0, so_row, so_head, n, eps,
-        HAS_RES=False, BLOCK=triton_block(n),
+        x, x, out, out, weight, out, out, sx_row, sx_head, 0, so_row, so_head, n, eps,
+        HAS_RES=False, QUANT=False, FP8_MAX=FP8_MAX, MIN_SCALE=_FP8_MIN_SCALE, BLOCK=triton_block(n),
     )  # fmt: skip
     return out
 
 
 def add_rms_norm(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rms_norm(x + residual), x + residual) for [T, D] tensors; the sum rounds to x.dtype."""
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, *, fp8: bool = False
+) -> tuple[Any, torch.Tensor]:
+    """(rms_norm(x + residual), x + residual) for [T, D] tensors; the sum rounds to x.dtype.
+    With ``fp8`` the norm comes back quantized per row (Fp8Rows)."""
     k = _kernels_for(x)
     if (
         k is None
@@ -90,16 +123,67 @@ def add_rms_norm(
         or x.dtype != weight.dtype
     ):
         total = residual + x
-        return rms_norm_ref(total, weight, eps), total
+        out = rms_norm_ref(total, weight, eps)
+        return (quantize_fp8_rows_ref(out) if fp8 else out), total
     x = x.contiguous()
+    if fp8:
+        rows, total = _norm_fp8(k, x, residual, weight, eps)
+        return rows, total
     total = torch.empty_like(residual)
     out = torch.empty_like(residual)
     n = x.shape[-1]
     k.rms_norm_kernel[(x.shape[0], 1)](
-        x, residual, out, total, weight, x.stride(0), 0, residual.stride(0), out.stride(0), 0, n, eps,
-        HAS_RES=True, BLOCK=triton_block(n),
+        x, residual, out, total, weight, out, out, x.stride(0), 0, residual.stride(0), out.stride(0), 0,
+        n, eps, HAS_RES=True, QUANT=False, FP8_MAX=FP8_MAX, MIN_SCALE=_FP8_MIN_SCALE, BLOCK=triton_block(n),
     )  # fmt: skip
     return out, total
+
+
+def _norm_fp8(
+    k: Any, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> tuple[Fp8Rows, torch.Tensor]:
+    """One kernel: the norm of x (+ residual) quantized per row, and the sum when residual is given."""
+    rows, n = x.shape
+    data = torch.empty((rows, n), dtype=torch.float8_e4m3fn, device=x.device)
+    scale = torch.empty(rows, dtype=torch.float32, device=x.device)
+    has_res = residual is not None
+    total = torch.empty_like(x) if has_res else x
+    res = residual if residual is not None else x
+    k.rms_norm_kernel[(rows, 1)](
+        x, res, data, total, weight, data, scale, x.stride(0), 0, res.stride(0), n, 0, n, eps,
+        HAS_RES=has_res, QUANT=True, FP8_MAX=FP8_MAX, MIN_SCALE=_FP8_MIN_SCALE, BLOCK=triton_block(n),
+    )  # fmt: skip
+    return Fp8Rows(data, scale), total
+
+
+def quantize_fp8_rows_ref(x: torch.Tensor) -> Fp8Rows:
+    """Per row: scale = max|x| / 448 (at least _FP8_MIN_SCALE), data = x / scale rounded to e4m3
+    (nearest even, saturated). The reference for the kernels and the CPU emulation of FP8 GEMMs."""
+    x32 = x.float()
+    scale = (x32.abs().amax(dim=-1) / FP8_MAX).clamp_(min=_FP8_MIN_SCALE)
+    data = (x32 / scale[:, None]).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return Fp8Rows(data, scale)
+
+
+def quantize_fp8_rows(x: torch.Tensor) -> Fp8Rows:
+    """x [T, K] (model dtype) quantized per row for an FP8 GEMM (quantize_fp8_rows_ref's values)."""
+    k = _kernels_for(x)
+    if k is None or x.dim() != 2 or x.stride(-1) != 1:
+        return quantize_fp8_rows_ref(x)
+    return _fp8_rows(k, x, x.shape[1], silu=False)
+
+
+def _fp8_rows(k: Any, x: torch.Tensor, n: int, *, silu: bool) -> Fp8Rows:
+    """fp8_rows_kernel over x's rows: x itself (n columns), or silu_and_mul(x) (x has 2n)."""
+    rows = x.shape[0]
+    data = torch.empty((rows, n), dtype=torch.float8_e4m3fn, device=x.device)
+    scale = torch.empty(rows, dtype=torch.float32, device=x.device)
+    if rows:
+        k.fp8_rows_kernel[(rows,)](
+            x, data, scale, x.stride(0), n, IS_SILU=silu, FP8_MAX=FP8_MAX, MIN_SCALE=_FP8_MIN_SCALE,
+            BLOCK=min(4096, triton_block(n)),
+        )  # fmt: skip
+    return Fp8Rows(data, scale)
 
 
 def rope_ref(
@@ -143,13 +227,16 @@ def norm_rope(
     return out
 
 
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    """silu(x[:, :I]) * x[:, I:] for x [T, 2I]."""
+def silu_and_mul(x: torch.Tensor, *, fp8: bool = False) -> Any:
+    """silu(x[:, :I]) * x[:, I:] for x [T, 2I]; with ``fp8`` quantized per row (Fp8Rows)."""
     k = _kernels_for(x)
     if k is None or x.dim() != 2 or x.stride(-1) != 1:
         gate, up = x.chunk(2, dim=-1)
-        return F.silu(gate) * up
+        out = F.silu(gate) * up
+        return quantize_fp8_rows_ref(out) if fp8 else out
     n = x.shape[-1] // 2
+    if fp8:
+        return _fp8_rows(k, x, n, silu=True)
     out = torch.empty((x.shape[0], n), dtype=x.dtype, device=x.device)
     block = min(1024, triton_block(n))
     k.silu_and_mul_kernel[(x.shape[0], -(-n // block))](x, out, x.stride(0), out.stride(0), n, BLOCK=block)

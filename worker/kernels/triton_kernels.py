@@ -31,6 +31,8 @@ def rms_norm_kernel(
     out_ptr,
     res_out_ptr,
     w_ptr,
+    q_ptr,
+    scale_ptr,
     stride_x_row,
     stride_x_head,
     stride_res_row,
@@ -39,9 +41,14 @@ def rms_norm_kernel(
     n_cols,
     eps,
     HAS_RES: tl.constexpr,
+    QUANT: tl.constexpr,
+    FP8_MAX: tl.constexpr,
+    MIN_SCALE: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    """out[r, h] = norm(x[r, h] (+ res[r])) * w; with HAS_RES also res_out[r] = x[r] + res[r]."""
+    """out[r, h] = norm(x[r, h] (+ res[r])) * w; with HAS_RES also res_out[r] = x[r] + res[r].
+    QUANT (2-D rows): the output goes to q[r] as e4m3 / scale[r] instead, scale[r] = max|out[r]| /
+    FP8_MAX (at least MIN_SCALE), as worker.kernels.ops.quantize_fp8_rows_ref rounds it."""
     row = tl.program_id(0)
     head = tl.program_id(1)
     cols = tl.arange(0, BLOCK)
@@ -57,8 +64,62 @@ def rms_norm_kernel(
     var = tl.sum(x32 * x32, axis=0) / n_cols
     rstd = 1.0 / tl.sqrt(var + eps)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    y = (x32 * rstd).to(dtype).to(tl.float32) * w
-    tl.store(out_ptr + row * stride_out_row + head * stride_out_head + cols, y.to(dtype), mask=mask)
+    y = ((x32 * rstd).to(dtype).to(tl.float32) * w).to(dtype)
+    if QUANT:
+        y32 = tl.where(mask, y.to(tl.float32), 0.0)
+        scale = tl.maximum(tl.max(tl.abs(y32), axis=0) / FP8_MAX, MIN_SCALE)
+        q = tl.clamp(y32 / scale, -FP8_MAX, FP8_MAX)
+        tl.store(q_ptr + row * stride_out_row + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
+        tl.store(scale_ptr + row, scale)
+    else:
+        tl.store(out_ptr + row * stride_out_row + head * stride_out_head + cols, y, mask=mask)
+
+
+@triton.jit
+def _fp8_row_values(x_ptr, stride_x_row, row, cols, mask, n_cols, IS_SILU: tl.constexpr):
+    """Row ``row``'s values at ``cols`` in float32: x itself, or silu(gate) * up rounded as
+    silu_and_mul_kernel rounds it (gate = x[:, :n], up = x[:, n:2n])."""
+    base = x_ptr + row * stride_x_row
+    x = tl.load(base + cols, mask=mask, other=0.0)
+    if IS_SILU:
+        up = tl.load(base + n_cols + cols, mask=mask, other=0.0)
+        dtype = x.dtype
+        g = x.to(tl.float32)
+        silu = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)
+        return tl.where(mask, (silu * up.to(tl.float32)).to(dtype).to(tl.float32), 0.0)
+    return tl.where(mask, x.to(tl.float32), 0.0)
+
+
+@triton.jit
+def fp8_rows_kernel(
+    x_ptr,
+    q_ptr,
+    scale_ptr,
+    stride_x_row,
+    n_cols,
+    IS_SILU: tl.constexpr,
+    FP8_MAX: tl.constexpr,
+    MIN_SCALE: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """Program r quantizes row r of x (or of silu_and_mul(x) with IS_SILU) to e4m3 in q[r]
+    ([rows, n_cols], contiguous) with scale[r] = max|row| / FP8_MAX (at least MIN_SCALE).
+    Two passes over the row: its maximum, then the quantized values."""
+    row = tl.program_id(0)
+    amax = tl.zeros((), dtype=tl.float32)
+    for off in range(0, n_cols, BLOCK):
+        cols = off + tl.arange(0, BLOCK)
+        mask = cols < n_cols
+        y = _fp8_row_values(x_ptr, stride_x_row, row, cols, mask, n_cols, IS_SILU)
+        amax = tl.maximum(amax, tl.max(tl.abs(y), axis=0))
+    scale = tl.maximum(amax / FP8_MAX, MIN_SCALE)
+    for off in range(0, n_cols, BLOCK):
+        cols = off + tl.arange(0, BLOCK)
+        mask = cols < n_cols
+        y = _fp8_row_values(x_ptr, stride_x_row, row, cols, mask, n_cols, IS_SILU)
+        q = tl.clamp(y / scale, -FP8_MAX, FP8_MAX)
+        tl.store(q_ptr + row * n_cols + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
+    tl.store(scale_ptr + row, scale)
 
 
 @_jit_any_alignment("pos_ptr")

@@ -8,7 +8,7 @@ happens in ``forward``, so it can be captured in a CUDA graph.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -16,6 +16,7 @@ from torch import nn
 
 from worker.kernels.ops import add_rms_norm, norm_rope, qk_norm_rope_store, rms_norm, silu_and_mul
 from worker.models.config import ModelConfig
+from worker.models.fp8 import takes_fp8
 from worker.models.rope import RotaryEmbedding
 
 if TYPE_CHECKING:
@@ -39,8 +40,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(size, dtype=dtype))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.eps)  # one fused kernel on CUDA
+    def forward(self, x: torch.Tensor, fp8: bool = False) -> Any:
+        """The normed x; quantized per row (worker.kernels.ops.Fp8Rows) with ``fp8``."""
+        return rms_norm(x, self.weight, self.eps, fp8=fp8)  # one fused kernel on CUDA
 
 
 class Attention(nn.Module):
@@ -61,7 +63,8 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, dtype) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, dtype) if cfg.qk_norm else None
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+    def forward(self, positions: torch.Tensor, x: Any, batch: ForwardBatch) -> torch.Tensor:
+        """x: the normed hidden states, quantized (Fp8Rows) when qkv_proj takes FP8."""
         qkv = self.qkv_proj(x)
         cos, sin = self.rope.cos_cache, self.rope.sin_cache
         q_w = k_w = None
@@ -92,8 +95,9 @@ class MLP(nn.Module):
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, False, dtype=dtype)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, False, dtype=dtype)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+    def forward(self, x: Any) -> torch.Tensor:
+        """x: the normed hidden states, quantized (Fp8Rows) when gate_up_proj takes FP8."""
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x), fp8=takes_fp8(self.down_proj)))
 
 
 class DecoderLayer(nn.Module):
@@ -109,14 +113,14 @@ class DecoderLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The layer input is ``h + residual`` (just ``h`` when residual is None); returns
         (mlp output, residual) unsummed, so the next norm fuses the add."""
-        norm = self.input_layernorm
+        norm, fp8 = self.input_layernorm, takes_fp8(self.self_attn.qkv_proj)
         if residual is None:
-            residual, normed = h, norm(h)
+            residual, normed = h, norm(h, fp8=fp8)
         else:
-            normed, residual = add_rms_norm(h, residual, norm.weight, norm.eps)
+            normed, residual = add_rms_norm(h, residual, norm.weight, norm.eps, fp8=fp8)
         attn = self.self_attn(positions, normed, batch)
-        norm = self.post_attention_layernorm
-        normed, residual = add_rms_norm(attn, residual, norm.weight, norm.eps)
+        norm, fp8 = self.post_attention_layernorm, takes_fp8(self.mlp.gate_up_proj)
+        normed, residual = add_rms_norm(attn, residual, norm.weight, norm.eps, fp8=fp8)
         return self.mlp(normed), residual
 
 

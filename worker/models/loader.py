@@ -10,6 +10,7 @@ import torch
 
 from worker.models.config import ModelConfig, config_json_path
 from worker.models.decoder import CausalLM
+from worker.models.fp8 import quantize_model
 from worker.models.gguf import ensure_converted
 from worker.models.registry import ALIASES
 
@@ -125,10 +126,12 @@ def load_model(
     dtype: torch.dtype | None = None,
     device: str | torch.device = "cpu",
     cache_dir: str | Path | None = None,
+    quantization: str = "none",
 ) -> LoadedModel:
     """Load ``model`` (alias, HF dir, GGUF file, cached hub id; or a config for "dummy").
 
-    dtype None: default_dtype(device); ``cache_dir``: where GGUF conversions are cached.
+    dtype None: default_dtype(device); ``cache_dir``: where GGUF conversions are cached;
+    ``quantization`` "fp8": the projections' weights in FP8 after loading (worker.models.fp8).
     """
     device = torch.device(device)
     dtype = dtype or default_dtype(device)
@@ -153,5 +156,9 @@ def load_model(
                 f"{path}: checkpoint lacks weights for {sorted(missing)[:8]} ({len(missing)} in all)"
             )
     net.eval().requires_grad_(False)
-    log.info("loaded %s (%s, %s) on %s", name, config.architecture, dtype, device)
+    quantized = quantize_model(net, quantization)
+    log.info(
+        "loaded %s (%s, %s%s) on %s", name, config.architecture, dtype,
+        f", {quantized} projections in FP8" if quantized else "", device,
+    )  # fmt: skip
     return LoadedModel(model=net, config=config, path=path, name=name)

@@ -1,0 +1,109 @@
+"""FP8 weights (EngineConfig ``quantization = "fp8"``): e4m3 matrices with one scale per output
+channel, activations quantized per token at run time, GEMMs in FP8 with float32 accumulation.
+
+    W [N, K] (model dtype)  ->  W_q = W / w_scale[:, None] in e4m3, w_scale = max|W[n]| / 448
+    x [T, K]                ->  x_q = x / x_scale[:, None] in e4m3, x_scale = max|x[t]| / 448
+    y [T, N] = (x_q @ W_q^T) * x_scale[:, None] * w_scale[None, :]   (+ bias), in the model dtype
+
+On CUDA (compute capability 8.9 and up) the GEMM is ``torch._scaled_mm`` with those row-wise
+scales; elsewhere it is emulated: the same quantized values, multiplied in float32
+(tests/unit/test_fp8_weights.py checks the model against transformers; the GPU path is checked
+against this emulation on the device). Embeddings and the LM head stay in the model dtype. The
+norms and SiLU-mul before qkv/gate-up and down projections hand over their output already
+quantized (worker.kernels.ops ``fp8=True``), so only o_proj quantizes its own input.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from worker.kernels.ops import FP8_MAX, Fp8Rows, quantize_fp8_rows
+
+QUANTIZATIONS = ("none", "fp8")
+# The projections that become Fp8Linear, by attribute name in the decoder's modules.
+QUANTIZED_PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+
+
+class Fp8Linear(nn.Module):
+    """y = x W^T (+ b) with W as e4m3 [N, K] and per-output-channel float32 scales.
+
+    ``forward`` takes activations in the model dtype (quantized here per row) or already
+    quantized as worker.kernels.ops.Fp8Rows."""
+
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        weight_scale: torch.Tensor,
+        bias: torch.Tensor | None,
+        out_dtype: torch.dtype,
+    ) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight, requires_grad=False)  # float8_e4m3fn [N, K]
+        self.weight_scale = nn.Parameter(weight_scale, requires_grad=False)  # float32 [N]
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+        self.out_dtype = out_dtype
+        self.in_features = int(weight.shape[1])
+        self.out_features = int(weight.shape[0])
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> Fp8Linear:
+        """Quantize a linear layer's weight per output channel (the bias stays as it is)."""
+        w = linear.weight.detach()
+        w32 = w.float()
+        scale = (w32.abs().amax(dim=1) / FP8_MAX).clamp_(min=1e-12)
+        data = (w32 / scale[:, None]).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+        bias = None if linear.bias is None else linear.bias.detach()
+        return cls(data, scale, bias, w.dtype)
+
+    def forward(self, x: torch.Tensor | Fp8Rows) -> torch.Tensor:
+        rows = x if isinstance(x, Fp8Rows) else quantize_fp8_rows(x)
+        if _scaled_mm_ok(rows.data):
+            out = torch._scaled_mm(
+                rows.data,
+                self.weight.t(),
+                scale_a=rows.scale[:, None],
+                scale_b=self.weight_scale[None, :],
+                out_dtype=self.out_dtype,
+            )
+        else:
+            out = emulated_fp8_matmul(rows, self.weight, self.weight_scale).to(self.out_dtype)
+        return out if self.bias is None else out + self.bias
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, fp8 e4m3 per-channel"
+
+
+def emulated_fp8_matmul(rows: Fp8Rows, weight: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:
+    """(x_q @ W_q^T) * x_scale * w_scale in float32: what the FP8 GEMM computes, on any device."""
+    product = rows.data.float() @ weight.float().t()
+    return product * rows.scale[:, None] * weight_scale[None, :]
+
+
+def _scaled_mm_ok(data: torch.Tensor) -> bool:
+    """Whether torch's FP8 GEMM runs here: CUDA with FP8 tensor cores (sm_89+), a non-empty batch."""
+    if not data.is_cuda or data.shape[0] == 0:
+        return False
+    return torch.cuda.get_device_capability(data.device) >= (8, 9)
+
+
+def takes_fp8(module: nn.Module) -> bool:
+    """Whether a projection wants its input as Fp8Rows (the fused norm / SiLU-mul kernels' output)."""
+    return isinstance(module, Fp8Linear)
+
+
+def quantize_model(model: nn.Module, quantization: str) -> int:
+    """Replace the decoder's projections by Fp8Linear (``quantization == "fp8"``); returns how
+    many were replaced (0 for "none"). The model-dtype weights are released as each goes."""
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization={quantization!r}: expected one of {list(QUANTIZATIONS)}")
+    if quantization == "none":
+        return 0
+    replaced = 0
+    for module in list(model.modules()):
+        for name in QUANTIZED_PROJECTIONS:
+            child = getattr(module, name, None)
+            if isinstance(child, nn.Linear):
+                setattr(module, name, Fp8Linear.from_linear(child))
+                replaced += 1
+    return replaced
