@@ -35,9 +35,14 @@ Invariants:
   page offsets cross from the host, in one copy from pinned memory.
 - model_config needs ``num_q_heads`` (worker.models.config.ModelConfig); KV heads, head
   dim and dtype come from the KV pool, whose pages are FlashInfer's "HND" layout.
-- Decode runs FlashInfer's CUDA-core kernel for small batches and its tensor-core kernel
-  from TENSOR_CORE_MIN_BATCH requests up (or always, from 4 query heads per KV head);
-  each captured graph is planned for the kernel of its batch size.
+- Decode over model-dtype pages runs FlashInfer's CUDA-core kernel for small batches and its
+  tensor-core kernel from TENSOR_CORE_MIN_BATCH requests up (or always, from 4 query heads per
+  KV head); each captured graph is planned for the kernel of its batch size. Graphs of
+  NO_SPLIT_MIN_CTAS (requests x KV heads) and more plan without split-KV: such a batch fills
+  the GPU as it is, and the split's scratch would outgrow the workspace at 1,024 requests.
+- Decode over FP8 pages runs XQA (worker.attention.xqa) where it is supported
+  (``decode_kernel="auto"``): FlashInfer's FA2 templates dequantize FP8 tiles in their inner
+  loop and are compute-bound there. Prefill always runs FA2.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ import torch
 from flashinfer import BatchDecodeWithPagedKVCacheWrapper, BatchPrefillWithPagedKVCacheWrapper
 
 from worker.attention.base import AttentionBackend, BatchLayout
+from worker.attention.xqa import XqaDecode, XqaMeta, xqa_supported
 from worker.engine.kv_pool import KVPool
 
 _INT_WORKSPACE_BYTES = 8 * 1024 * 1024  # FlashInfer's own default for plan data
@@ -56,6 +62,8 @@ _INT_WORKSPACE_BYTES = 8 * 1024 * 1024  # FlashInfer's own default for plan data
 # tensor cores read the KV at 3.6-4.0 TB/s from 61 requests up where CUDA cores reach
 # 3.3-3.5; at 38 requests and below CUDA cores win (66 against 76 us a layer at 38).
 TENSOR_CORE_MIN_BATCH = 64
+NO_SPLIT_MIN_CTAS = 512  # graph batches of this many requests x KV heads plan without split-KV
+DECODE_KERNELS = ("auto", "fa2", "xqa")
 
 
 @dataclass(frozen=True)
@@ -85,6 +93,7 @@ class FlashInferBackend(AttentionBackend):
         sm_scale: float | None = None,
         prefill_backend: str = "fa2",
         dtype: torch.dtype | None = None,
+        decode_kernel: str = "auto",
     ) -> None:
         if page_size != kv.page_size:
             raise ValueError(f"page_size {page_size} != KV pool page_size {kv.page_size}")
@@ -130,6 +139,14 @@ class FlashInferBackend(AttentionBackend):
             )
             for tc in (False, True)
         }
+        if decode_kernel not in DECODE_KERNELS:
+            raise ValueError(f"decode_kernel={decode_kernel!r}: expected one of {list(DECODE_KERNELS)}")
+        use_xqa = decode_kernel == "xqa" or (
+            decode_kernel == "auto" and kv.quantized and xqa_supported(kv, self.device)
+        )
+        if use_xqa and not xqa_supported(kv, self.device):
+            raise ValueError(f"decode_kernel='xqa' needs sm90 and page_size in (16, 32, 64, 128), got {page_size}")
+        self._xqa = XqaDecode(kv, page_table, self.num_qo_heads, sm_scale) if use_xqa else None
         self._range_host: dict[int, torch.Tensor] = {}
         self.graph_batch_sizes: list[int] = []
         self._graph_wrappers: dict[int, Any] = {}
@@ -137,8 +154,10 @@ class FlashInferBackend(AttentionBackend):
 
     # ---- eager path -------------------------------------------------------------------
 
-    def plan(self, layout: BatchLayout) -> FlashInferMeta:
-        """Plan one pass: the decode wrapper when every request extends by one, else prefill."""
+    def plan(self, layout: BatchLayout) -> FlashInferMeta | XqaMeta:
+        """Plan one pass: the decode kernel when every request extends by one, else prefill."""
+        if layout.is_decode and self._xqa is not None:
+            return self._xqa.plan(*self._slots_and_lens_gpu(layout))
         lens = self._lengths(layout.slots_cpu, layout.seq_lens_cpu)
         indices_gpu = self._page_indices_gpu(lens)
         if layout.is_decode:
@@ -155,8 +174,11 @@ class FlashInferBackend(AttentionBackend):
             return self.use_tensor_cores
         return self._always_tensor_cores or batch_size >= TENSOR_CORE_MIN_BATCH
 
-    def forward(self, q: torch.Tensor, layer_id: int, meta: FlashInferMeta) -> torch.Tensor:
+    def forward(self, q: torch.Tensor, layer_id: int, meta: FlashInferMeta | XqaMeta) -> torch.Tensor:
         """q [T, q_heads, head_dim] (T == meta.num_rows) -> attention output of the same shape."""
+        if isinstance(meta, XqaMeta):
+            assert self._xqa is not None
+            return self._xqa.forward(q, layer_id, meta)
         out = torch.empty_like(q)
         return meta.wrapper.run(q, self._paged_kv[layer_id], out=out, **self.kv_scales(layer_id))
 
@@ -177,6 +199,11 @@ class FlashInferBackend(AttentionBackend):
         if not sizes or sizes[0] < 1:
             raise ValueError(f"batch sizes must be positive, got {batch_sizes}")
         max_bs = sizes[-1]
+        self.graph_batch_sizes = sizes
+        if self._xqa is not None:
+            self._xqa.init_cuda_graphs(max_bs, max_seq_len)
+            self._graph_wrappers = {bs: None for bs in sizes}
+            return
         max_pages = max_bs * (-(-max_seq_len // self.page_size))
         self._graph_indptr = torch.zeros(max_bs + 1, dtype=torch.int32, device=self.device)
         self._graph_indices = torch.zeros(max_pages, dtype=torch.int32, device=self.device)
@@ -192,12 +219,16 @@ class FlashInferBackend(AttentionBackend):
                 paged_kv_last_page_len_buffer=self._graph_last_page_len[:bs],
                 backend="fa2",
             )
+            # NOTE: read back by _plan_decode: capture and every replay plan the same way
+            wrapper._radixq_no_split = bs * self.num_kv_heads >= NO_SPLIT_MIN_CTAS
             self._graph_wrappers[bs] = self._adopt(wrapper)
             self._graph_metas[bs] = FlashInferMeta(wrapper, bs)
-        self.graph_batch_sizes = sizes
 
-    def capture_meta(self, bs: int) -> FlashInferMeta:
+    def capture_meta(self, bs: int) -> FlashInferMeta | XqaMeta:
         """Plan the bs wrapper on bs dummy one-token requests reading page 0."""
+        if self._xqa is not None:
+            self._graph_wrapper(bs)  # checks bs was set up
+            return self._xqa.capture_meta(bs)
         wrapper = self._graph_wrapper(bs)
         ones_cpu = self._host(torch.ones(bs, dtype=torch.int32))
         lens = _Lengths(
@@ -210,13 +241,16 @@ class FlashInferBackend(AttentionBackend):
         self._plan_decode(wrapper, lens, torch.zeros(bs, dtype=torch.int32, device=self.device))
         return self._graph_metas[bs]
 
-    def plan_for_replay(self, layout: BatchLayout, bs: int) -> FlashInferMeta:
+    def plan_for_replay(self, layout: BatchLayout, bs: int) -> FlashInferMeta | XqaMeta:
         """Re-plan the captured bs wrapper; padding rows read the first page of row 0."""
         if not layout.is_decode:
             raise ValueError("CUDA-graph replay is for decode batches (every extend_len == 1)")
         batch_size = layout.batch_size
         if batch_size > bs:
             raise ValueError(f"{batch_size} requests do not fit a graph of batch size {bs}")
+        if self._xqa is not None:
+            self._graph_wrapper(bs)
+            return self._xqa.plan_for_replay(*self._slots_and_lens_gpu(layout), bs)
         slots_cpu, seq_lens_cpu = layout.slots_cpu, layout.seq_lens_cpu
         if batch_size < bs:
             pad = bs - batch_size
@@ -233,10 +267,10 @@ class FlashInferBackend(AttentionBackend):
     # ---- helpers ----------------------------------------------------------------------
 
     def _graph_wrapper(self, bs: int) -> Any:
-        wrapper = self._graph_wrappers.get(bs)
-        if wrapper is None:
+        """The graph-mode FlashInfer wrapper of batch size bs (None on the XQA path)."""
+        if bs not in self._graph_wrappers:
             raise ValueError(f"batch size {bs} was not set up by init_cuda_graphs {self.graph_batch_sizes}")
-        return wrapper
+        return self._graph_wrappers[bs]
 
     def _adopt(self, wrapper: Any) -> Any:
         # NOTE: every wrapper plans into the one shared int workspace; this is safe because
@@ -253,6 +287,17 @@ class FlashInferBackend(AttentionBackend):
     def _host(self, t: torch.Tensor) -> torch.Tensor:
         return t.pin_memory() if self._pin else t
 
+    def _slots_and_lens_gpu(self, layout: BatchLayout) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """(slots, sequence lengths) on the device in one copy from a fresh pinned buffer (the
+        host allocator keeps it until the copy is done), and the longest length."""
+        batch_size = layout.batch_size
+        seq_lens_cpu = layout.seq_lens_cpu
+        packed_cpu = self._empty_host(2 * batch_size)
+        packed_cpu[:batch_size] = layout.slots_cpu
+        packed_cpu[batch_size:] = seq_lens_cpu
+        packed_gpu = packed_cpu.to(self.device, non_blocking=True)
+        return packed_gpu[:batch_size], packed_gpu[batch_size:], int(seq_lens_cpu.max())
+
     def _empty_host(self, n: int) -> torch.Tensor:
         return torch.empty(n, dtype=torch.int32, pin_memory=self._pin)
 
@@ -265,10 +310,11 @@ class FlashInferBackend(AttentionBackend):
 
     def _plan_decode(self, wrapper: Any, lens: _Lengths, indices_gpu: torch.Tensor) -> None:
         self._stage(wrapper)
+        no_split = getattr(wrapper, "_radixq_no_split", False)
         if wrapper.use_tensor_cores and getattr(wrapper, "_cached_module", None) is not None:
-            self._replan_tensor_cores(wrapper, lens, indices_gpu)
+            self._replan_tensor_cores(wrapper, lens, indices_gpu, no_split)
             return
-        self._plan_pages(wrapper, lens, indices_gpu)
+        self._plan_pages(wrapper, lens, indices_gpu, disable_split_kv=no_split)
 
     def _plan_pages(
         self,
@@ -298,7 +344,9 @@ class FlashInferBackend(AttentionBackend):
             **kw,
         )
 
-    def _replan_tensor_cores(self, wrapper: Any, lens: _Lengths, indices_gpu: torch.Tensor) -> None:
+    def _replan_tensor_cores(
+        self, wrapper: Any, lens: _Lengths, indices_gpu: torch.Tensor, no_split: bool
+    ) -> None:
         """Re-plan a tensor-core decode wrapper that has planned once (same dtypes and heads).
 
         What FlashInfer 0.6's plan does on this path, minus its per-element Python max over
@@ -343,7 +391,7 @@ class FlashInferBackend(AttentionBackend):
             False,  # causal
             -1,  # window_left
             -1,  # fixed_split_size
-            False,  # disable_split_kv
+            no_split,  # disable_split_kv
             0,  # num_colocated_ctas
         )
 

@@ -43,6 +43,7 @@ from worker.attention.flashinfer import (
     FlashInferMeta,
     _Lengths,
 )
+from worker.attention.xqa import XqaMeta
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,7 @@ class FlashInferCascadeBackend(FlashInferBackend):
         ]
         self._num_prefix_plans = 0
 
-    def plan(self, layout: BatchLayout) -> FlashInferMeta | CascadeMeta:  # type: ignore[override]
+    def plan(self, layout: BatchLayout) -> FlashInferMeta | XqaMeta | CascadeMeta:  # type: ignore[override]
         groups = layout.prefix_groups
         if groups is None:
             return super().plan(layout)
