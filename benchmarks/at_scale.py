@@ -5,11 +5,12 @@ prompts, so no run hits another's cached prefixes; checked), ``max_tokens`` 1,00
 ignored, temperature 0.6, dummy bf16 weights. The figure is output tokens / wall seconds of
 the timed region, after a warm-up outside it.
 
-Variants are ``MODE[:KV]``: MODE ``engine`` (``worker.LLM`` in this process) or ``queue``
-(redis-server -> ``radixq worker`` -> collector, from the first XADD to the last result
-written); KV, when given, is passed as the engine option ``kv_cache_dtype`` (``auto``,
+Variants are ``MODE[:KV[:WEIGHTS]]``: MODE ``engine`` (``worker.LLM`` in this process) or
+``queue`` (redis-server -> ``radixq worker`` -> collector, from the first XADD to the last
+result written); KV, when given, is passed as the engine option ``kv_cache_dtype`` (``auto``,
 ``fp8_e4m3``); without it the option is not passed at all (``--kv-cache-dtype`` sets it
-for every variant). Protocol: ``--rounds N`` rounds, each running every variant once in
+for every variant); WEIGHTS is the engine option ``quantization`` (``none``, ``fp8``;
+``--quantization`` sets it for every variant that names none). Protocol: ``--rounds N`` rounds, each running every variant once in
 turn (interleaved, one engine at a time, each built afresh); the median counts. By default
 (``--rounds 0``) N is 3 when every run of the first round took over 30 s, else 5 (issue
 13). Beside each figure: the floor of the shape (benchmarks/floor.py: weights x steps + KV reads + prefill
@@ -19,6 +20,7 @@ with the KV pool the engine actually had.
     python benchmarks/at_scale.py --preset llama-3.1-8b
     python benchmarks/at_scale.py --preset qwen3-0.6b --variants engine:auto,engine:fp8_e4m3
     python benchmarks/at_scale.py --preset llama-3.1-8b --kv-cache-dtype fp8_e4m3 --variants engine,queue
+    python benchmarks/at_scale.py --preset llama-3.1-8b --variants engine:fp8_e4m3:fp8,engine:fp8_e4m3:none
     python benchmarks/at_scale.py --preset tiny --variants engine,queue       # CPU, seconds
 
 ``--deadline-s S`` skips a run that would end past S seconds from the start (judged by that
@@ -79,17 +81,28 @@ PRESETS = {
 class Variant:
     mode: str  # "engine" | "queue"
     kv_cache_dtype: str | None
+    quantization: str | None = None
 
     @classmethod
-    def parse(cls, text: str, default_kv: str | None) -> Variant:
-        mode, _, kv = text.strip().partition(":")
+    def parse(cls, text: str, default_kv: str | None, default_quantization: str | None = None) -> Variant:
+        mode, _, rest = text.strip().partition(":")
+        kv, _, quantization = rest.partition(":")
         if mode not in ("engine", "queue"):
             raise ValueError(f"variant {text!r}: MODE must be engine or queue")
-        return cls(mode, kv or default_kv)
+        return cls(mode, kv or default_kv, quantization or default_quantization)
 
     @property
     def name(self) -> str:
-        return self.mode + (f" kv={self.kv_cache_dtype}" if self.kv_cache_dtype else "")
+        return (
+            self.mode
+            + (f" kv={self.kv_cache_dtype}" if self.kv_cache_dtype else "")
+            + (f" w={self.quantization}" if self.quantization else "")
+        )
+
+    @property
+    def engine(self) -> Variant:
+        """The engine-alone variant of the same KV and weights (a queue run's baseline)."""
+        return Variant("engine", self.kv_cache_dtype, self.quantization)
 
 
 def at_scale_workload(preset: Preset, seed: int) -> Workload:
@@ -101,8 +114,10 @@ def at_scale_workload(preset: Preset, seed: int) -> Workload:
     return Workload(prompts, [preset.output_len] * preset.num_requests)
 
 
-def engine_options(args: argparse.Namespace, preset: Preset, kv_cache_dtype: str | None) -> dict[str, Any]:
-    """EngineConfig options of a run; ``kv_cache_dtype`` only when one is given."""
+def engine_options(
+    args: argparse.Namespace, preset: Preset, kv_cache_dtype: str | None, quantization: str | None = None
+) -> dict[str, Any]:
+    """EngineConfig options of a run; ``kv_cache_dtype`` and ``quantization`` only when given."""
     max_running = args.max_running_reqs or preset.max_running_reqs
     options: dict[str, Any] = {
         "load_format": "dummy",
@@ -118,25 +133,25 @@ def engine_options(args: argparse.Namespace, preset: Preset, kv_cache_dtype: str
         "device": args.device,
         "attention": args.attention,
         "kv_cache_dtype": kv_cache_dtype,
+        "quantization": quantization,
     }
     options.update({k: v for k, v in optional.items() if v is not None})
     return options
 
 
 def floors(
-    preset: Preset, kv: str | None, max_running: int, pool_tokens: int | None
+    preset: Preset, kv: str | None, max_running: int, pool_tokens: int | None, fp8_weights: bool = False
 ) -> tuple[Floor, Floor | None]:
     """The shape's floor (at most ``max_running`` at once) and the floor with this KV pool."""
     shape = ModelShape.from_config(json.loads(Path(preset.model).read_text()))
     prompts = [preset.prompt_len] * preset.num_requests
     outputs = [preset.output_len] * preset.num_requests
     kv_bytes = KV_BYTES.get(kv or "auto", 2)
-    ideal = shape_floor(shape, prompts, outputs, kv_bytes=kv_bytes, max_running=max_running)
+    common = dict(kv_bytes=kv_bytes, fp8_weights=fp8_weights, max_running=max_running)
+    ideal = shape_floor(shape, prompts, outputs, **common)  # type: ignore[arg-type]
     if pool_tokens is None or pool_tokens < preset.prompt_len + preset.output_len:
         return ideal, None
-    pooled = shape_floor(
-        shape, prompts, outputs, kv_bytes=kv_bytes, max_running=max_running, kv_capacity_tokens=pool_tokens
-    )
+    pooled = shape_floor(shape, prompts, outputs, kv_capacity_tokens=pool_tokens, **common)  # type: ignore[arg-type]
     return ideal, pooled
 
 
@@ -156,10 +171,10 @@ def summarize(
         if not runs:
             continue
         median_s = statistics.median(r.seconds for r in runs)
-        engine_name = Variant("engine", v.kv_cache_dtype).name  # a queue run's pool: its engine's
+        engine_name = v.engine.name  # a queue run's pool: its engine's
         pages = [r for r in records if r.variant == engine_name and r.kv_pages]
         pool_tokens = pages[0].kv_pages * pages[0].page_size if pages else None
-        ideal, pooled = floors(preset, v.kv_cache_dtype, max_running, pool_tokens)
+        ideal, pooled = floors(preset, v.kv_cache_dtype, max_running, pool_tokens, v.quantization == "fp8")
         tokens = runs[0].output_tokens
         row = {
             "variant": v.name,
@@ -198,7 +213,7 @@ def summarize(
               + (f"; KV pool {row['pool_tokens']:,} tokens" if row["pool_tokens"] else ""))  # fmt: skip
     by_name = {row["variant"]: row for row in rows}
     for v in variants:
-        engine = by_name.get(Variant("engine", v.kv_cache_dtype).name)
+        engine = by_name.get(v.engine.name)
         if v.mode == "queue" and v.name in by_name and engine:
             overhead = by_name[v.name]["median_s"] / engine["median_s"] - 1
             by_name[v.name]["overhead"] = overhead
@@ -236,6 +251,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--kv-cache-dtype", default=None, help="KV for variants that name none (auto, fp8_e4m3)"
     )
     parser.add_argument(
+        "--quantization", default=None, help="weights for variants that name none (none, fp8)"
+    )
+    parser.add_argument(
         "--rounds",
         type=int,
         default=0,
@@ -266,7 +284,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     preset = PRESETS[args.preset]
     if args.num_requests:
         preset = Preset(**{**preset.__dict__, "num_requests": args.num_requests})
-    variants = [Variant.parse(t, args.kv_cache_dtype) for t in args.variants.split(",") if t.strip()]
+    variants = [
+        Variant.parse(t, args.kv_cache_dtype, args.quantization) for t in args.variants.split(",") if t.strip()
+    ]
     if len({v.name for v in variants}) != len(variants):
         raise SystemExit(f"--variants {args.variants!r} names a variant twice")
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="radixq-atscale-"))
@@ -292,14 +312,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 if args.deadline_s and elapsed + last_wall.get(v.name, 0.0) > args.deadline_s:
                     print(f"deadline: round {round_} {v.name} skipped at {elapsed:.0f} s")
                     continue
-                options = engine_options(args, preset, v.kv_cache_dtype)
+                options = engine_options(args, preset, v.kv_cache_dtype, v.quantization)
                 start = time.perf_counter()
                 if v.mode == "engine":
                     record = run_engine(
                         v.name, round_, preset.model, options, workload, warmup, args.temperature
                     )
                 else:
-                    pinned = [r for r in records if r.variant == Variant("engine", v.kv_cache_dtype).name]
+                    pinned = [r for r in records if r.variant == v.engine.name]
                     if pinned and args.num_pages is None:  # NOTE: the same KV pool as the engine alone
                         options["num_pages"] = pinned[-1].kv_pages
                     assert redis is not None

@@ -14,6 +14,7 @@ Modes: ``off`` (radix cache, cascade off), ``on`` (radix cache, cascade_attentio
     python benchmarks/cascade.py                      # CPU, tiny dummy Llama: proves it runs
     python benchmarks/cascade.py --preset h200        # the issue's workload, Qwen3-0.6B dummy
     python benchmarks/cascade.py --preset h200 --modes off on naive --repeat 5 --out cascade.json
+    python benchmarks/cascade.py --preset h200-long --modes off on --repeat 3
 """
 
 from __future__ import annotations
@@ -47,6 +48,12 @@ PRESETS: dict[str, dict] = {
     "h200": dict(
         device="cuda", model="configs/qwen3-0.6b.json", groups=16, jobs_per_group=32, prefix_tokens=3000,
         tail_min=64, tail_max=192, max_tokens=128, num_pages=None, max_running_reqs=256, min_saved_mib=32.0,
+    ),
+    # the workload cascade exists for (issue 16): 256 jobs on one 8,000-token prefix, short tails,
+    # 256 output tokens: every decode step reads the prefix 256 times without it
+    "h200-long": dict(
+        device="cuda", model="configs/qwen3-0.6b.json", groups=1, jobs_per_group=256, prefix_tokens=8000,
+        tail_min=16, tail_max=64, max_tokens=256, num_pages=None, max_running_reqs=256, min_saved_mib=32.0,
     ),
 }  # fmt: skip
 MODES = {

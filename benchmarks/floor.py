@@ -8,8 +8,10 @@ requests read every weight once (the LM head included, embedding rows aside) and
 KV, and do ``2 * params * B`` matmul FLOPs plus attention FLOPs; a step costs at least
 max(bytes / bandwidth, flops / peak). Prefill is counted as compute at peak (its weight
 reads are amortised over thousands of tokens). FP8 KV (``kv_bytes`` 1) halves the KV bytes;
-weights stay bf16. Ceilings default to what was measured on the H200 here: ~4.3 TB/s copy
-bandwidth and ~790 TFLOP/s dense bf16.
+FP8 weights (``fp8_weights``: the decoder's projections in e4m3, the LM head in bf16) halve
+their bytes and run their FLOPs at twice the bf16 peak. Ceilings default to what was measured
+on the H200 here: ~4.3 TB/s copy bandwidth and ~790 TFLOP/s dense bf16 (FP8: 2x, the
+datasheet's ratio; not measured).
 
 ``memory_s + prefill_s`` (weights x steps + KV reads + prefill FLOPs, each at its ceiling) is
 the floor whenever every decode step is bandwidth-bound; ``total_s`` takes the per-step max,
@@ -155,34 +157,35 @@ def shape_floor(
     output_lens: Sequence[int],
     *,
     kv_bytes: int = 2,
-    weight_bytes_per_param: int = 2,
+    fp8_weights: bool = False,
     max_running: int | None = None,
     kv_capacity_tokens: int | None = None,
     bandwidth: float = H200_BANDWIDTH,
     peak: float = H200_PEAK,
 ) -> Floor:
     """The floor of these requests (module docstring); ``max_running`` None runs them all at once."""
-    weight_bytes = weight_bytes_per_param * shape.matmul_params
+    head_params = shape.matmul_params - shape.body_params
+    body_peak = 2 * peak if fp8_weights else peak
+    weight_bytes = (1 if fp8_weights else 2) * shape.body_params + 2 * head_params
     kv_bytes_per_token = kv_bytes * shape.kv_elements_per_token
     attn = shape.attn_flops_per_context_token
     steps = decode_steps(prompt_lens, output_lens, max_running or len(prompt_lens), kv_capacity_tokens)
-    decode_s = kv_s = decode_flops = 0.0
+    decode_s = kv_s = decode_compute_s = 0.0
     compute_bound = 0
     for batch, context in steps:
         memory = (weight_bytes + context * kv_bytes_per_token) / bandwidth
-        flops = 2 * shape.matmul_params * batch + attn * context
-        compute = flops / peak
-        decode_flops += flops
+        compute = 2 * shape.body_params * batch / body_peak + (2 * head_params * batch + attn * context) / peak
+        decode_compute_s += compute
         decode_s += max(memory, compute)
         kv_s += context * kv_bytes_per_token / bandwidth
         compute_bound += compute > memory
-    prefill_flops = sum(2 * shape.body_params * p + attn * p * p / 2 for p in prompt_lens)
+    prefill_s = sum(2 * shape.body_params * p / body_peak + attn * p * p / 2 / peak for p in prompt_lens)
     return Floor(
         decode_s=decode_s,
-        prefill_s=prefill_flops / peak,
+        prefill_s=prefill_s,
         weights_s=len(steps) * weight_bytes / bandwidth,
         kv_s=kv_s,
-        compute_s=(decode_flops + prefill_flops) / peak,
+        compute_s=decode_compute_s + prefill_s,
         steps=len(steps),
         compute_bound_steps=compute_bound,
         weight_bytes=weight_bytes,
@@ -222,6 +225,7 @@ def main() -> None:
     parser.add_argument("configs", nargs="*", help="config.json files: the standard workload's floor")
     parser.add_argument("--preset", default=None, help="an at_scale.py preset: its model and shape")
     parser.add_argument("--kv-cache-dtype", default="auto", choices=sorted(KV_BYTES))
+    parser.add_argument("--fp8-weights", action="store_true", help="the projections in FP8 (quantization fp8)")
     parser.add_argument("--max-running", type=int, default=None, help="running requests (default: all)")
     parser.add_argument("--kv-capacity-tokens", type=int, default=None, help="KV pool size in tokens")
     parser.add_argument("--bandwidth", type=float, default=H200_BANDWIDTH)
@@ -236,12 +240,14 @@ def main() -> None:
             [preset.prompt_len] * preset.num_requests,
             [preset.output_len] * preset.num_requests,
             kv_bytes=KV_BYTES[args.kv_cache_dtype],
+            fp8_weights=args.fp8_weights,
             max_running=args.max_running,
             kv_capacity_tokens=args.kv_capacity_tokens,
             bandwidth=args.bandwidth,
             peak=args.peak,
         )
-        print(f"{args.preset} ({preset.describe()}, KV {args.kv_cache_dtype}): {describe(f)}")
+        weights = "fp8" if args.fp8_weights else "bf16"
+        print(f"{args.preset} ({preset.describe()}, KV {args.kv_cache_dtype}, weights {weights}): {describe(f)}")
     w = standard_workload()
     for path in args.configs:
         f = shape_floor(
@@ -249,6 +255,7 @@ def main() -> None:
             [len(p) for p in w.prompts],
             w.max_tokens,
             kv_bytes=KV_BYTES[args.kv_cache_dtype],
+            fp8_weights=args.fp8_weights,
             bandwidth=args.bandwidth,
             peak=args.peak,
         )

@@ -94,15 +94,16 @@ VARIANTS = {
     "page1": {"page_size": 1},
     "no-triton": {"triton": False},
     "fp8-kv": {"kv_cache_dtype": "fp8_e4m3"},
+    "fp8-kv-fa2": {"kv_cache_dtype": "fp8_e4m3", "decode_kernel": "fa2"},
+    "fp8-w": {"quantization": "fp8"},
+    "fp8-all": {"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3"},
     "cascade": {"cascade_attention": True},
 }
 
 
-def run_radixq(args: argparse.Namespace, workload: Workload, variant: str = "default") -> dict:
-    from producer.schema import SamplingParams
-    from worker import LLM
-
-    options = {
+def radixq_options(args: argparse.Namespace, variant: str) -> dict:
+    """The EngineConfig options of one variant run (flags, then the variant's own)."""
+    return {
         "load_format": args.load_format,
         "page_size": args.page_size,
         "cache": args.cache,
@@ -111,8 +112,42 @@ def run_radixq(args: argparse.Namespace, workload: Workload, variant: str = "def
         "attention": args.attention,
         "max_running_reqs": args.max_running_reqs,
         **({"mem_fraction": args.mem_fraction} if args.mem_fraction else {}),
+        **({"num_pages": args.num_pages} if args.num_pages else {}),
         **VARIANTS[variant],
     }
+
+
+def timed_generate(args: argparse.Namespace, llm, w: Workload, finish_reasons: collections.Counter) -> tuple[float, int]:
+    """One synchronised, timed ``llm.generate`` of the workload: (seconds, output tokens)."""
+    from producer.schema import SamplingParams
+
+    extras = sampling_extras(args)
+    params = [
+        SamplingParams(
+            max_tokens=n,
+            temperature=args.temperature,
+            ignore_eos=True,
+            json_schema=args.schema,
+            **{**extras, "min_tokens": min(n, args.min_tokens)},
+        )
+        for n in w.max_tokens
+    ]
+    _sync()
+    start = time.perf_counter()
+    results = llm.generate(w.prompts, params)
+    _sync()
+    elapsed = time.perf_counter() - start
+    errors = [r.error for r in results if r.error is not None]
+    if errors:
+        raise RuntimeError(f"{len(errors)} requests failed, first: {errors[0]}")
+    finish_reasons.update(r.choices[0].finish_reason for r in results)
+    return elapsed, sum(len(r.choices[0].token_ids) for r in results)
+
+
+def run_radixq(args: argparse.Namespace, workload: Workload, variant: str = "default") -> dict:
+    from worker import LLM
+
+    options = radixq_options(args, variant)
     start = time.perf_counter()
     llm = LLM(args.model, **options)
     startup_s = time.perf_counter() - start
@@ -120,27 +155,7 @@ def run_radixq(args: argparse.Namespace, workload: Workload, variant: str = "def
     finish_reasons: collections.Counter[str] = collections.Counter()
 
     def generate(w: Workload) -> tuple[float, int]:
-        extras = sampling_extras(args)
-        params = [
-            SamplingParams(
-                max_tokens=n,
-                temperature=args.temperature,
-                ignore_eos=True,
-                json_schema=args.schema,
-                **{**extras, "min_tokens": min(n, args.min_tokens)},
-            )
-            for n in w.max_tokens
-        ]
-        _sync()
-        start = time.perf_counter()
-        results = llm.generate(w.prompts, params)
-        _sync()
-        elapsed = time.perf_counter() - start
-        errors = [r.error for r in results if r.error is not None]
-        if errors:
-            raise RuntimeError(f"{len(errors)} requests failed, first: {errors[0]}")
-        finish_reasons.update(r.choices[0].finish_reason for r in results)
-        return elapsed, sum(len(r.choices[0].token_ids) for r in results)
+        return timed_generate(args, llm, w, finish_reasons)
 
     generate(warmup_workload())
     profiler = None
@@ -173,6 +188,47 @@ def run_radixq(args: argparse.Namespace, workload: Workload, variant: str = "def
     llm = generate = profiler = None  # type: ignore[assignment]  # NOTE: drop every reference first
     free_gpu_memory()
     return result
+
+
+def run_interleaved(args: argparse.Namespace, workload: Workload, variants: list[str]) -> list[dict]:
+    """Every variant's engine built once and kept (each with ``--num-pages`` pages), warmed up,
+    then ``--rounds`` rounds of one timed run per variant in turn: round r runs the workload
+    shifted by r (fresh prompt ids, no cached prefix from an earlier round). Medians count."""
+    from worker import LLM
+
+    llms, startup = {}, {}
+    for v in variants:
+        start = time.perf_counter()
+        llms[v] = LLM(args.model, **radixq_options(args, v))
+        timed_generate(args, llms[v], warmup_workload(), collections.Counter())
+        startup[v] = time.perf_counter() - start
+        print(f"built {v} in {startup[v]:.1f} s ({llms[v].engine.num_pages} KV pages)", flush=True)
+    runs: dict[str, list[float]] = {v: [] for v in variants}
+    generated: dict[str, int] = {}
+    reasons: dict[str, collections.Counter] = {v: collections.Counter() for v in variants}
+    for r in range(args.rounds):
+        for v in variants:
+            elapsed, generated[v] = timed_generate(args, llms[v], fresh_copy(workload, r), reasons[v])
+            runs[v].append(elapsed)
+            print(f"round {r} {v}: {elapsed:.3f} s, {generated[v] / elapsed:,.0f} tok/s", flush=True)
+    results = [
+        {
+            "engine": f"radixq[{v}]",
+            "options": radixq_options(args, v),
+            "seconds": statistics.median(runs[v]),
+            "runs_s": runs[v],
+            "output_tokens": generated[v],
+            "startup_s": startup[v],
+            "steps": llms[v].scheduler.stats.steps,
+            "retractions": llms[v].scheduler.stats.retractions,
+            "kv_pages": llms[v].engine.num_pages,
+            "finish_reasons": dict(reasons[v]),
+        }
+        for v in variants
+    ]
+    llms.clear()
+    free_gpu_memory()
+    return results
 
 
 def sampling_extras(args: argparse.Namespace) -> dict:
@@ -328,6 +384,14 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--hf-attention", default="sdpa", help="transformers attn_implementation")
     parser.add_argument("--variants", default="default", help=f"comma list of {sorted(VARIANTS)}")
     parser.add_argument("--mem-fraction", type=float, default=None, help="EngineConfig.mem_fraction")
+    parser.add_argument("--num-pages", type=int, default=None, help="EngineConfig.num_pages (fixed KV pool)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=0,
+        help="interleave: every variant's engine kept, N rounds of one run each in turn (median of N);"
+        " needs --num-pages (the engines share the GPU)",
+    )
     parser.add_argument("--profile-steps", action="store_true", help="per-step host/GPU breakdown")
     parser.add_argument(
         "--kernel-profile", type=int, default=0, help="also profile GPU kernels over outputs cut to N tokens"
@@ -366,7 +430,13 @@ def main() -> None:
     workload = standard_workload(args.num_requests)
     if args.max_tokens is not None:
         workload = Workload(workload.prompts, [min(n, args.max_tokens) for n in workload.max_tokens])
-    results = [run_radixq(args, workload, v.strip()) for v in args.variants.split(",") if v.strip()]
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    if args.rounds:
+        if not args.num_pages:
+            raise SystemExit("--rounds keeps every variant's engine at once: give --num-pages (20000 holds the standard workload)")
+        results = run_interleaved(args, workload, variants)
+    else:
+        results = [run_radixq(args, workload, v) for v in variants]
     if args.peer == "hf":
         results.append(run_hf(args, workload))
     for result in results:

@@ -1,5 +1,5 @@
 """A fixed set of 200 everyday chat prompts (40 subjects x 5 kinds of request) for quality
-comparisons on a real model, e.g. the FP8 KV cache's greedy agreement (fp8_kv_quality.py)."""
+comparisons on a real model, e.g. the FP8 KV cache's greedy agreement (fp8_quality.py)."""
 
 from __future__ import annotations
 

@@ -3,11 +3,10 @@
 # with carry: [".whl", ".fi_cache", ".redis"] (gpu_tests.sh and bench.sh do it for you). It
 #   1. installs the carried cp312 wheels (.whl/: flashinfer-python, apache-tvm-ffi and the other
 #      dependencies the device image lacks) into /tmp/site and puts it and the repo on PYTHONPATH;
-#   2. unpacks the FlashInfer JIT cache (.fi_cache/flashinfer_cache.tgz, built by
-#      scripts/device/warm_flashinfer.py --pack) into ~/.cache/flashinfer; without it FlashInfer
-#      compiles its modules on first use (about 40-60 s). ninja rebuilds a module when an input is
-#      newer than the output's mtime *recorded in its build log*, so the freshly installed headers
-#      under /tmp/site are dated back to 2000;
+#   2. unpacks the FlashInfer modules built before (.fi_cache/flashinfer_cache.tgz, written by
+#      scripts/device/warm_flashinfer.py --pack: NAME/NAME.so each) into the installed package's
+#      AOT folder (flashinfer/data/aot), which FlashInfer loads without compiling; a module not
+#      there is compiled on first use (about 40-60 s each);
 #   3. puts redis-server / redis-cli (Debian binaries from .redis/root) on PATH through wrappers that
 #      set LD_LIBRARY_PATH for redis alone (never for Python).
 _RADIXQ_ROOT=$(pwd)
@@ -19,9 +18,9 @@ export PYTHONPATH=/tmp/site:$_RADIXQ_ROOT${PYTHONPATH:+:$PYTHONPATH}
 find /tmp/site -exec touch -h -d @946684800 {} +
 
 if [ -f "$_RADIXQ_ROOT/.fi_cache/flashinfer_cache.tgz" ]; then
-    mkdir -p ~/.cache
-    tar -xzf "$_RADIXQ_ROOT/.fi_cache/flashinfer_cache.tgz" -C ~/.cache || return 1
-    echo "prelude: FlashInfer JIT cache unpacked ($(find ~/.cache/flashinfer -name '*.so' | wc -l) modules)"
+    mkdir -p /tmp/site/flashinfer/data/aot
+    tar -xzf "$_RADIXQ_ROOT/.fi_cache/flashinfer_cache.tgz" -C /tmp/site/flashinfer/data/aot || return 1
+    echo "prelude: $(find /tmp/site/flashinfer/data/aot -name '*.so' | wc -l) prebuilt FlashInfer modules"
 fi
 
 if [ -x "$_RADIXQ_ROOT/.redis/root/usr/bin/redis-server" ] && ! command -v redis-server >/dev/null; then

@@ -1,11 +1,14 @@
 """Build (or load from ~/.cache/flashinfer) every FlashInfer module radixq uses, and time it.
 
-bf16 queries over bf16 and FP8 (e4m3) KV pages, head_dim 128, q/kv heads 16/8 and 32/8, page
-sizes 1 and 16: ragged prefill (fa2), decode on tensor cores (the same fa2 prefill module) and
-decode on CUDA cores. With
-``--pack DIR`` it then writes the cache as DIR/flashinfer_cache.tgz.part00, part01, ... (15 MiB
-each); ``cat`` them, in name order, into .fi_cache/flashinfer_cache.tgz, which
-scripts/device/prelude.sh unpacks.
+bf16 queries over bf16 and FP8 (e4m3) KV pages, head_dim 128, q/kv heads 16/8 and 32/8 (and the
+GPU tests' 4/2 and 8/2), page sizes 1 and 16: ragged prefill (fa2), decode on tensor cores (the
+same fa2 prefill module), decode on CUDA cores, and XQA decode (page 16; its module is built per
+query heads per KV head). Each group of modules builds in its own process, ``--jobs`` at a time
+(FlashInfer compiles a module on first use; its files are keyed by module, so the groups never
+build the same one). With ``--pack DIR`` it then writes the cache as
+DIR/flashinfer_cache.tgz.part00, part01, ... (15 MiB each: the modules' .so files alone, in
+FlashInfer's AOT layout); ``cat`` them, in name order, into .fi_cache/flashinfer_cache.tgz,
+which scripts/device/prelude.sh unpacks into the installed package's AOT folder.
 
     source scripts/device/prelude.sh && python3 scripts/device/warm_flashinfer.py --pack $OUT
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import subprocess
 import sys
 import tarfile
 import time
@@ -21,47 +25,78 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-import torch  # noqa: E402
-from attention_backend import HEAD_DIM, build  # noqa: E402
-
 PART_BYTES = 15 * 2**20
+HEADS = ((16, 8), (32, 8), (4, 2), (8, 2))
+# group -> (KV dtype, decode kernel, use_tensor_cores, page sizes, heads): one process each
+GROUPS = {
+    "bf16-tc": ("bf16", "fa2", True, (1, 16), HEADS),
+    "bf16-cc": ("bf16", "fa2", False, (1, 16), HEADS),
+    "fp8-tc": ("fp8", "fa2", True, (16,), HEADS),
+    "fp8-cc": ("fp8", "fa2", False, (16,), HEADS),
+    "xqa-fp8-g2": ("fp8", "xqa", None, (16,), ((16, 8), (4, 2))),
+    "xqa-fp8-g4": ("fp8", "xqa", None, (16,), ((32, 8), (8, 2))),
+    "xqa-bf16-g2": ("bf16", "xqa", None, (16,), ((16, 8),)),
+    "xqa-bf16-g4": ("bf16", "xqa", None, (16,), ((32, 8),)),
+}
 
 
-def warm() -> None:
+def warm_group(name: str) -> None:
+    import torch
+    from attention_backend import HEAD_DIM, build
+
+    kv, kernel, use_tc, page_sizes, heads = GROUPS[name]
+    cache_dtype = torch.float8_e4m3fn if kv == "fp8" else None
     t0 = time.perf_counter()
-    shapes = [
-        (h, p, tc, c)
-        for h in ((16, 8), (32, 8))
-        for p in (1, 16)
-        for tc in (True, False)
-        for c in (None, torch.float8_e4m3fn)
-    ]
-    for (q_heads, kv_heads), page_size, use_tc, cache_dtype in shapes:
-        for specs in ([(5, 1), (40, 1)], [(0, 20), (17, 3)]):
-            backend, layout = build(
-                specs, q_heads, kv_heads, page_size, use_tensor_cores=use_tc, cache_dtype=cache_dtype
-            )
-            q = torch.randn(layout.num_tokens, q_heads, HEAD_DIM, dtype=torch.bfloat16, device="cuda")
-            backend.forward(q, 0, backend.plan(layout))
-            torch.cuda.synchronize()
-            print(
-                f"warm {q_heads}/{kv_heads} page {page_size} tc {use_tc} kv {cache_dtype or 'bf16'} "
-                f"specs {specs}: {time.perf_counter() - t0:.1f} s",
-                flush=True,
-            )
-    print(f"warm total {time.perf_counter() - t0:.1f} s")
+    for q_heads, kv_heads in heads:
+        for page_size in page_sizes:
+            # NOTE: prefill (the second batch) only in the tensor-core groups, which own the fa2
+            # prefill module of their dtype: two processes never build one module.
+            batches = ([(5, 1), (40, 1)], [(0, 20), (17, 3)]) if use_tc else ([(5, 1), (40, 1)],)
+            for specs in batches:
+                backend, layout = build(
+                    specs, q_heads, kv_heads, page_size, use_tensor_cores=use_tc, cache_dtype=cache_dtype,
+                    decode_kernel=kernel,
+                )  # fmt: skip
+                q = torch.randn(layout.num_tokens, q_heads, HEAD_DIM, dtype=torch.bfloat16, device="cuda")
+                backend.forward(q, 0, backend.plan(layout))
+                torch.cuda.synchronize()
+    print(f"warm {name}: {time.perf_counter() - t0:.1f} s", flush=True)
+
+
+def warm(groups: list[str], jobs: int) -> None:
+    t0 = time.perf_counter()
+    pending = list(groups)
+    running: list[tuple[str, subprocess.Popen]] = []
+    failed = []
+    while pending or running:
+        while pending and len(running) < jobs:
+            name = pending.pop(0)
+            running.append((name, subprocess.Popen([sys.executable, __file__, "--group", name])))
+        time.sleep(0.5)
+        for entry in list(running):
+            if entry[1].poll() is not None:
+                running.remove(entry)
+                if entry[1].returncode:
+                    failed.append(entry[0])
+    print(f"warm total {time.perf_counter() - t0:.1f} s" + (f"; FAILED: {failed}" if failed else ""))
 
 
 def pack(out_dir: Path) -> None:
-    """~/.cache/flashinfer as a gzipped tar, in parts of PART_BYTES."""
+    """The built modules' shared objects as a gzipped tar laid out as FlashInfer's AOT folder
+    (NAME/NAME.so), in parts of PART_BYTES. FlashInfer loads a module found there as it is,
+    without ninja or its object files, which is what keeps the archive small enough to carry."""
+    from flashinfer.jit import env
+
     buffer = io.BytesIO()
+    libraries = sorted(Path(env.FLASHINFER_JIT_DIR).glob("*/*.so"))
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        tar.add(Path.home() / ".cache" / "flashinfer", arcname="flashinfer")
+        for library in libraries:
+            tar.add(library, arcname=f"{library.parent.name}/{library.name}")
     data = buffer.getvalue()
     out_dir.mkdir(parents=True, exist_ok=True)
     for index, start in enumerate(range(0, len(data), PART_BYTES)):
         (out_dir / f"flashinfer_cache.tgz.part{index:02d}").write_bytes(data[start : start + PART_BYTES])
-    print(f"packed {len(data) / 2**20:.1f} MiB into {out_dir}/flashinfer_cache.tgz.part*")
+    print(f"packed {len(libraries)} modules, {len(data) / 2**20:.1f} MiB, into {out_dir}/flashinfer_cache.tgz.part*")
 
 
 def main() -> None:
@@ -69,8 +104,14 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--pack", type=Path, default=None, help="write the cache archive's parts here")
+    parser.add_argument("--jobs", type=int, default=4, help="groups built at once")
+    parser.add_argument("--groups", default=",".join(GROUPS), help="comma list of groups to warm")
+    parser.add_argument("--group", default=None, help=argparse.SUPPRESS)  # one group, in this process
     args = parser.parse_args()
-    warm()
+    if args.group:
+        warm_group(args.group)
+        return
+    warm([g for g in args.groups.split(",") if g], args.jobs)
     if args.pack is not None:
         pack(args.pack)
 

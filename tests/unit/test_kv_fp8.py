@@ -127,12 +127,12 @@ def test_bad_kv_options_name_their_field(field: str, value: str) -> None:
 
 
 def test_smollm2_fp8_agreement_with_the_fp32_cache(fp8_llm) -> None:
-    """The agreement figure's measure on 5 of the 200 prompts (benchmarks/fp8_kv_quality.py has
+    """The agreement figure's measure on 5 of the 200 prompts (benchmarks/fp8_quality.py has
     the full run). Fed a greedy completion, the FP8 cache picks the fp32 cache's next token at
     >= 90% of the positions (about 96% measured) with a small KL; bf16 pages agree at >= 97%
     (98% measured: fp32 near-ties); K scales 16x too small (saturating) cost far more."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    from fp8_kv_quality import greedy, teacher_forced
+    from fp8_quality import greedy, teacher_forced
     from prompt_set import chat_prompts
 
     prompts = chat_prompts()[::40]  # 5 prompts, one subject and kind of request apiece
