@@ -2,9 +2,9 @@
 of tokens, as the engine runs them (worker.models.fp8.Fp8Linear: activations quantized per
 token by the fused kernel, torch._scaled_mm with row-wise scales) against ``F.linear`` in bf16.
 
-Each row: GPU us per call (CUDA events around 20 calls, rotating over 8 weight sets so the
-weights come from HBM, not L2; median of 10), the weight bytes read per second and the
-TFLOP/s; ``quant`` times the per-token quantization kernel alone, ``fp8 mm`` the GEMM on
+Each row: GPU us per call (20 calls captured in one CUDA graph, as the engine's decode runs
+them, rotating over 8 weight sets so the weights come from HBM, not L2; CUDA events around
+each replay, median of 10), the weight bytes read per second and the TFLOP/s; ``quant`` times the per-token quantization kernel alone, ``fp8 mm`` the GEMM on
 inputs already quantized (what the fused norm / SiLU-mul kernels hand over).
 
     python benchmarks/fp8_gemm.py --model configs/llama-3.1-8b.json --tokens 64,256,1024,8192
@@ -47,14 +47,23 @@ def shapes(config: dict) -> dict[str, tuple[int, int]]:
 
 
 def gpu_us(fn, calls: int = 20, reps: int = 10) -> float:
-    for _ in range(3):
-        fn(0)
+    """GPU time of one call, from a CUDA graph of ``calls`` calls (no host launch gaps)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for i in range(3):
+            fn(i)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            fn(i)
+    graph.replay()
     times = []
     for _ in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        for i in range(calls):
-            fn(i)
+        graph.replay()
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e3 / calls)

@@ -81,6 +81,46 @@ def tiny_hf_model(kind: str = "llama", *, spread: float = 0.0, **overrides: obje
     return model.eval()
 
 
+def markov_chain(vocab: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """A low-entropy synthetic language: each token has 3 successors, taken with probability
+    0.85 / 0.10 / 0.05. Returns (successors [vocab, 3], their probabilities [3])."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (vocab, 3), generator=gen), torch.tensor([0.85, 0.10, 0.05])
+
+
+def markov_sequences(
+    chain: tuple[torch.Tensor, torch.Tensor], n: int, length: int, seed: int
+) -> torch.Tensor:
+    """n sequences of ``length`` tokens drawn from the chain, int64 [n, length]."""
+    successors, probs = chain
+    gen = torch.Generator().manual_seed(seed)
+    out = torch.empty(n, length, dtype=torch.long)
+    out[:, 0] = torch.randint(0, successors.shape[0], (n,), generator=gen)
+    for t in range(1, length):
+        pick = torch.multinomial(probs.expand(n, -1), 1, generator=gen).squeeze(1)
+        out[:, t] = successors[out[:, t - 1], pick]
+    return out
+
+
+def trained_tiny_model(
+    kind: str, *, steps: int = 150, device: str = "cpu", **overrides: object
+) -> torch.nn.Module:
+    """tiny_hf_model trained (AdamW, seeded) on markov_chain(vocab): unlike a random model, its
+    next-token choices are decided by wide logit margins (a median of ~2 where the language
+    is certain), as a real language model's are, so rounding noise rarely flips an argmax."""
+    torch.manual_seed(0)
+    model = tiny_hf_model(kind, **overrides).to(device).train()
+    chain = markov_chain(model.config.vocab_size)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for step in range(steps):
+        batch = markov_sequences(chain, 32, 64, seed=1000 + step).to(device)
+        loss = model(input_ids=batch, labels=batch).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return model.cpu().eval()
+
+
 @pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
     """The SmolLM2-135M-Instruct GGUF converted to a HF directory (cached across runs)."""

@@ -13,7 +13,7 @@ import torch
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
-from tests.model_fixtures import tiny_hf_model  # noqa: E402
+from tests.model_fixtures import markov_chain, markov_sequences, trained_tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -78,10 +78,16 @@ def test_scaled_mm_equals_the_emulated_product(m: int):
     assert 1e-3 < float((got.float() - exact).norm() / exact.norm()) < 0.1
 
 
+VOCAB = 512
+
+
 @pytest.fixture(scope="module", params=["llama", "qwen3"])
 def tiny_dir(request, tmp_path_factory):
-    model = tiny_hf_model(
-        request.param, spread=0.1, vocab_size=512, hidden_size=256, intermediate_size=512, head_dim=128,
+    """A tiny model trained on a synthetic language (tests.model_fixtures.trained_tiny_model):
+    on a random model of this size most argmaxes are near-ties (measured on CPU: a float32 run
+    and a bf16 run of the same FP8 scheme agree at only 65-80% of positions, at 100% once trained)."""
+    model = trained_tiny_model(
+        request.param, device="cuda", vocab_size=VOCAB, hidden_size=256, intermediate_size=512, head_dim=128,
         num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=1024,
     )  # fmt: skip
     path = tmp_path_factory.mktemp(request.param)
@@ -94,9 +100,7 @@ def test_fp8_engine_tokens_agree_with_the_cpu_emulation(tiny_dir, kv_cache_dtype
     """The fast path (bf16, FP8 GEMMs, fused kernels, FlashInfer/XQA, CUDA graphs, overlap)
     generates greedily; the CPU emulation in the same model dtype (bf16 activations, FP8 GEMMs
     emulated in float32, the same FP8 weights and, for the FP8 KV case, the GPU engine's
-    calibrated KV scales) is fed those tokens: its argmax agrees at >= 99% of the positions.
-    (Against a float32 emulation a random model this small agrees at ~70%: bf16 rounding moves
-    activations across e4m3 rounding boundaries, and its logit margins are small.)"""
+    calibrated KV scales) is fed those tokens: its argmax agrees at >= 99% of the positions."""
     bench = REPO / "benchmarks"
     sys.path.insert(0, str(bench))
     from fp8_quality import teacher_forced_argmax
@@ -104,8 +108,8 @@ def test_fp8_engine_tokens_agree_with_the_cpu_emulation(tiny_dir, kv_cache_dtype
     from producer.schema import SamplingParams
     from worker import LLM
 
-    gen = torch.Generator().manual_seed(4)
-    prompts = [torch.randint(0, 500, (n,), generator=gen).tolist() for n in (5, 17, 33, 64, 9, 120, 48, 77)]
+    chain = markov_chain(VOCAB)
+    prompts = [markov_sequences(chain, 1, n, seed=n)[0].tolist() for n in (5, 17, 33, 64, 9, 120, 48, 77)]
     options = dict(quantization="fp8", kv_cache_dtype=kv_cache_dtype, max_seq_len=512)
     gpu = LLM(str(tiny_dir), dtype="bfloat16", max_running_reqs=16, num_pages=2048, **options)
     params = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
