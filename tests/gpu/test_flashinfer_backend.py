@@ -326,12 +326,13 @@ def test_fp8_kv_cuda_graph_replay(device: str, decode_kernel: str) -> None:
 
 
 def test_large_graph_batches_plan_without_split_kv(device: str) -> None:
-    """1,024-request graphs at 32/8 heads fit the 256 MiB workspace (split-KV is off from
-    NO_SPLIT_MIN_CTAS requests x KV heads) and still replay exactly."""
-    from worker.attention.flashinfer import NO_SPLIT_MIN_CTAS
+    """1,024-request graphs at 32/8 heads fit the 256 MiB workspace (their split-KV scratch,
+    335,282,176 bytes as FlashInfer counted it when it overflowed, turns split-KV off) and still
+    replay exactly; a 16-request graph keeps split-KV."""
+    from worker.attention.flashinfer import split_scratch_bytes
 
+    assert split_scratch_bytes(1024, 32, 8, 128) > 335_282_176  # tmp_v alone is that
     case = Case(decode_specs(40, seed=9), 32, 8, 16, device, seed=9)
     backend = make_backend(case, device)
-    sizes = [16, 1024]
-    assert 16 * 8 < NO_SPLIT_MIN_CTAS <= 1024 * 8
-    check_graph_replay(case, backend, sizes, [list(range(40)), list(range(10))])
+    check_graph_replay(case, backend, [16, 1024], [list(range(40)), list(range(10))])
+    assert backend._graph_wrappers[1024]._radixq_no_split and not backend._graph_wrappers[16]._radixq_no_split

@@ -37,9 +37,10 @@ Invariants:
   dim and dtype come from the KV pool, whose pages are FlashInfer's "HND" layout.
 - Decode over model-dtype pages runs FlashInfer's CUDA-core kernel for small batches and its
   tensor-core kernel from TENSOR_CORE_MIN_BATCH requests up (or always, from 4 query heads per
-  KV head); each captured graph is planned for the kernel of its batch size. Graphs of
-  NO_SPLIT_MIN_CTAS (requests x KV heads) and more plan without split-KV: such a batch fills
-  the GPU as it is, and the split's scratch would outgrow the workspace at 1,024 requests.
+  KV head); each captured graph is planned for the kernel of its batch size. A graph whose
+  split-KV scratch could outgrow the workspace (``split_scratch_bytes``: 335 MB for 1,024
+  Llama-3.1-8B requests, against 256 MiB) plans without split-KV: so many requests fill the
+  GPU as they are.
 - Decode over FP8 pages runs XQA (worker.attention.xqa) where it is supported
   (``decode_kernel="auto"``): FlashInfer's FA2 templates dequantize FP8 tiles in their inner
   loop and are compute-bound there. Prefill always runs FA2.
@@ -62,8 +63,19 @@ _INT_WORKSPACE_BYTES = 8 * 1024 * 1024  # FlashInfer's own default for plan data
 # tensor cores read the KV at 3.6-4.0 TB/s from 61 requests up where CUDA cores reach
 # 3.3-3.5; at 38 requests and below CUDA cores win (66 against 76 us a layer at 38).
 TENSOR_CORE_MIN_BATCH = 64
-NO_SPLIT_MIN_CTAS = 512  # graph batches of this many requests x KV heads plan without split-KV
 DECODE_KERNELS = ("auto", "fa2", "xqa")
+_SPLIT_CTA_TILE_Q = 16  # FlashInfer's query tile for decode on tensor cores (group sizes <= 16)
+
+
+def split_scratch_bytes(batch_size: int, num_qo_heads: int, num_kv_heads: int, head_dim: int) -> int:
+    """The float workspace FlashInfer 0.6's graph-mode tensor-core decode plan takes for split-KV
+    partial results (scheduler.cuh PrefillPlan, CUDA-graph padding): per query head, padded
+    tiles x tile rows x (head_dim + 1) float32 values."""
+    group = num_qo_heads // num_kv_heads
+    num_sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
+    tiles = -(-batch_size * group // _SPLIT_CTA_TILE_Q) + batch_size - 1
+    padded = max(2 * num_sms // num_kv_heads, tiles)
+    return num_qo_heads * padded * _SPLIT_CTA_TILE_Q * (head_dim + 1) * 4
 
 
 @dataclass(frozen=True)
@@ -219,8 +231,10 @@ class FlashInferBackend(AttentionBackend):
                 paged_kv_last_page_len_buffer=self._graph_last_page_len[:bs],
                 backend="fa2",
             )
-            # NOTE: read back by _plan_decode: capture and every replay plan the same way
-            wrapper._radixq_no_split = bs * self.num_kv_heads >= NO_SPLIT_MIN_CTAS
+            # NOTE: read back by _plan_decode: capture and every replay plan the same way; the
+            # 1 MiB spare is the allocator's 16-byte alignment of each of FlashInfer's buffers.
+            scratch = split_scratch_bytes(bs, self.num_qo_heads, self.num_kv_heads, self.head_dim)
+            wrapper._radixq_no_split = scratch + 2**20 > self._float_workspace.numel()
             self._graph_wrappers[bs] = self._adopt(wrapper)
             self._graph_metas[bs] = FlashInferMeta(wrapper, bs)
 
