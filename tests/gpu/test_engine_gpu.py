@@ -180,19 +180,3 @@ def test_fused_fp8_store_matches_kv_pool_store_on_cuda():
     ref.store(0, out_loc, k, v.reshape(t, hkv, d))
     assert torch.equal(fused.k_buffer(0).float(), ref.k_buffer(0).float())
     assert torch.equal(fused.v_buffer(0).float(), ref.v_buffer(0).float())
-
-
-def test_fp8_kv_fast_path_agrees_with_the_torch_path(tiny_dir):
-    """FP8 KV through FlashInfer's FA2 kernels, fused kernels and graphs against the same FP8
-    cache read by the torch reference backend: the same dequantized K/V, so the streams agree
-    but for bf16 near-ties (at most 2 of 10 prompts may part, and not before their third token).
-    XQA, the default FP8 decode kernel, rounds queries and probabilities to e4m3 as well: it is
-    checked against the CPU emulation on a trained model (tests/gpu/test_fp8_gpu.py)."""
-    _, path = tiny_dir
-    fast = _generate(path, kv_cache_dtype="fp8_e4m3", decode_kernel="fa2")
-    ref = _generate(path, kv_cache_dtype="fp8_e4m3", attention="torch", cuda_graph=False, triton=False)
-    parted = [
-        next((i for i, (a, b) in enumerate(zip(f, r, strict=True)) if a != b), None)
-        for f, r in zip(fast, ref, strict=True)
-    ]
-    assert sum(p is not None for p in parted) <= 2 and all(p is None or p >= 2 for p in parted), parted
