@@ -157,6 +157,8 @@ def load_model(
             )
     net.eval().requires_grad_(False)
     quantized = quantize_model(net, quantization)
+    if quantized and device.type == "cuda":
+        torch.cuda.empty_cache()  # NOTE: the replaced bf16 weights' blocks, or the KV pool sized from free memory misses them
     log.info(
         "loaded %s (%s, %s%s) on %s", name, config.architecture, dtype,
         f", {quantized} projections in FP8" if quantized else "", device,
