@@ -17,6 +17,10 @@ if TYPE_CHECKING:
     from worker.engine.graph import GraphRunner
 
 
+class StartupError(ValueError):
+    """A configuration the device cannot hold, found while the engine starts; names the option."""
+
+
 class Engine:
     """Runs one forward pass per ForwardInput and returns the sampled tokens (and logprobs).
 
@@ -114,8 +118,22 @@ class Engine:
             from worker.engine.graph import GraphRunner, graph_batch_sizes
 
             max_bs = min(config.cuda_graph_max_bs, config.max_running_reqs)
-            with self.kernels():
-                self.graph_runner = GraphRunner(self, graph_batch_sizes(max_bs))
+            try:
+                with self.kernels():
+                    self.graph_runner = GraphRunner(self, graph_batch_sizes(max_bs))
+            except torch.OutOfMemoryError as exc:
+                raise StartupError(
+                    f"capturing CUDA graphs up to {max_bs} requests ran out of GPU memory after the KV "
+                    f"pool took mem_fraction={config.mem_fraction} of it: lower mem_fraction or "
+                    f"cuda_graph_max_bs ({exc})"
+                ) from exc
+            except RuntimeError as exc:
+                if "Buffer overflow" not in str(exc):  # FlashInfer's workspace, too small for a plan
+                    raise
+                raise StartupError(
+                    f"FlashInfer's workspace cannot plan a {max_bs}-request CUDA graph: lower "
+                    f"cuda_graph_max_bs or max_running_reqs ({exc})"
+                ) from exc
 
     def _pages_from_memory(self, config: EngineConfig) -> int:
         mc = self.model_config
