@@ -83,7 +83,9 @@ IdColumnOption = Annotated[
 TemplateOption = Annotated[
     str | None,
     typer.Option(
-        "--template", help='Prompt template filled from the row\'s columns, e.g. "Q: {question}\\nA:".'
+        "--template",
+        help='Prompt template filled from the row\'s columns, e.g. "Q: {question}\\nA:" '
+        "(\\n: a newline, \\t: a tab, \\\\: a backslash).",
     ),
 ]
 ErrorsOption = Annotated[
@@ -99,8 +101,10 @@ ErrorsOption = Annotated[
 def column_mapping(
     prompt_column: str | None, messages_column: str | None, id_column: str | None, template: str | None
 ) -> ColumnMapping:
-    from producer.datasets import ColumnMapping
+    from producer.datasets import ColumnMapping, unescape_template
 
+    if template is not None:
+        template = unescape_template(template)
     mapping = ColumnMapping(prompt_column, messages_column, id_column, template)
     try:
         mapping.check()
@@ -149,6 +153,11 @@ def resolve_redis_url(url: str | None) -> str:
 def fail(message: str, code: int = 1) -> NoReturn:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code)
+
+
+def counted(count: int, noun: str = "job") -> str:
+    """``count`` and the noun in the number it takes: "1 job", "2 jobs", "1 row", "3 rows"."""
+    return f"{count} {noun}" + ("" if count == 1 else "s")
 
 
 def warn(line: str) -> None:
@@ -363,14 +372,17 @@ def collect(
         )
     if report.trimmed:
         warn(
-            f"{len(report.trimmed)} jobs were collected earlier and trimmed from Redis (their rows are "
+            f"{counted(len(report.trimmed))} {'was' if len(report.trimmed) == 1 else 'were'} collected earlier "
+            "and trimmed from Redis (their rows are "
             f"in the output of that collect), e.g. {', '.join(report.trimmed[:3])}"
         )
     others = len(report.missing) - len(report.trimmed)
     if others:
-        warn(f"{others} jobs have no result yet, e.g. {', '.join(report.missing[:3])}")
+        warn(
+            f"{counted(others)} {'has' if others == 1 else 'have'} no result yet, e.g. {', '.join(report.missing[:3])}"
+        )
     if report.failed:
-        warn(f"{report.failed} jobs failed (error rows in {output})")
+        warn(f"{counted(report.failed)} failed (error rows in {output})")
     if report.missing or report.failed:
         raise typer.Exit(exits.JOBS_FAILED)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -55,14 +56,20 @@ def result_line(job_id: str, raw: bytes) -> tuple[bytes, str | None]:
 def write_rejected(path: str | Path, rejected: list[Rejected]) -> None:
     """The errors file (``--errors``): one ``invalid_job`` row per rejected input row, in input
     order, written whole (temp file, fsync, rename) every time: the same input gives the same file."""
-    path = Path(path)
+    write_atomically(Path(path), (output_line(row.error_result()) for row in rejected))
+
+
+def write_atomically(path: Path, lines: Iterable[bytes]) -> None:
+    """Write ``path`` whole from ``lines``: a temp file beside it, fsync, rename, fsync of the
+    folder. A crash leaves the old file or the new one, never a mix."""
     fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as out:
-            out.writelines(output_line(row.error_result()) for row in rejected)
+            out.writelines(lines)
             out.flush()
             os.fsync(out.fileno())
         os.replace(temp, path)
+        _fsync_dir(path.parent)
     except BaseException:
         Path(temp).unlink(missing_ok=True)
         raise
@@ -139,23 +146,20 @@ class OutputFile:
         self.sync()
         self._sink.close()
         replaced = 0
-        fd, temp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
+
+        def lines(old: BinaryIO) -> Iterator[bytes]:
+            nonlocal replaced
+            for line in old:
+                job_id = row_key(line)[0] if line.strip() else None
+                if job_id is not None and job_id in rows:
+                    line = rows[job_id][0]
+                    self._note(job_id, rows[job_id][1])
+                    replaced += 1
+                yield line
+
         try:
-            with os.fdopen(fd, "wb") as new, open(self.path, "rb") as old:
-                for line in old:
-                    job_id = row_key(line)[0] if line.strip() else None
-                    if job_id is not None and job_id in rows:
-                        line = rows[job_id][0]
-                        self._note(job_id, rows[job_id][1])
-                        replaced += 1
-                    new.write(line)
-                new.flush()
-                os.fsync(new.fileno())
-            os.replace(temp, self.path)
-            _fsync_dir(self.path.parent)
-        except BaseException:
-            Path(temp).unlink(missing_ok=True)
-            raise
+            with open(self.path, "rb") as old:
+                write_atomically(self.path, lines(old))
         finally:
             self._sink = open(self.path, "ab")  # noqa: SIM115 - closed by close()
         return replaced

@@ -37,9 +37,10 @@ from producer.datasets import NATIVE_COLUMNS, ColumnMapping, input_columns, read
 from producer.jsonl import InputFile, Rejected, written_ids
 from producer.lifetime import start_child
 from producer.local_redis import LocalRedis
-from producer.outfile import OutputFileError, write_rejected
+from producer.outfile import OutputFileError
 from producer.progress import Progress
 from producer.redis_errors import FatalRedisError, describe, redact
+from producer.rewrite import put_in_order, split_errors
 from producer.schema import Job, Result
 from producer.tables import is_parquet, rows_path, write_parquet
 from producer.worker_pool import GRACE_S, WorkerPool
@@ -134,15 +135,18 @@ def run_file(options: RunOptions, say: Callable[[str], None] = print) -> RunRepo
         say(f"rejected {options.input_path}:{rejected}")
     for note in parsed.notes():
         say(f"note {options.input_path}: {note}")
-    if options.errors_path is not None:
-        write_rejected(options.errors_path, parsed.rejected)
     rows: list[Job | Result] = [
         row.error_result() if isinstance(row, Rejected) else row
         for row in parsed.rows
         if options.errors_path is None or isinstance(row, Job)
     ]
+    expected = [row.id for row in rows]
+    input_order = [row.id if isinstance(row, Job) else row.job_id for row in parsed.rows]
     rows_file = rows_path(out)
     already = written_ids(rows_file)
+    if options.errors_path is not None:
+        split_errors(rows_file, options.errors_path, parsed.rejected, input_order)
+        already |= written_ids(options.errors_path)  # run-time error rows moved there earlier
     jobs = [row for row in rows if row.id not in already]
     if already:
         say(f"resuming: {len(rows) - len(jobs)} jobs already in {rows_file}")
@@ -155,6 +159,12 @@ def run_file(options: RunOptions, say: Callable[[str], None] = print) -> RunRepo
                 raise RunError(str(exc)) from None
             except redis.RedisError as exc:
                 raise RunError(describe(exc, outcome.redis_url or "the private redis")) from None
+    errors = _output_errors(rows_file)
+    if all(job_id in errors for job_id in expected):
+        put_in_order(rows_file, expected)
+    if options.errors_path is not None:
+        split_errors(rows_file, options.errors_path, parsed.rejected, input_order)
+        errors = {**_output_errors(options.errors_path), **_output_errors(rows_file)}
     if is_parquet(out):
         try:
             write_parquet(
@@ -162,8 +172,6 @@ def run_file(options: RunOptions, say: Callable[[str], None] = print) -> RunRepo
             )
         except OutputFileError as exc:
             raise RunError(str(exc)) from None
-    errors = _output_errors(rows_file)
-    expected = [row.id for row in rows]
     in_output = [job_id for job_id in expected if job_id in errors]
     rejected_ids = {row.job_id for row in parsed.rejected}
     return RunReport(

@@ -27,6 +27,7 @@ from producer.cli import (
     TemplateOption,
     app,
     column_mapping,
+    counted,
     fail,
 )
 
@@ -35,7 +36,7 @@ ModelOption = Annotated[
 ]
 DeviceOption = Annotated[str | None, typer.Option("--device", help="auto | cpu | cuda.")]
 ConfigOption = Annotated[
-    Path | None, typer.Option("--config", help="Worker TOML file: [worker], [queue], [engine].")
+    Path | None, typer.Option("--config", help="Worker TOML file: \\[worker], \\[queue], \\[engine] tables.")
 ]
 GeneratorOption = Annotated[
     str | None,
@@ -78,7 +79,7 @@ def worker(
 ) -> None:
     """Consume jobs until SIGINT/SIGTERM, then drain (within the drain timeout) and exit 0.
 
-    Settings come from --config's [worker], [queue] and [engine] tables, then RADIXQ_*
+    Settings come from --config's \\[worker], \\[queue] and \\[engine] tables, then RADIXQ_*
     environment variables, then these flags (README: "Worker settings").
     Exit codes: 0 after a drain; 1 when the engine could not be kept running; 2 for usage,
     configuration or Redis connection errors (wrong password, ACL, TLS)."""
@@ -275,11 +276,16 @@ def run(
         fail(f"no valid jobs in {input_path}", report.exit_code())
     if report.failed:
         typer.echo(
-            f"{len(report.failed)} jobs failed (error lines in {output}), e.g. {report.failed[:3]}", err=True
+            f"{counted(len(report.failed))} failed (error lines in {output}), e.g. {report.failed[:3]}",
+            err=True,
         )
     if report.parsed.rejected:
         where = f"in {errors}" if errors is not None else f"invalid_job rows in {output}"
-        typer.echo(f"{len(report.parsed.rejected)} rows of {input_path} were rejected ({where})", err=True)
+        rejected = len(report.parsed.rejected)
+        typer.echo(
+            f"{counted(rejected, 'row')} of {input_path} {'was' if rejected == 1 else 'were'} rejected ({where})",
+            err=True,
+        )
     if report.missing:
         typer.echo(
             f"{report.stopped or 'stopped'}: wrote {report.in_output} of {len(report.expected)} rows "

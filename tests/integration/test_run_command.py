@@ -111,7 +111,7 @@ def test_a_failed_job_exits_1_in_both_output_formats(redis_url: str, tmp_path: P
     assert done.returncode == 1, done.stderr
     rows = {row["id"]: row for row in map(json.loads, out.read_text().splitlines())}
     assert rows["ok"]["error"] is None and rows["boom"]["error"]["code"] == "internal"
-    assert "1 jobs failed" in done.stderr
+    assert "1 job failed" in done.stderr
 
     batch = tmp_path / "batch.jsonl"
     requests = [
