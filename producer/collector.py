@@ -4,7 +4,9 @@ The results stream may hold several results for one job id (redelivery races, a 
 that was requeued). The one that counts is the one whose ``entry`` equals the job's field in
 the ``done`` hash; the others are ignored. Output follows the given id order (enqueue order by
 default); a result that arrives ahead of a missing earlier job waits in a buffer (raw bytes)
-until its turn, and nothing already written stays in memory. An existing output file is
+until its turn, and nothing already written stays in memory; a collect stopped early writes
+those too, and the collect that completes the queue puts the file back in order
+(producer.rewrite). An existing output file is
 resumed: ids already in it are not written again, except dead-letter rows of jobs requeued
 since (the ``requeued`` hash), which are replaced in place by the new result.
 
@@ -40,6 +42,7 @@ from producer.progress import Progress
 from producer.redis_errors import classify, describe, url_of
 from producer.resume import done_marks, superseded_rows
 from producer.retry import Backoff, RedisUnavailable
+from producer.rewrite import put_in_order
 
 _READ_COUNT = 2000
 EntryId = tuple[int, int]
@@ -161,6 +164,8 @@ class Collector:
                 self._attempt(self._trim, deadline)
             missing = [i for i in run.expected if i not in output.ids] + sorted(run.superseded)
             failed = len(output.errors) if not run.listed else sum(i in output.errors for i in scope)
+        if not run.listed and not missing and run.lost is None:
+            put_in_order(Path(out), run.expected)  # rows a resumed collect appended late
         return CollectReport(
             written=run.written,
             already=already,

@@ -38,10 +38,19 @@ class FakeGenerator:
     restarts = 0
     unattributed_crashes = 0
 
-    def __init__(self, capacity: int = 64, latency_s: float = 0.0, max_completion_tokens: int = 8) -> None:
+    def __init__(
+        self,
+        capacity: int = 64,
+        latency_s: float = 0.0,
+        max_completion_tokens: int = 8,
+        slow_ids: frozenset[str] = frozenset(),
+        slow_s: float = 0.0,
+    ) -> None:
         self.capacity = capacity
         self.slots = capacity
         self.latency_s = latency_s
+        self.slow_ids = slow_ids  # these jobs take slow_s instead of latency_s
+        self.slow_s = slow_s
         self.max_completion_tokens = max_completion_tokens
         self.max_held = 0
         self.submitted: list[str] = []
@@ -56,7 +65,8 @@ class FakeGenerator:
             raise AssertionError(
                 f"submit beyond capacity {self.capacity}: the consumer ignored free_capacity()"
             )
-        self._active.append((time.monotonic() + self.latency_s, job))
+        latency_s = self.slow_s if job.id in self.slow_ids else self.latency_s
+        self._active.append((time.monotonic() + latency_s, job))
         self.submitted.append(job.id)
         self.max_held = max(self.max_held, len(self._active))
 
@@ -100,9 +110,12 @@ class FakeGenerator:
 def create_generator(config: Any) -> FakeGenerator:
     """The factory `radixq worker --backend tests.fake_generator:create_generator` calls.
 
-    Environment: RADIXQ_FAKE_CAPACITY (default 64), RADIXQ_FAKE_LATENCY_S (default 0).
+    Environment: RADIXQ_FAKE_CAPACITY (default 64), RADIXQ_FAKE_LATENCY_S (default 0),
+    RADIXQ_FAKE_SLOW_IDS (comma-separated job ids that take RADIXQ_FAKE_SLOW_S instead).
     """
     return FakeGenerator(
         capacity=int(os.environ.get("RADIXQ_FAKE_CAPACITY", "64")),
         latency_s=float(os.environ.get("RADIXQ_FAKE_LATENCY_S", "0")),
+        slow_ids=frozenset(filter(None, os.environ.get("RADIXQ_FAKE_SLOW_IDS", "").split(","))),
+        slow_s=float(os.environ.get("RADIXQ_FAKE_SLOW_S", "0")),
     )
