@@ -76,6 +76,10 @@ def worker(
     metrics_port: Annotated[
         int | None, typer.Option("--metrics-port", help="Serve Prometheus /metrics on this port (0: off).")
     ] = None,
+    connect_timeout_s: Annotated[
+        float | None,
+        typer.Option("--connect-timeout-s", help="At start-up, wait this long for Redis before exiting 2."),
+    ] = None,
 ) -> None:
     """Consume jobs until SIGINT/SIGTERM, then drain (within the drain timeout) and exit 0.
 
@@ -83,11 +87,14 @@ def worker(
     environment variables, then these flags (README: "Worker settings").
     Exit codes: 0 after a drain; 1 when the engine could not be kept running; 2 for usage,
     configuration or Redis connection errors (wrong password, ACL, TLS)."""
+    import redis
+
     from producer import exits
     from producer.client import connect
-    from producer.redis_errors import classify, describe
+    from producer.redis_errors import describe
+    from producer.retry import RedisUnavailable
     from worker.config import ConfigError, load_worker_config
-    from worker.frontend.process import EngineStartError
+    from worker.preflight import PreflightError, check_model, wait_for_redis
     from worker.queue.consumer import Consumer
     from worker.queue.factory import create_generator
     from worker.queue.generator import GeneratorUnavailable
@@ -101,6 +108,7 @@ def worker(
         "worker.generator": generator,
         "worker.log_level": log_level,
         "worker.metrics_port": metrics_port,
+        "worker.connect_timeout_s": connect_timeout_s,
         "engine.model": model,
         "engine.device": device,
         "queue.min_idle_s": min_idle_s,
@@ -116,19 +124,39 @@ def worker(
     logging.basicConfig(
         level=settings.worker.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    log = logging.getLogger("radixq.worker")
     url = settings.worker.redis_url
-    client = connect(url)
-    try:  # before loading a model for minutes: a Redis that will never let us in
-        client.ping()
-    except Exception as exc:
-        if classify(exc) == "fatal":
-            fail(describe(exc, url), exits.USAGE)
-        logging.getLogger("radixq.worker").warning(
-            "%s; the worker retries once it has started", describe(exc, url)
+    # NOTE: before loading a model for minutes: a model that is not there, a Redis that never
+    # answers or will not let us in, a metrics port that is taken
+    try:
+        if settings.worker.generator == "engine":
+            check_model(settings.engine)
+        client = connect(url)
+        wait_for_redis(client, url, settings.worker.connect_timeout_s, log.warning)
+    except PreflightError as exc:
+        fail(str(exc), exits.USAGE)
+    except RedisUnavailable as exc:
+        fail(
+            f"Redis never answered at start-up (waited {exc.waited_s:.0f} s, --connect-timeout-s): "
+            f"{describe(exc.cause, url)}",
+            exits.USAGE,
         )
+    except redis.RedisError as exc:
+        fail(describe(exc, url), exits.USAGE)
+    metrics = None
+    if settings.worker.metrics_port:
+        from worker.metrics import WorkerMetrics
+
+        metrics = WorkerMetrics(settings.queue.queue)
+        try:
+            metrics.serve(settings.worker.metrics_port)
+        except OSError as exc:
+            fail(f"--metrics-port {settings.worker.metrics_port}: {exc.strerror or exc}", exits.USAGE)
     if settings.worker.generator == "engine" and settings.engine.device == "auto":
         # NOTE: resolved here, not in the engine: a CPU worker's limits depend on it
         settings = settings.for_device(settings.engine.resolved().device)
+    from worker.frontend.process import EngineStartError  # NOTE: imports torch: after the checks
+
     try:
         generation = create_generator(settings)
     except (EngineStartError, ValueError, TypeError, ImportError) as exc:
@@ -144,16 +172,6 @@ def worker(
         consumer_config.dead_after_ms,
         steal_after_s=consumer_config.steal_after_s,
     )
-    metrics = None
-    if settings.worker.metrics_port:
-        from worker.metrics import WorkerMetrics
-
-        metrics = WorkerMetrics(consumer_config.queue)
-        try:
-            metrics.serve(settings.worker.metrics_port)
-        except OSError as exc:
-            generation.close(0)
-            fail(f"--metrics-port {settings.worker.metrics_port}: {exc.strerror or exc}", exits.USAGE)
     consumer = Consumer(
         queue_side, generation, consumer_config, metrics=metrics, served_models=settings.worker.served_models
     )
@@ -241,8 +259,19 @@ def run(
     configuration or connection error, unreadable input.
     """
     from producer import exits
-    from producer.runner import RunError, RunOptions, run_file
+    from producer.runner import RunError, RunOptions, run_file, worker_env
+    from worker.preflight import PreflightError, check_run
 
+    mapping = column_mapping(prompt_column, messages_column, id_column, template)
+    try:  # NOTE: before a Redis starts and jobs go in: what would stop every worker at start
+        check_run(
+            config,
+            worker_env("redis://127.0.0.1:1/0"),
+            {"worker.generator": generator, "engine.device": device, "engine.model": model},
+            [metrics_port + i for i in range(workers)] if metrics_port else [],
+        )
+    except PreflightError as exc:
+        fail(str(exc), exits.USAGE)
     worker_args = ["--generator", generator] if generator else []
     if device:
         worker_args += ["--device", device]
@@ -263,7 +292,7 @@ def run(
         progress_interval_s=progress_interval_s,
         metrics_port=metrics_port,
         partitions=partitions,
-        mapping=column_mapping(prompt_column, messages_column, id_column, template),
+        mapping=mapping,
         errors_path=errors,
         join_input=join_input,
     )
@@ -287,9 +316,14 @@ def run(
             err=True,
         )
     if report.missing:
+        then = (
+            "the workers could not start (their error is above): fix that, then run the same command again"
+            if report.exit_code() == exits.USAGE
+            else "run the same command again to resume"
+        )
         typer.echo(
             f"{report.stopped or 'stopped'}: wrote {report.in_output} of {len(report.expected)} rows "
-            f"to {output}; run the same command again to resume",
+            f"to {output}; {then}",
             err=True,
         )
     raise typer.Exit(report.exit_code())
