@@ -98,6 +98,16 @@ ErrorsOption = Annotated[
 ]
 
 
+RerunChangedOption = Annotated[
+    bool,
+    typer.Option(
+        "--rerun-changed",
+        help="Run again the rows whose id has a result for other content (a changed prompt, sampling, "
+        "model or metadata); their rows are replaced. Without it such rows stop the command first.",
+    ),
+]
+
+
 def column_mapping(
     prompt_column: str | None, messages_column: str | None, id_column: str | None, template: str | None
 ) -> ColumnMapping:
@@ -229,15 +239,18 @@ def enqueue(
     id_column: IdColumnOption = None,
     template: TemplateOption = None,
     errors: ErrorsOption = None,
+    rerun_changed: RerunChangedOption = False,
 ) -> None:
     """Validate every row of FILE, then enqueue them (idempotent by job id). A rejected row
     is enqueued as its invalid_job error result (collect writes it in its place), or written
-    to the --errors file.
+    to the --errors file. An id enqueued before with other content stops the enqueue before
+    anything is written, unless --rerun-changed.
 
     Exit 0: all rows enqueued (or already there); 1: some rows rejected (the valid ones are
     enqueued); 2: unreadable file, Redis unavailable or refusing (prints how many went in;
     run it again)."""
-    from producer.client import EnqueueStopped
+    from producer.client import ContentChanged, EnqueueStopped
+    from producer.digest import changed_line
     from producer.redis_errors import classify, describe
 
     url = resolve_redis_url(redis_url)
@@ -260,7 +273,13 @@ def enqueue(
     )
     try:
         with expected_errors(url):
-            report = client.enqueue(rows)
+            report = client.enqueue(rows, rerun_changed=rerun_changed, refuse_changed=True)
+    except ContentChanged as exc:
+        fail(
+            f"{exc}; nothing was enqueued: --rerun-changed runs them again (collect replaces their rows), "
+            "or give them new ids",
+            exits.USAGE,
+        )
     except EnqueueStopped as stop:
         done = stop.report
         maybe = f" (and up to {stop.uncertain} more whose reply was lost)" if stop.uncertain else ""
@@ -282,9 +301,16 @@ def enqueue(
     where = f"to {errors}" if errors is not None else "as invalid_job error rows"
     typer.echo(
         f"enqueued {len(enqueued)}, skipped {len(skipped)} (already enqueued), "
-        f"rejected {len(parsed.rejected)}" + (f" (written {where})" if parsed.rejected else "")
+        f"rejected {len(parsed.rejected)}"
+        + (f" (written {where})" if parsed.rejected else "")
+        + (f", run again {len(report.rerun)} (changed)" if report.rerun else "")
     )
-    if parsed.rejected:
+    if report.changed:  # still queued or running with their first content, or enqueued meanwhile
+        warn(
+            f"{changed_line(report.changed, 'they were enqueued')}; kept as enqueued (not done yet): "
+            "run this again with --rerun-changed once they are done"
+        )
+    if parsed.rejected or report.changed:
         raise typer.Exit(exits.JOBS_FAILED)
 
 
@@ -359,7 +385,10 @@ def collect(
             write_table(rows_file, output, join_input, mapping)
     typer.echo(f"wrote {report.written} results to {output} ({report.already} already there)")
     if report.replaced:
-        typer.echo(f"replaced {report.replaced} error rows of requeued jobs with their new results")
+        typer.echo(
+            f"replaced {counted(report.replaced, 'row')} with new results (requeued dead letters, "
+            "jobs run again with changed content)"
+        )
     if report.stopped:
         fail(f"stopped: {report.stopped}; run the same command again to continue", exits.USAGE)
     if report.lost:
@@ -511,10 +540,10 @@ def dlq_requeue(
             requeued = client.requeue_dead(job_ids or None)
     finally:
         client.close()
-    typer.echo(f"requeued {len(requeued)} jobs")
+    typer.echo(f"requeued {counted(len(requeued))}")
     absent = sorted(set(job_ids or []) - set(requeued))
     if absent:
-        fail(f"no dead letter for {len(absent)} ids: {', '.join(absent)}", exits.JOBS_FAILED)
+        fail(f"no dead letter for {counted(len(absent), 'id')}: {', '.join(absent)}", exits.JOBS_FAILED)
 
 
 if __name__ == "__main__":

@@ -335,8 +335,13 @@ def _native_choice(choice: Choice) -> dict[str, Any]:
     return record
 
 
-def output_line(result: Result) -> bytes:
-    return msgspec.json.encode(output_record(result)) + b"\n"
+def output_line(result: Result, digest: str | None = None) -> bytes:
+    """One output line; ``digest`` (producer.digest: the content of the job it answers) goes
+    in ``job_digest``, which a later run reads to tell a changed row under the same id."""
+    record = output_record(result)
+    if digest is not None:
+        record["job_digest"] = digest
+    return msgspec.json.encode(record) + b"\n"
 
 
 def written_ids(path: str | Path) -> set[str]:

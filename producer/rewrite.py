@@ -14,8 +14,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
-from producer.jsonl import Rejected, output_line
-from producer.outfile import row_key, write_atomically
+from producer.jsonl import Rejected
+from producer.outfile import rejected_line, row_key, write_atomically
 
 _Row = tuple[str, str | None, int, int]  # id, error code (None: no error), offset, length
 
@@ -28,8 +28,8 @@ def _index(path: Path) -> list[_Row]:
         offset = 0
         for line in lines:
             if line.strip():
-                job_id, code = row_key(line)
-                rows.append((job_id, code, offset, len(line)))
+                key = row_key(line)
+                rows.append((key.job_id, key.code, offset, len(line)))
             offset += len(line)
     return rows
 
@@ -69,7 +69,7 @@ def split_errors(path: Path, errors_path: Path, rejected: list[Rejected], order:
     rows = _index(path)
     ok = {row[0] for row in rows if row[1] is None}
     moved = [row for row in rows if row[1] is not None]
-    fresh = {row.job_id: output_line(row.error_result()) for row in rejected}
+    fresh = {row.job_id: rejected_line(row) for row in rejected}
     earlier = [row for row in _index(errors_path) if row[0] not in fresh and row[0] not in ok]
     moved_ids = {row[0] for row in moved}
     earlier = [row for row in earlier if row[0] not in moved_ids]

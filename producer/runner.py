@@ -31,13 +31,14 @@ import msgspec
 import redis
 
 from producer import exits
-from producer.client import Client, EnqueueStopped
+from producer.client import Client, ContentChanged, EnqueueStopped
 from producer.collector import Collector
 from producer.datasets import NATIVE_COLUMNS, ColumnMapping, input_columns, read_input
+from producer.digest import changed_ids, changed_line
 from producer.jsonl import InputFile, Rejected, written_ids
 from producer.lifetime import start_child
 from producer.local_redis import LocalRedis
-from producer.outfile import OutputFileError
+from producer.outfile import OutputFileError, row_keys
 from producer.progress import Progress
 from producer.redis_errors import FatalRedisError, describe, redact
 from producer.rewrite import put_in_order, split_errors
@@ -65,6 +66,7 @@ class RunOptions:
     mapping: ColumnMapping = NATIVE_COLUMNS
     errors_path: Path | None = None  # rejected rows go here instead of into the output
     join_input: bool = False  # Parquet output: joined to the input's columns
+    rerun_changed: bool = False  # rows whose content changed since their row was written run again
 
 
 @dataclass(frozen=True)
@@ -147,7 +149,14 @@ def run_file(options: RunOptions, say: Callable[[str], None] = print) -> RunRepo
     if options.errors_path is not None:
         split_errors(rows_file, options.errors_path, parsed.rejected, input_order)
         already |= written_ids(options.errors_path)  # run-time error rows moved there earlier
-    jobs = [row for row in rows if row.id not in already]
+    written = row_keys(rows_file) + (row_keys(options.errors_path) if options.errors_path else [])
+    changed = changed_ids(rows, {key.job_id: key.digest for key in written if key.digest is not None})
+    if changed and not options.rerun_changed:
+        raise RunError(
+            f"{changed_line(changed, f'their rows were written to {rows_file}')}: --rerun-changed runs "
+            "them again and replaces their rows, or remove those rows"
+        )
+    jobs = [row for row in rows if row.id not in already or row.id in changed]
     if already:
         say(f"resuming: {len(rows) - len(jobs)} jobs already in {rows_file}")
     outcome = _Outcome()
@@ -246,7 +255,9 @@ def _run_jobs(
         client = Client.from_url(redis_url, options.queue, partitions=options.partitions)
         stack.callback(client.close)
         try:
-            report = client.enqueue(jobs)
+            report = client.enqueue(jobs, rerun_changed=options.rerun_changed, refuse_changed=True)
+        except ContentChanged as exc:  # a shared Redis holds them with other content
+            raise RunError(f"{exc} on queue {options.queue!r}: --rerun-changed runs them again") from None
         except EnqueueStopped as stop:
             why = describe(stop.cause, redis_url)
             went_in = len(stop.report.enqueued)
@@ -259,7 +270,10 @@ def _run_jobs(
         say(
             f"enqueued {outcome.enqueued}, skipped {outcome.skipped} (already enqueued), "
             f"rejected {num_rejected}"
+            + (f", run again {len(report.rerun)} (changed)" if report.rerun else "")
         )
+        if report.changed:
+            say(f"{changed_line(report.changed, 'they were enqueued')}: kept (not done yet)")
         if signals.count:
             outcome.stopped = "interrupted"
             return

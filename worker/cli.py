@@ -24,6 +24,7 @@ from producer.cli import (
     QueueOption,
     QuietOption,
     RedisUrlOption,
+    RerunChangedOption,
     TemplateOption,
     app,
     column_mapping,
@@ -249,6 +250,7 @@ def run(
         bool,
         typer.Option("--join-input", help="Parquet output: the input's columns joined to the results."),
     ] = False,
+    rerun_changed: RerunChangedOption = False,
 ) -> None:
     """Enqueue FILE, start worker(s), collect into OUT, shut everything down. One output row
     per input row, in input order: a rejected row gets an invalid_job error row (or a line in
@@ -295,6 +297,7 @@ def run(
         mapping=mapping,
         errors_path=errors,
         join_input=join_input,
+        rerun_changed=rerun_changed,
     )
     try:
         report = run_file(options, say=lambda text: typer.echo(text, err=True))
