@@ -67,6 +67,7 @@ class RunOptions:
     errors_path: Path | None = None  # rejected rows go here instead of into the output
     join_input: bool = False  # Parquet output: joined to the input's columns
     rerun_changed: bool = False  # rows whose content changed since their row was written run again
+    served_models: tuple[str, ...] = ()  # the model names the workers answer to (empty: any)
 
 
 @dataclass(frozen=True)
@@ -135,7 +136,7 @@ def run_file(options: RunOptions, say: Callable[[str], None] = print) -> RunRepo
         raise RunError(f"cannot read {options.input_path}: {exc}") from None
     for rejected in parsed.rejected:
         say(f"rejected {options.input_path}:{rejected}")
-    for note in parsed.notes():
+    for note in parsed.notes() + model_notes(parsed.jobs, options.served_models):
         say(f"note {options.input_path}: {note}")
     rows: list[Job | Result] = [
         row.error_result() if isinstance(row, Rejected) else row
@@ -195,6 +196,28 @@ def run_file(options: RunOptions, say: Callable[[str], None] = print) -> RunRepo
         stopped=outcome.stopped,
         worker_codes=outcome.worker_codes,
     )
+
+
+def model_notes(jobs: list[Job], served: tuple[str, ...]) -> list[str]:
+    """One note per model name the jobs ask for that the workers will not answer to as asked:
+    run by their own model (no served names), or refused (model_not_served)."""
+    asked: dict[str, int] = {}
+    for job in jobs:
+        if job.model is not None and job.model not in served:
+            asked[job.model] = asked.get(job.model, 0) + 1
+    lines = "line{}".format
+    if served:
+        names = ", ".join(served)
+        return [
+            f"model {name!r} on {count} {lines('s' * (count != 1))}: not served (--served-model-name {names}): "
+            "those rows get model_not_served errors"
+            for name, count in asked.items()
+        ]
+    return [
+        f"model {name!r} on {count} {lines('s' * (count != 1))}: run by the workers' model, which the "
+        "reply names (--served-model-name makes workers answer to given names only)"
+        for name, count in asked.items()
+    ]
 
 
 @dataclass

@@ -39,6 +39,14 @@ DeviceOption = Annotated[str | None, typer.Option("--device", help="auto | cpu |
 ConfigOption = Annotated[
     Path | None, typer.Option("--config", help="Worker TOML file: \\[worker], \\[queue], \\[engine] tables.")
 ]
+ServedModelOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--served-model-name",
+        help="A model name the workers answer to (repeat for several): replies name it, and a job "
+        "naming another model gets a model_not_served error (default: any name runs).",
+    ),
+]
 GeneratorOption = Annotated[
     str | None,
     typer.Option("--generator", "--backend", help="'engine', or a module:callable generator factory."),
@@ -81,6 +89,7 @@ def worker(
         float | None,
         typer.Option("--connect-timeout-s", help="At start-up, wait this long for Redis before exiting 2."),
     ] = None,
+    served_model_name: ServedModelOption = None,
 ) -> None:
     """Consume jobs until SIGINT/SIGTERM, then drain (within the drain timeout) and exit 0.
 
@@ -110,6 +119,7 @@ def worker(
         "worker.log_level": log_level,
         "worker.metrics_port": metrics_port,
         "worker.connect_timeout_s": connect_timeout_s,
+        "worker.served_model_names": ",".join(served_model_name) if served_model_name else None,
         "engine.model": model,
         "engine.device": device,
         "queue.min_idle_s": min_idle_s,
@@ -251,6 +261,7 @@ def run(
         typer.Option("--join-input", help="Parquet output: the input's columns joined to the results."),
     ] = False,
     rerun_changed: RerunChangedOption = False,
+    served_model_name: ServedModelOption = None,
 ) -> None:
     """Enqueue FILE, start worker(s), collect into OUT, shut everything down. One output row
     per input row, in input order: a rejected row gets an invalid_job error row (or a line in
@@ -265,16 +276,24 @@ def run(
     from worker.preflight import PreflightError, check_run
 
     mapping = column_mapping(prompt_column, messages_column, id_column, template)
+    served = ",".join(served_model_name) if served_model_name else None
     try:  # NOTE: before a Redis starts and jobs go in: what would stop every worker at start
-        check_run(
+        settings = check_run(
             config,
             worker_env("redis://127.0.0.1:1/0"),
-            {"worker.generator": generator, "engine.device": device, "engine.model": model},
+            {
+                "worker.generator": generator,
+                "worker.served_model_names": served,
+                "engine.device": device,
+                "engine.model": model,
+            },
             [metrics_port + i for i in range(workers)] if metrics_port else [],
         )
     except PreflightError as exc:
         fail(str(exc), exits.USAGE)
     worker_args = ["--generator", generator] if generator else []
+    for name in served_model_name or []:
+        worker_args += ["--served-model-name", name]
     if device:
         worker_args += ["--device", device]
     if model:
@@ -298,6 +317,7 @@ def run(
         errors_path=errors,
         join_input=join_input,
         rerun_changed=rerun_changed,
+        served_models=settings.worker.served_models,
     )
     try:
         report = run_file(options, say=lambda text: typer.echo(text, err=True))

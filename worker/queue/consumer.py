@@ -323,11 +323,18 @@ class Consumer:
                 result,
                 metadata=result.metadata or job.metadata,
                 worker=result.worker or self.name,
-                model=result.model or self.generator.model_name,
+                model=self._reply_model(job, result),
                 timings=timings,
             )
             self._complete(Completion(filled, held.entry_id, tuple(held.duplicates)))
             self.completed += 1
+
+    def _reply_model(self, job: Job, result: Result) -> str:
+        """The model a result names: the served name the job asked for (else the worker's first
+        served name), or, with no served names, the model that ran."""
+        if self.served_models:
+            return job.model if job.model in self.served_models else self.served_models[0]
+        return result.model or self.generator.model_name
 
     def _settle_crashes(self) -> None:
         """Count an attempt for each job that crashed the engine alone; run it again alone or
