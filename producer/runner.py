@@ -44,7 +44,7 @@ from producer.redis_errors import FatalRedisError, describe, redact
 from producer.rewrite import put_in_order, split_errors
 from producer.schema import Job, Result
 from producer.tables import is_parquet, rows_path, write_parquet
-from producer.worker_pool import GRACE_S, WorkerPool
+from producer.worker_pool import GRACE_S, Readiness, WorkerPool, relay_output
 
 POLL_S = 0.2  # how soon collecting notices a signal or an exited worker
 
@@ -301,19 +301,25 @@ def _run_jobs(
             outcome.stopped = "interrupted"
             return
         runnable = any(isinstance(row, Job) for row in jobs)  # else: only rejected rows to write
+        # NOTE: the display first: the workers' log lines go through it, above its live line
+        progress = stack.enter_context(Progress(quiet=options.quiet, interval_s=options.progress_interval_s))
         procs = _start_workers(options, redis_url, private=options.redis_url is None) if runnable else []
+        relays = [relay_output(proc, f"[worker {i}] ", progress.log) for i, proc in enumerate(procs)]
+        for relay in relays:  # NOTE: unwound after the workers stop: their last lines shown
+            stack.callback(relay.join, GRACE_S)
         pool = WorkerPool(procs, options.drain_timeout_s)
         stack.callback(lambda: outcome.worker_codes.extend(pool.stop(lambda: 1 + signals.count)))
+        say = progress.log
+        ready = Readiness(client.redis, options.queue, [name for _, name in _worker_names(options)], progress)
         ids = [job.id for job in jobs]
         collector = Collector(client.redis, options.queue)
-        progress = stack.enter_context(Progress(quiet=options.quiet, interval_s=options.progress_interval_s))
         first = collector.collect(
             out,
             ids=ids,
             wait=True,
             timeout_s=options.timeout_s,
             poll_s=POLL_S,
-            should_stop=lambda: signals.count > 0 or pool.exited(),
+            should_stop=lambda: ready.check() or signals.count > 0 or pool.exited(),
             progress=progress,
         )
         outcome.written = first.written
@@ -339,15 +345,20 @@ def _run_jobs(
         outcome.written += collector.collect(out, ids=ids, wait=False, progress=progress).written
 
 
+def _worker_names(options: RunOptions) -> list[tuple[int, str]]:
+    return [(i, f"run-{os.getpid()}-{i}") for i in range(options.num_workers)]
+
+
 def _start_workers(options: RunOptions, redis_url: str, private: bool) -> list[subprocess.Popen[bytes]]:
     # NOTE: if run dies without stopping them (kill -9), a private Redis dies with it, so its
     # workers have nothing left to drain into: they are killed. Workers of a shared Redis get
-    # SIGTERM and drain, putting back what they hold.
+    # SIGTERM and drain, putting back what they hold. Their output comes through run (a pipe
+    # each: relay_output), so on a terminal it never lands inside the progress line.
     return [
         start_child(
             worker_command(
                 options.queue,
-                f"run-{os.getpid()}-{i}",
+                name,
                 [
                     *options.worker_args,
                     "--drain-timeout-s",
@@ -358,8 +369,10 @@ def _start_workers(options: RunOptions, redis_url: str, private: bool) -> list[s
             death_signal=signal.SIGKILL if private else signal.SIGTERM,
             env=worker_env(redis_url),
             stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
         )
-        for i in range(options.num_workers)
+        for i, name in _worker_names(options)
     ]
 
 
