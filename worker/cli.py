@@ -154,13 +154,12 @@ def worker(
         )
     except redis.RedisError as exc:
         fail(describe(exc, url), exits.USAGE)
-    metrics = None
+    registry = None
     if settings.worker.metrics_port:
-        from worker.metrics import WorkerMetrics
+        from worker.metrics import serve_registry
 
-        metrics = WorkerMetrics(settings.queue.queue)
         try:
-            metrics.serve(settings.worker.metrics_port)
+            registry = serve_registry(settings.worker.metrics_port)
         except OSError as exc:
             fail(f"--metrics-port {settings.worker.metrics_port}: {exc.strerror or exc}", exits.USAGE)
     if settings.worker.generator == "engine" and settings.engine.device == "auto":
@@ -183,6 +182,14 @@ def worker(
         consumer_config.dead_after_ms,
         steal_after_s=consumer_config.steal_after_s,
     )
+    metrics = None
+    if registry is not None:
+        from worker.metrics import WorkerMetrics
+
+        served = settings.worker.served_models
+        metrics = WorkerMetrics(
+            consumer_config.queue, served[0] if served else generation.model_name, registry
+        )
     consumer = Consumer(
         queue_side, generation, consumer_config, metrics=metrics, served_models=settings.worker.served_models
     )

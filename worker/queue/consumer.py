@@ -317,7 +317,10 @@ class Consumer:
             self.tally.saw(held.key, result.usage.prompt_tokens, result.usage.cached_tokens)
             job = held.job
             timings = Timings(
-                enqueued_at_ms=job.enqueued_at_ms, started_at_ms=held.started_at_ms, finished_at_ms=now_ms()
+                enqueued_at_ms=job.enqueued_at_ms,
+                started_at_ms=held.started_at_ms,
+                finished_at_ms=now_ms(),
+                first_token_at_ms=result.timings.first_token_at_ms,
             )
             filled = msgspec.structs.replace(
                 result,
