@@ -88,8 +88,15 @@ TemplateOption = Annotated[
         "(\\n: a newline, \\t: a tab, \\\\: a backslash).",
     ),
 ]
+InputArgument = Annotated[
+    str,
+    typer.Argument(
+        help="Input file: JSONL (.gz), Parquet or CSV; a path or a URL (https://, s3://, gs://).",
+        metavar="FILE",
+    ),
+]
 ErrorsOption = Annotated[
-    Path | None,
+    str | None,
     typer.Option(
         "--errors",
         help="Write the rows rejected at enqueue to this JSONL file (OpenAI Batch error-file style) "
@@ -121,6 +128,32 @@ def column_mapping(
     except ValueError as exc:
         fail(str(exc), exits.USAGE)
     return mapping
+
+
+@contextmanager
+def staged(
+    source: str | None, output: str | None = None, errors: str | None = None
+) -> Iterator[tuple[Path | None, Path | None, Path | None]]:
+    """Local paths for an input file, an output file and an errors file, each a path or a
+    URL (producer.remote: a URL is downloaded first, an output uploaded when the block ends);
+    a local input must be a file. One ``error:`` line and exit 2 for what cannot be."""
+    from producer.remote import RemoteError, is_url, local_input, local_output
+    from producer.tables import is_parquet
+
+    if source is not None and not is_url(source):
+        path = Path(source)
+        if not path.exists() or path.is_dir():
+            fail(f"{source}: {'is a folder, not a file' if path.is_dir() else 'no such file'}", exits.USAGE)
+    companions = (".rows.jsonl",) if output is not None and is_parquet(output) else ()
+    try:
+        with (
+            local_input(source) as local,
+            local_output(output, companions) as out,
+            local_output(errors) as err,
+        ):
+            yield local, out, err
+    except RemoteError as exc:
+        fail(str(exc), exits.USAGE)
 
 
 def load_input(path: Path, mapping: ColumnMapping) -> InputFile:
@@ -213,9 +246,7 @@ def open_client(url: str, queue: str, **options: Any) -> Client:
 
 @app.command()
 def enqueue(
-    input_path: Annotated[
-        Path, typer.Argument(help="Input file: JSONL (.gz), Parquet or CSV.", exists=True, dir_okay=False)
-    ],
+    input_path: InputArgument,
     queue: QueueOption = "default",
     redis_url: RedisUrlOption = None,
     retry_timeout_s: RetryTimeoutOption = 60.0,
@@ -255,9 +286,10 @@ def enqueue(
 
     url = resolve_redis_url(redis_url)
     mapping = column_mapping(prompt_column, messages_column, id_column, template)
-    with expected_errors(url):
-        parsed = load_input(input_path, mapping)
-        rows = queued_rows(parsed, errors)
+    with staged(input_path, errors=errors) as (source, _, errors_file), expected_errors(url):
+        assert source is not None
+        parsed = load_input(source, mapping)
+        rows = queued_rows(parsed, errors_file)
     for rejected in parsed.rejected:
         warn(f"rejected {input_path}:{rejected}")
     rejected_ids = {row.job_id for row in parsed.rejected}
@@ -317,11 +349,12 @@ def enqueue(
 @app.command()
 def collect(
     output: Annotated[
-        Path,
+        str,
         typer.Option(
             "--output",
             "-o",
-            help="Output file: JSONL (appended to, resumable) or .parquet (rows kept in OUT.rows.jsonl).",
+            help="Output file: JSONL (appended to, resumable) or .parquet (rows kept in OUT.rows.jsonl); "
+            "a path or a URL (s3://, gs://, https:// with PUT).",
         ),
     ],
     queue: QueueOption = "default",
@@ -343,13 +376,11 @@ def collect(
     quiet: QuietOption = False,
     progress_interval_s: ProgressIntervalOption = 10.0,
     join_input: Annotated[
-        Path | None,
+        str | None,
         typer.Option(
             "--join-input",
             help="Parquet output only: one row per row of this input file (as enqueued, with the same "
             "column options), its columns joined to the result columns.",
-            exists=True,
-            dir_okay=False,
         ),
     ] = None,
     prompt_column: PromptColumnOption = None,
@@ -370,19 +401,27 @@ def collect(
     mapping = column_mapping(prompt_column, messages_column, id_column, template)
     if join_input is not None and not is_parquet(output):
         fail("--join-input needs a Parquet output (-o OUT.parquet)", exits.USAGE)
-    rows_file = rows_path(output)
     client = open_client(url, queue)
-    try:
-        with expected_errors(url), Progress(quiet=quiet or not wait, interval_s=progress_interval_s) as shown:
-            collector = Collector(client.redis, queue, say=warn, retry_timeout_s=retry_timeout_s)
-            report = collector.collect(rows_file, wait=wait, timeout_s=timeout_s, trim=trim, progress=shown)
-    except KeyboardInterrupt:
-        fail(f"interrupted; the rows written so far are in {rows_file} (run the same command to resume)", 130)
-    finally:
-        client.close()
-    if is_parquet(output):
-        with expected_errors(url):
-            write_table(rows_file, output, join_input, mapping)
+    with staged(join_input, output) as (joined, local_out, _):
+        assert local_out is not None
+        rows_file = rows_path(local_out)
+        try:
+            with (
+                expected_errors(url),
+                Progress(quiet=quiet or not wait, interval_s=progress_interval_s) as shown,
+            ):
+                collector = Collector(client.redis, queue, say=warn, retry_timeout_s=retry_timeout_s)
+                report = collector.collect(
+                    rows_file, wait=wait, timeout_s=timeout_s, trim=trim, progress=shown
+                )
+        except KeyboardInterrupt:
+            where = rows_path(output) if local_out != Path(output) else rows_file
+            fail(f"interrupted; the rows written so far are in {where} (run the same command to resume)", 130)
+        finally:
+            client.close()
+        if is_parquet(output):
+            with expected_errors(url):
+                write_table(rows_file, local_out, joined, mapping)
     typer.echo(f"wrote {report.written} results to {output} ({report.already} already there)")
     if report.replaced:
         typer.echo(

@@ -18,6 +18,7 @@ import typer
 from producer.cli import (
     ErrorsOption,
     IdColumnOption,
+    InputArgument,
     MessagesColumnOption,
     ProgressIntervalOption,
     PromptColumnOption,
@@ -30,6 +31,7 @@ from producer.cli import (
     column_mapping,
     counted,
     fail,
+    staged,
 )
 
 ModelOption = Annotated[
@@ -223,12 +225,15 @@ RunDrainOption = Annotated[
 
 
 def run(
-    input_path: Annotated[
-        Path, typer.Argument(help="Input file: JSONL (.gz), Parquet or CSV.", exists=True, dir_okay=False)
-    ],
+    input_path: InputArgument,
     output: Annotated[
-        Path,
-        typer.Option("--output", "-o", help="Output file, JSONL or .parquet (resumed if it exists)."),
+        str,
+        typer.Option(
+            "--output",
+            "-o",
+            help="Output file, JSONL or .parquet (resumed if it exists); a path or a URL (s3://, gs://, "
+            "https:// with PUT).",
+        ),
     ],
     model: ModelOption = None,
     workers: Annotated[int, typer.Option("--workers", "-w", min=1, help="Worker processes.")] = 1,
@@ -307,29 +312,34 @@ def run(
         worker_args += ["--model", model]
     if config:
         worker_args += ["--config", str(config)]
-    options = RunOptions(
-        input_path=input_path,
-        output_path=output,
-        queue=queue,
-        redis_url=redis_url,
-        num_workers=workers,
-        worker_args=worker_args,
-        timeout_s=timeout_s,
-        drain_timeout_s=drain_timeout_s,
-        quiet=quiet,
-        progress_interval_s=progress_interval_s,
-        metrics_port=metrics_port,
-        partitions=partitions,
-        mapping=mapping,
-        errors_path=errors,
-        join_input=join_input,
-        rerun_changed=rerun_changed,
-        served_models=settings.worker.served_models,
-    )
-    try:
-        report = run_file(options, say=lambda text: typer.echo(text, err=True))
-    except RunError as exc:
-        fail(str(exc), exits.USAGE)
+    problem = None
+    with staged(input_path, output, errors) as (source, local_out, errors_file):
+        assert source is not None and local_out is not None
+        options = RunOptions(
+            input_path=source,
+            output_path=local_out,
+            queue=queue,
+            redis_url=redis_url,
+            num_workers=workers,
+            worker_args=worker_args,
+            timeout_s=timeout_s,
+            drain_timeout_s=drain_timeout_s,
+            quiet=quiet,
+            progress_interval_s=progress_interval_s,
+            metrics_port=metrics_port,
+            partitions=partitions,
+            mapping=mapping,
+            errors_path=errors_file,
+            join_input=join_input,
+            rerun_changed=rerun_changed,
+            served_models=settings.worker.served_models,
+        )
+        try:
+            report = run_file(options, say=lambda text: typer.echo(text, err=True))
+        except RunError as exc:
+            problem = str(exc)
+    if problem is not None:
+        fail(problem, exits.USAGE)
     typer.echo(f"wrote {report.written} results to {output} ({report.resumed} were already there)", err=True)
     if not report.parsed.jobs:
         fail(f"no valid jobs in {input_path}", report.exit_code())
