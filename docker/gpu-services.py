@@ -36,6 +36,9 @@ CACHE_VOLUMES = {
 }
 # The model's own first start converts it and compiles every kernel: minutes on a fresh host.
 START_PERIOD = "20m"
+# What docker/prometheus.yml scrapes: every worker's /metrics port under one network alias.
+METRICS_PORT = 9400
+WORKER_ALIAS = "worker"
 
 
 def gpu_worker(gpu_id: int) -> dict[str, Any]:
@@ -48,7 +51,9 @@ def gpu_worker(gpu_id: int) -> dict[str, Any]:
             "RADIXQ_REDIS_URL": "redis://redis:6379/0",
             "RADIXQ_QUEUE": "${RADIXQ_QUEUE:-default}",
             "RADIXQ_DRAIN_TIMEOUT_S": "60",
+            "RADIXQ_METRICS_PORT": str(METRICS_PORT),
         },
+        "networks": {"default": {"aliases": [WORKER_ALIAS]}},
         "init": True,
         "depends_on": {"redis": {"condition": "service_healthy"}},
         "healthcheck": {
@@ -118,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     names = ", ".join(override["services"])
     print(f"wrote {args.output}: {names}")
-    print(f"then: export COMPOSE_FILE=docker-compose.yml:{display_path(args.output)}; docker compose up -d")
+    print(f"then: docker compose -f docker-compose.yml -f {display_path(args.output)} up -d")
     return 0
 
 

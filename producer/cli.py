@@ -83,11 +83,20 @@ IdColumnOption = Annotated[
 TemplateOption = Annotated[
     str | None,
     typer.Option(
-        "--template", help='Prompt template filled from the row\'s columns, e.g. "Q: {question}\\nA:".'
+        "--template",
+        help='Prompt template filled from the row\'s columns, e.g. "Q: {question}\\nA:" '
+        "(\\n: a newline, \\t: a tab, \\\\: a backslash).",
+    ),
+]
+InputArgument = Annotated[
+    str,
+    typer.Argument(
+        help="Input file: JSONL (.gz), Parquet or CSV; a path or a URL (https://, s3://, gs://).",
+        metavar="FILE",
     ),
 ]
 ErrorsOption = Annotated[
-    Path | None,
+    str | None,
     typer.Option(
         "--errors",
         help="Write the rows rejected at enqueue to this JSONL file (OpenAI Batch error-file style) "
@@ -96,17 +105,55 @@ ErrorsOption = Annotated[
 ]
 
 
+RerunChangedOption = Annotated[
+    bool,
+    typer.Option(
+        "--rerun-changed",
+        help="Run again the rows whose id has a result for other content (a changed prompt, sampling, "
+        "model or metadata); their rows are replaced. Without it such rows stop the command first.",
+    ),
+]
+
+
 def column_mapping(
     prompt_column: str | None, messages_column: str | None, id_column: str | None, template: str | None
 ) -> ColumnMapping:
-    from producer.datasets import ColumnMapping
+    from producer.datasets import ColumnMapping, unescape_template
 
+    if template is not None:
+        template = unescape_template(template)
     mapping = ColumnMapping(prompt_column, messages_column, id_column, template)
     try:
         mapping.check()
     except ValueError as exc:
         fail(str(exc), exits.USAGE)
     return mapping
+
+
+@contextmanager
+def staged(
+    source: str | None, output: str | None = None, errors: str | None = None
+) -> Iterator[tuple[Path | None, Path | None, Path | None]]:
+    """Local paths for an input file, an output file and an errors file, each a path or a
+    URL (producer.remote: a URL is downloaded first, an output uploaded when the block ends);
+    a local input must be a file. One ``error:`` line and exit 2 for what cannot be."""
+    from producer.remote import RemoteError, is_url, local_input, local_output
+    from producer.tables import is_parquet
+
+    if source is not None and not is_url(source):
+        path = Path(source)
+        if not path.exists() or path.is_dir():
+            fail(f"{source}: {'is a folder, not a file' if path.is_dir() else 'no such file'}", exits.USAGE)
+    companions = (".rows.jsonl",) if output is not None and is_parquet(output) else ()
+    try:
+        with (
+            local_input(source) as local,
+            local_output(output, companions) as out,
+            local_output(errors) as err,
+        ):
+            yield local, out, err
+    except RemoteError as exc:
+        fail(str(exc), exits.USAGE)
 
 
 def load_input(path: Path, mapping: ColumnMapping) -> InputFile:
@@ -149,6 +196,11 @@ def resolve_redis_url(url: str | None) -> str:
 def fail(message: str, code: int = 1) -> NoReturn:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code)
+
+
+def counted(count: int, noun: str = "job") -> str:
+    """``count`` and the noun in the number it takes: "1 job", "2 jobs", "1 row", "3 rows"."""
+    return f"{count} {noun}" + ("" if count == 1 else "s")
 
 
 def warn(line: str) -> None:
@@ -194,9 +246,7 @@ def open_client(url: str, queue: str, **options: Any) -> Client:
 
 @app.command()
 def enqueue(
-    input_path: Annotated[
-        Path, typer.Argument(help="Input file: JSONL (.gz), Parquet or CSV.", exists=True, dir_okay=False)
-    ],
+    input_path: InputArgument,
     queue: QueueOption = "default",
     redis_url: RedisUrlOption = None,
     retry_timeout_s: RetryTimeoutOption = 60.0,
@@ -220,22 +270,26 @@ def enqueue(
     id_column: IdColumnOption = None,
     template: TemplateOption = None,
     errors: ErrorsOption = None,
+    rerun_changed: RerunChangedOption = False,
 ) -> None:
     """Validate every row of FILE, then enqueue them (idempotent by job id). A rejected row
     is enqueued as its invalid_job error result (collect writes it in its place), or written
-    to the --errors file.
+    to the --errors file. An id enqueued before with other content stops the enqueue before
+    anything is written, unless --rerun-changed.
 
     Exit 0: all rows enqueued (or already there); 1: some rows rejected (the valid ones are
     enqueued); 2: unreadable file, Redis unavailable or refusing (prints how many went in;
     run it again)."""
-    from producer.client import EnqueueStopped
+    from producer.client import ContentChanged, EnqueueStopped
+    from producer.digest import changed_line
     from producer.redis_errors import classify, describe
 
     url = resolve_redis_url(redis_url)
     mapping = column_mapping(prompt_column, messages_column, id_column, template)
-    with expected_errors(url):
-        parsed = load_input(input_path, mapping)
-        rows = queued_rows(parsed, errors)
+    with staged(input_path, errors=errors) as (source, _, errors_file), expected_errors(url):
+        assert source is not None
+        parsed = load_input(source, mapping)
+        rows = queued_rows(parsed, errors_file)
     for rejected in parsed.rejected:
         warn(f"rejected {input_path}:{rejected}")
     rejected_ids = {row.job_id for row in parsed.rejected}
@@ -251,7 +305,13 @@ def enqueue(
     )
     try:
         with expected_errors(url):
-            report = client.enqueue(rows)
+            report = client.enqueue(rows, rerun_changed=rerun_changed, refuse_changed=True)
+    except ContentChanged as exc:
+        fail(
+            f"{exc}; nothing was enqueued: --rerun-changed runs them again (collect replaces their rows), "
+            "or give them new ids",
+            exits.USAGE,
+        )
     except EnqueueStopped as stop:
         done = stop.report
         maybe = f" (and up to {stop.uncertain} more whose reply was lost)" if stop.uncertain else ""
@@ -273,20 +333,28 @@ def enqueue(
     where = f"to {errors}" if errors is not None else "as invalid_job error rows"
     typer.echo(
         f"enqueued {len(enqueued)}, skipped {len(skipped)} (already enqueued), "
-        f"rejected {len(parsed.rejected)}" + (f" (written {where})" if parsed.rejected else "")
+        f"rejected {len(parsed.rejected)}"
+        + (f" (written {where})" if parsed.rejected else "")
+        + (f", run again {len(report.rerun)} (changed)" if report.rerun else "")
     )
-    if parsed.rejected:
+    if report.changed:  # still queued or running with their first content, or enqueued meanwhile
+        warn(
+            f"{changed_line(report.changed, 'they were enqueued')}; kept as enqueued (not done yet): "
+            "run this again with --rerun-changed once they are done"
+        )
+    if parsed.rejected or report.changed:
         raise typer.Exit(exits.JOBS_FAILED)
 
 
 @app.command()
 def collect(
     output: Annotated[
-        Path,
+        str,
         typer.Option(
             "--output",
             "-o",
-            help="Output file: JSONL (appended to, resumable) or .parquet (rows kept in OUT.rows.jsonl).",
+            help="Output file: JSONL (appended to, resumable) or .parquet (rows kept in OUT.rows.jsonl); "
+            "a path or a URL (s3://, gs://, https:// with PUT).",
         ),
     ],
     queue: QueueOption = "default",
@@ -308,13 +376,11 @@ def collect(
     quiet: QuietOption = False,
     progress_interval_s: ProgressIntervalOption = 10.0,
     join_input: Annotated[
-        Path | None,
+        str | None,
         typer.Option(
             "--join-input",
             help="Parquet output only: one row per row of this input file (as enqueued, with the same "
             "column options), its columns joined to the result columns.",
-            exists=True,
-            dir_okay=False,
         ),
     ] = None,
     prompt_column: PromptColumnOption = None,
@@ -335,22 +401,33 @@ def collect(
     mapping = column_mapping(prompt_column, messages_column, id_column, template)
     if join_input is not None and not is_parquet(output):
         fail("--join-input needs a Parquet output (-o OUT.parquet)", exits.USAGE)
-    rows_file = rows_path(output)
     client = open_client(url, queue)
-    try:
-        with expected_errors(url), Progress(quiet=quiet or not wait, interval_s=progress_interval_s) as shown:
-            collector = Collector(client.redis, queue, say=warn, retry_timeout_s=retry_timeout_s)
-            report = collector.collect(rows_file, wait=wait, timeout_s=timeout_s, trim=trim, progress=shown)
-    except KeyboardInterrupt:
-        fail(f"interrupted; the rows written so far are in {rows_file} (run the same command to resume)", 130)
-    finally:
-        client.close()
-    if is_parquet(output):
-        with expected_errors(url):
-            write_table(rows_file, output, join_input, mapping)
+    with staged(join_input, output) as (joined, local_out, _):
+        assert local_out is not None
+        rows_file = rows_path(local_out)
+        try:
+            with (
+                expected_errors(url),
+                Progress(quiet=quiet or not wait, interval_s=progress_interval_s) as shown,
+            ):
+                collector = Collector(client.redis, queue, say=warn, retry_timeout_s=retry_timeout_s)
+                report = collector.collect(
+                    rows_file, wait=wait, timeout_s=timeout_s, trim=trim, progress=shown
+                )
+        except KeyboardInterrupt:
+            where = rows_path(output) if local_out != Path(output) else rows_file
+            fail(f"interrupted; the rows written so far are in {where} (run the same command to resume)", 130)
+        finally:
+            client.close()
+        if is_parquet(output):
+            with expected_errors(url):
+                write_table(rows_file, local_out, joined, mapping)
     typer.echo(f"wrote {report.written} results to {output} ({report.already} already there)")
     if report.replaced:
-        typer.echo(f"replaced {report.replaced} error rows of requeued jobs with their new results")
+        typer.echo(
+            f"replaced {counted(report.replaced, 'row')} with new results (requeued dead letters, "
+            "jobs run again with changed content)"
+        )
     if report.stopped:
         fail(f"stopped: {report.stopped}; run the same command again to continue", exits.USAGE)
     if report.lost:
@@ -363,14 +440,17 @@ def collect(
         )
     if report.trimmed:
         warn(
-            f"{len(report.trimmed)} jobs were collected earlier and trimmed from Redis (their rows are "
+            f"{counted(len(report.trimmed))} {'was' if len(report.trimmed) == 1 else 'were'} collected earlier "
+            "and trimmed from Redis (their rows are "
             f"in the output of that collect), e.g. {', '.join(report.trimmed[:3])}"
         )
     others = len(report.missing) - len(report.trimmed)
     if others:
-        warn(f"{others} jobs have no result yet, e.g. {', '.join(report.missing[:3])}")
+        warn(
+            f"{counted(others)} {'has' if others == 1 else 'have'} no result yet, e.g. {', '.join(report.missing[:3])}"
+        )
     if report.failed:
-        warn(f"{report.failed} jobs failed (error rows in {output})")
+        warn(f"{counted(report.failed)} failed (error rows in {output})")
     if report.missing or report.failed:
         raise typer.Exit(exits.JOBS_FAILED)
 
@@ -499,10 +579,10 @@ def dlq_requeue(
             requeued = client.requeue_dead(job_ids or None)
     finally:
         client.close()
-    typer.echo(f"requeued {len(requeued)} jobs")
+    typer.echo(f"requeued {counted(len(requeued))}")
     absent = sorted(set(job_ids or []) - set(requeued))
     if absent:
-        fail(f"no dead letter for {len(absent)} ids: {', '.join(absent)}", exits.JOBS_FAILED)
+        fail(f"no dead letter for {counted(len(absent), 'id')}: {', '.join(absent)}", exits.JOBS_FAILED)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -11,6 +11,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from producer.digest import changed_ids, changed_line, job_digest, stored_digests
 from producer.epoch import create_epoch
 from producer.keys import (
     DEFAULT_QUEUE,
@@ -44,7 +45,9 @@ from producer.status import QueueStatus, now_ms, read_status
 @dataclass(frozen=True)
 class EnqueueReport:
     enqueued: list[str]
-    skipped: list[str]  # already enqueued earlier (idempotent by job id)
+    skipped: list[str]  # already enqueued earlier with the same content (idempotent by job id)
+    changed: list[str] = field(default_factory=list)  # enqueued earlier with other content: kept
+    rerun: list[str] = field(default_factory=list)  # changed and done: enqueued again (rerun_changed)
 
 
 class EnqueueStopped(Exception):
@@ -62,6 +65,15 @@ class EnqueueStopped(Exception):
         self.cause = cause
         self.uncertain = uncertain
         self.waited_s = waited_s
+
+
+class ContentChanged(ValueError):
+    """Ids enqueued before with other content (``ids``), found before anything was written;
+    ``str()`` is the one line to show."""
+
+    def __init__(self, ids: list[str], since: str = "they were enqueued", then: str = "") -> None:
+        super().__init__(changed_line(ids, since) + then)
+        self.ids = ids
 
 
 class UnknownQueueError(Exception):
@@ -135,6 +147,27 @@ def _add_finished(pipe: Any, keys: QueueKeys, result: Result) -> None:
         pipe.hset(keys.failed, result.id, result.error.code)
 
 
+def _fate(
+    job_id: str,
+    mark: bytes | None,
+    stored: bytes | None,
+    digest: str,
+    done: bytes | None,
+    rerun_changed: bool,
+    uncertain: dict[str, str],
+) -> str:
+    """What one job of an enqueue batch comes to (an EnqueueReport field): ``enqueued`` (a new
+    id), ``skipped`` (there with the same content, or from before digests were kept),
+    ``changed`` (there with other content: kept), ``rerun`` (changed and done: run again)."""
+    if mark is None:
+        return "enqueued"
+    if stored is None:
+        return "skipped"
+    if stored.decode() == digest:
+        return uncertain.get(job_id, "skipped")  # ours, when an earlier attempt's reply was lost
+    return "rerun" if rerun_changed and done is not None else "changed"
+
+
 class Client:
     """A handle on one named queue.
 
@@ -170,28 +203,47 @@ class Client:
     def close(self) -> None:
         self.redis.close()
 
-    def enqueue(self, jobs: Iterable[Job | Result], batch_size: int = 1000) -> EnqueueReport:
+    def enqueue(
+        self,
+        jobs: Iterable[Job | Result],
+        batch_size: int = 1000,
+        *,
+        rerun_changed: bool = False,
+        refuse_changed: bool = False,
+    ) -> EnqueueReport:
         """Add the jobs whose ids are new, in batches of one MULTI/EXEC each.
 
         A Result in ``jobs`` is a row rejected before it could be a job (an ``invalid_job``
         error): it takes its place in the enqueue order with its result already written, so
         collect writes its error row where the row was in the input.
 
+        An id enqueued before with other content (producer.digest) is ``changed``: kept as it
+        was, unless ``rerun_changed`` and its job is done, then it is enqueued again with the
+        new content (``rerun``: its result stops counting, so collect waits for the new one
+        and replaces its row). With ``refuse_changed`` (and not ``rerun_changed``) such ids
+        raise ContentChanged before anything is written.
+
         Raises EnqueueStopped (carrying the partial report) when Redis stays unavailable
         longer than the retry timeout or answers with another error.
         """
         report = EnqueueReport([], [])
-        uncertain: set[str] = set()
+        uncertain: dict[str, str] = {}
         try:
+            if refuse_changed and not rerun_changed:
+                jobs = list(jobs)
+                known = self.backoff.call(lambda: stored_digests(self.redis, self.keys, [j.id for j in jobs]))
+                changed = changed_ids(jobs, known)
+                if changed:
+                    raise ContentChanged(changed)
             self.backoff.call(self._prepare)
             batch: list[Job | Result] = []
             for job in jobs:
                 batch.append(job)
                 if len(batch) == batch_size:
-                    self._enqueue_batch(batch, report, uncertain)
+                    self._enqueue_batch(batch, report, uncertain, rerun_changed)
                     batch = []
             if batch:
-                self._enqueue_batch(batch, report, uncertain)
+                self._enqueue_batch(batch, report, uncertain, rerun_changed)
         except RedisUnavailable as exc:
             raise EnqueueStopped(report, exc.cause, len(uncertain), exc.waited_s) from exc
         except redis.RedisError as exc:
@@ -215,23 +267,49 @@ class Client:
         stream = self.keys.partition(partition_of(key, partitions))
         return stream, {FIELD_ID: job.id, FIELD_JOB: data, FIELD_KEY: key}
 
-    def _enqueue_batch(self, jobs: list[Job | Result], report: EnqueueReport, uncertain: set[str]) -> None:
+    def _enqueue_batch(
+        self,
+        jobs: list[Job | Result],
+        report: EnqueueReport,
+        uncertain: dict[str, str],
+        rerun_changed: bool,
+    ) -> None:
         # WATCH the id hash so that two producers racing on the same ids cannot both add them:
         # the check and the XADDs commit together or retry. ``uncertain`` holds the ids of an
-        # attempt whose EXEC reply was lost: found enqueued on the retry, they are ours.
+        # attempt whose EXEC reply was lost (id -> what it was to be): found with their new
+        # content on the retry, they are ours.
         keys = self.keys
         uncertain.clear()
+        digests = [job_digest(job) for job in jobs]
 
-        def attempt() -> list[Any]:
+        def attempt() -> list[str]:
             with self.redis.pipeline(transaction=True) as pipe:
                 while True:
                     try:
                         pipe.watch(keys.enqueued)
-                        seen: list[Any] = pipe.hmget(keys.enqueued, [job.id for job in jobs])
-                        new = [job for job, mark in zip(jobs, seen, strict=True) if mark is None]
+                        ids = [job.id for job in jobs]
+                        seen: list[Any] = pipe.hmget(keys.enqueued, ids)
+                        stored: list[Any] = pipe.hmget(keys.digests, ids)
+                        marks: list[Any] = pipe.hmget(keys.done, ids)
+                        fates = [
+                            _fate(job.id, mark, old, digest, done, rerun_changed, uncertain)
+                            for job, mark, old, digest, done in zip(
+                                jobs, seen, stored, digests, marks, strict=True
+                            )
+                        ]
                         enqueued_at_ms = now_ms()
                         pipe.multi()
-                        for job in new:
+                        new = [
+                            job
+                            for job, fate in zip(jobs, fates, strict=True)
+                            if fate in ("enqueued", "rerun")
+                        ]
+                        for job, fate in zip(jobs, fates, strict=True):
+                            if fate == "rerun":
+                                pipe.hdel(keys.done, job.id)
+                                pipe.hdel(keys.failed, job.id)
+                            if fate not in ("enqueued", "rerun"):
+                                continue
                             if isinstance(job, Result):
                                 _add_finished(pipe, keys, job)
                                 continue
@@ -239,20 +317,27 @@ class Client:
                             stream, fields = self._fields(job, data)
                             pipe.xadd(stream, fields)
                         if new:
-                            pipe.hset(keys.enqueued, mapping={job.id: enqueued_at_ms for job in new})
-                            pipe.rpush(keys.order, *[job.id for job in new])
+                            pipe.hset(keys.digests, mapping={job.id: job_digest(job) for job in new})
+                        fresh = [job for job, fate in zip(jobs, fates, strict=True) if fate == "enqueued"]
+                        if fresh:
+                            pipe.hset(keys.enqueued, mapping={job.id: enqueued_at_ms for job in fresh})
+                            pipe.rpush(keys.order, *[job.id for job in fresh])
                         try:
                             pipe.execute()
                         except (redis.ConnectionError, redis.TimeoutError):
-                            uncertain.update(job.id for job in new)
+                            uncertain.update(
+                                (job.id, fate)
+                                for job, fate in zip(jobs, fates, strict=True)
+                                if fate in ("enqueued", "rerun")
+                            )
                             raise
-                        return seen
+                        return fates
                     except redis.WatchError:
                         continue
 
-        seen = self.backoff.call(attempt)
-        for job, mark in zip(jobs, seen, strict=True):
-            (report.enqueued if mark is None or job.id in uncertain else report.skipped).append(job.id)
+        fates = self.backoff.call(attempt)
+        for job, fate in zip(jobs, fates, strict=True):
+            getattr(report, fate).append(job.id)
         uncertain.clear()
 
     def order(self) -> list[str]:

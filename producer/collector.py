@@ -4,7 +4,9 @@ The results stream may hold several results for one job id (redelivery races, a 
 that was requeued). The one that counts is the one whose ``entry`` equals the job's field in
 the ``done`` hash; the others are ignored. Output follows the given id order (enqueue order by
 default); a result that arrives ahead of a missing earlier job waits in a buffer (raw bytes)
-until its turn, and nothing already written stays in memory. An existing output file is
+until its turn, and nothing already written stays in memory; a collect stopped early writes
+those too, and the collect that completes the queue puts the file back in order
+(producer.rewrite). An existing output file is
 resumed: ids already in it are not written again, except dead-letter rows of jobs requeued
 since (the ``requeued`` hash), which are replaced in place by the new result.
 
@@ -38,8 +40,9 @@ from producer.keys import (
 from producer.outfile import OutputFile, result_line
 from producer.progress import Progress
 from producer.redis_errors import classify, describe, url_of
-from producer.resume import done_marks, superseded_rows
+from producer.resume import changed_rows, done_marks, superseded_rows
 from producer.retry import Backoff, RedisUnavailable
+from producer.rewrite import put_in_order
 
 _READ_COUNT = 2000
 EntryId = tuple[int, int]
@@ -68,7 +71,7 @@ class _Pass:
     cursor: int = 0  # expected[:cursor] have a row (or are trimmed)
     written: int = 0
     superseded: set[str] = field(default_factory=set)  # rows to replace when the new result comes
-    replacements: dict[str, bytes] = field(default_factory=dict)
+    replacements: dict[str, tuple[bytes, str | None]] = field(default_factory=dict)  # (result, digest)
     replaced: int = 0
     trimmed: set[str] = field(default_factory=set)
     lost: str | None = None  # what Redis lost, once seen
@@ -95,7 +98,8 @@ class Collector:
         self.keys = QueueKeys(queue)
         self.backoff = Backoff(url_of(client), give_up_s=retry_timeout_s, say=say or _to_stderr)
         self._last_entry = "0-0"  # results stream: the last entry read
-        self._ahead: dict[str, tuple[str, bytes]] = {}  # id -> (results entry, result): read, not yet due
+        # id -> (results entry, result, its job's digest): read, not yet due
+        self._ahead: dict[str, tuple[str, bytes, str | None]] = {}
         self._watch = EpochWatch(self.keys)
         self._order_seen = 0  # the longest order list seen: a shorter one means Redis lost data
         self._trim_seen: EntryId = (0, 0)  # trimmed bound already checked for (this call)
@@ -161,6 +165,8 @@ class Collector:
                 self._attempt(self._trim, deadline)
             missing = [i for i in run.expected if i not in output.ids] + sorted(run.superseded)
             failed = len(output.errors) if not run.listed else sum(i in output.errors for i in scope)
+        if not run.listed and not missing and run.lost is None:
+            put_in_order(Path(out), run.expected)  # rows a resumed collect appended late
         return CollectReport(
             written=run.written,
             already=already,
@@ -225,7 +231,9 @@ class Collector:
             self._note_trimmed(run, before)
             self._trim_seen = trimmed_bound
         if run.replacements:
-            rows = {i: result_line(i, raw) for i, raw in run.replacements.items()}
+            rows = {
+                i: (*result_line(i, raw, digest), digest) for i, (raw, digest) in run.replacements.items()
+            }
             run.replaced += run.output.replace(rows)
             run.superseded -= set(run.replacements)
             run.replacements.clear()
@@ -244,19 +252,25 @@ class Collector:
                 return
             entries = reply[0][1]
             job_ids = [fields.get(FIELD_ID.encode(), b"").decode(errors="replace") for _, fields in entries]
-            marks: list[Any] = self.redis.hmget(self.keys.done, job_ids)
+            with self.redis.pipeline(transaction=False) as pipe:
+                pipe.hmget(self.keys.done, job_ids)
+                pipe.hmget(self.keys.digests, job_ids)
+                marks, digests = pipe.execute()
             # From here on nothing can fail: the chunk is taken whole, or (on a Redis error
             # above) not at all, and read again on the retry.
-            for (entry_id, fields), job_id, mark in zip(entries, job_ids, marks, strict=True):
+            for (entry_id, fields), job_id, mark, raw_digest in zip(
+                entries, job_ids, marks, digests, strict=True
+            ):
                 if mark is None or mark != fields.get(FIELD_ENTRY.encode()):
                     continue  # not the result that counts
                 raw = fields.get(FIELD_RESULT.encode(), b"")
+                digest = raw_digest.decode() if raw_digest is not None else None
                 if job_id in run.superseded:
-                    run.replacements[job_id] = raw
+                    run.replacements[job_id] = (raw, digest)
                 elif job_id in run.output.ids or job_id in self._ahead:
                     continue
                 elif not run.listed or job_id in run.scope:
-                    self._ahead[job_id] = (entry_id.decode(), raw)
+                    self._ahead[job_id] = (entry_id.decode(), raw, digest)
                     if run.progress is not None:
                         run.progress.result(raw)
             self._last_entry = entries[-1][0].decode()
@@ -273,12 +287,12 @@ class Collector:
                 due = self._ahead.pop(job_id, None)
                 if due is None:
                     return
-                self._append(run, job_id, due[1])
+                self._append(run, job_id, due[1], due[2])
             run.cursor += 1
 
-    def _append(self, run: _Pass, job_id: str, raw: bytes) -> None:
-        line, code = result_line(job_id, raw)
-        run.output.append(job_id, line, code)
+    def _append(self, run: _Pass, job_id: str, raw: bytes, digest: str | None) -> None:
+        line, code = result_line(job_id, raw, digest)
+        run.output.append(job_id, line, code, digest)
         run.written += 1
 
     def _write_rest(self, run: _Pass) -> None:
@@ -289,11 +303,13 @@ class Collector:
         for job_id in rest:
             due = self._ahead.pop(job_id, None)
             if due is not None:
-                self._append(run, job_id, due[1])
+                self._append(run, job_id, due[1], due[2])
 
     def _load_superseded(self, run: _Pass) -> None:
         scope = run.scope if run.listed else None
-        run.superseded = superseded_rows(self.redis, self.keys, run.output.errors, scope)
+        run.superseded = superseded_rows(self.redis, self.keys, run.output.errors, scope) | changed_rows(
+            self.redis, self.keys, run.output.digests, scope
+        )
 
     def _marks_before_read(self, run: _Pass) -> dict[str, bytes]:
         waiting = [
@@ -324,7 +340,7 @@ class Collector:
         NOTE: XTRIM goes first and the bound is recorded after, in two commands: at
         maxmemory (noeviction) a MULTI holding the HSET would be refused whole, and the trim
         is what frees memory. A crash between the two leaves the record behind the trim."""
-        bound = min((_parse(entry) for entry, _ in self._ahead.values()), default=_next(self._last_entry))
+        bound = min((_parse(entry) for entry, _, _ in self._ahead.values()), default=_next(self._last_entry))
         if bound <= self._trimmed_to:
             return
         text = f"{bound[0]}-{bound[1]}"

@@ -22,6 +22,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 import string
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -231,16 +232,26 @@ _ROW_FORMATTER = _RowFormatter()
 
 
 class _Columns(dict):  # type: ignore[type-arg]
-    """A row for the template: a missing value is an error, not the text "None"."""
+    """A row for the template: a missing or empty value is an error, not the text "None" or a
+    prompt with a hole where the question should be."""
 
     def __missing__(self, key: str) -> Any:
         raise KeyError(key)
 
     def __getitem__(self, key: str) -> Any:
         value = super().__getitem__(key)
-        if value is None:
-            raise JobError(key, None, "is empty in this row (the template needs it)")
+        if value is None or (isinstance(value, str) and not value.strip()):
+            raise JobError(key, value, "is empty in this row (the template needs it)")
         return value
+
+
+_ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
+
+
+def unescape_template(text: str) -> str:
+    """A template as typed in a shell, where double quotes keep ``\\n`` as two characters:
+    ``\\n`` is a newline, ``\\t`` a tab, ``\\\\`` a backslash; any other backslash stays."""
+    return re.sub(r"\\([nt\\])", lambda match: _ESCAPES[match.group(1)], text)
 
 
 def _column(record: dict[str, Any], name: str) -> Any:

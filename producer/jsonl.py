@@ -17,6 +17,7 @@ under its own id when that is usable, else a derived one.
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import hashlib
 import zlib
@@ -62,15 +63,18 @@ class Rejected:
     job_id: str
     openai_url: str | None = None
     unit: str = "line"
+    own_id: bool = True  # job_id is the line's own (id, custom_id), not one derived from it
 
     def __str__(self) -> str:
         return f"{self.unit} {self.line_no}: {self.reason}"
 
     def error_result(self) -> Result:
-        """Its ``invalid_job`` error row, in the format of the line."""
+        """Its ``invalid_job`` error row, in the format of the line: an OpenAI error line's
+        ``custom_id`` is null when the line gave none that could be read (as OpenAI's)."""
         metadata: dict[str, Any] = {}
         if self.openai_url is not None:
-            metadata[openai_batch.RESERVED_KEY] = {"format": "openai", "url": self.openai_url, "model": ""}
+            info = {"format": "openai", "url": self.openai_url, "model": ""}
+            metadata[openai_batch.RESERVED_KEY] = info if self.own_id else {**info, "unnamed": True}
         message = f"{self.unit} {self.line_no}: {self.reason}"
         return error_result(self.job_id, "invalid_job", message, metadata=metadata)
 
@@ -99,7 +103,7 @@ class InputFile:
         if job.id in self._first_row_of:
             reason = f"job {job.id!r}: id: duplicate of {unit} {self._first_row_of[job.id]}"
             format_info = job.metadata.get(openai_batch.RESERVED_KEY) or {}
-            self.reject(line_no, reason, derive_id(reason, line_no), format_info.get("url"), unit)
+            self.reject(line_no, reason, None, format_info.get("url"), unit)  # its id: derived
             return
         self._first_row_of[job.id] = line_no
         self.rows.append(job)
@@ -110,12 +114,25 @@ class InputFile:
     ) -> None:
         """Add a rejected row; its error row takes ``job_id`` when it is usable and not taken,
         else an id derived from its position and reason."""
-        if job_id is None or _bounded_id(job_id) is None or job_id in self._first_row_of:
+        own_id = job_id is not None and _bounded_id(job_id) is not None and job_id not in self._first_row_of
+        if not own_id:
             job_id = derive_id(reason, line_no)
+        assert job_id is not None
         self._first_row_of[job_id] = line_no
-        rejected = Rejected(line_no, reason, job_id, openai_url, unit)
+        rejected = Rejected(line_no, reason, job_id, openai_url, unit, own_id)
         self.rows.append(rejected)
         self.rejected.append(rejected)
+
+    def as_openai(self, url: str) -> None:
+        """An OpenAI batch file: its lines that could not be read as a request at all (not
+        JSON, not an object) get OpenAI error lines too, with a null ``custom_id``."""
+        swapped = {
+            id(row): dataclasses.replace(row, openai_url=url, own_id=False)
+            for row in self.rejected
+            if row.openai_url is None
+        }
+        self.rows = [swapped.get(id(row), row) if isinstance(row, Rejected) else row for row in self.rows]
+        self.rejected = [swapped.get(id(row), row) for row in self.rejected]
 
 
 def derive_id(text: str, line_no: int) -> str:
@@ -201,6 +218,7 @@ def read_jobs(path: str | Path) -> InputFile:
     file that cannot be read to its end (a truncated gzip stream) keeps the lines read before
     the damage and gets one rejection at the line where reading stopped."""
     parsed = InputFile()
+    urls: dict[str | None, int] = {}  # OpenAI url (None: a native line) -> lines read as such
     with open_binary(path) as stream:
         for line_no, text in read_lines(stream):
             if isinstance(text, JobError):
@@ -211,28 +229,35 @@ def read_jobs(path: str | Path) -> InputFile:
             try:
                 job, ignored = _parse_line(text, line_no)
             except JobError as exc:
-                parsed.reject(line_no, str(exc), *_row_identity(text, exc))
+                identity = _row_identity(text, exc)
+                if identity[2]:
+                    urls[identity[1]] = urls.get(identity[1], 0) + 1
+                parsed.reject(line_no, str(exc), identity[0], identity[1])
                 continue
+            url = (job.metadata.get(openai_batch.RESERVED_KEY) or {}).get("url")
+            urls[url] = urls.get(url, 0) + 1
             parsed.add_job(job, line_no)
             for name in ignored:
                 parsed.ignored[name] = parsed.ignored.get(name, 0) + 1
+    if urls and None not in urls:  # every readable line is an OpenAI request
+        parsed.as_openai(max(urls, key=urls.__getitem__) or openai_batch.CHAT_URL)
     return parsed
 
 
-def _row_identity(text: str, exc: JobError) -> tuple[str | None, str | None]:
-    """(the id its error row can take, its OpenAI url) of a rejected line, as far as they can
-    be read: an id that is itself the error is not taken."""
+def _row_identity(text: str, exc: JobError) -> tuple[str | None, str | None, bool]:
+    """(the id its error row can take, its OpenAI url, whether the line is a JSON object) of a
+    rejected line, as far as they can be read: an id that is itself the error is not taken."""
     try:
         raw = msgspec.json.decode(text)
     except Exception:  # NOTE: undecodable or nested too deep: only the error's id is known
-        return (exc.job_id if exc.field not in ("id", "custom_id") else None), None
+        return (exc.job_id if exc.field not in ("id", "custom_id") else None), None, False
     if not isinstance(raw, dict):
-        return None, None
+        return None, None, False
     if openai_batch.is_batch_request(raw):
         url = raw.get("url")
         url = url if url in (openai_batch.CHAT_URL, openai_batch.COMPLETIONS_URL) else openai_batch.CHAT_URL
-        return (raw.get("custom_id") if exc.field != "custom_id" else None), url
-    return (raw.get("id") if exc.field != "id" else None), None
+        return (raw.get("custom_id") if exc.field != "custom_id" else None), url, True
+    return (raw.get("id") if exc.field != "id" else None), None, True
 
 
 @contextmanager
@@ -310,8 +335,13 @@ def _native_choice(choice: Choice) -> dict[str, Any]:
     return record
 
 
-def output_line(result: Result) -> bytes:
-    return msgspec.json.encode(output_record(result)) + b"\n"
+def output_line(result: Result, digest: str | None = None) -> bytes:
+    """One output line; ``digest`` (producer.digest: the content of the job it answers) goes
+    in ``job_digest``, which a later run reads to tell a changed row under the same id."""
+    record = output_record(result)
+    if digest is not None:
+        record["job_digest"] = digest
+    return msgspec.json.encode(record) + b"\n"
 
 
 def written_ids(path: str | Path) -> set[str]:

@@ -61,6 +61,12 @@ class QueueKeys:
         return self._key("enqueued")
 
     @property
+    def digests(self) -> str:
+        """Hash job id -> digest of the content it was enqueued with (producer.digest): an id
+        enqueued again with other content is told apart, and collect writes it in each row."""
+        return self._key("digests")
+
+    @property
     def order(self) -> str:
         """List of job ids in enqueue order, for ordered collection."""
         return self._key("order")

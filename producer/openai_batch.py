@@ -55,9 +55,12 @@ def response_line(result: Result, format_info: dict[str, Any], metadata: dict[st
     request_id = (
         "req_" + hashlib.sha1(f"{result.id}/{result.timings.finished_at_ms}".encode()).hexdigest()[:24]
     )
+    # NOTE: a line that gave no readable custom_id has a null one (as OpenAI's error lines);
+    # its row is known by its radixq id then, in ``id``
+    unnamed = bool(format_info.get("unnamed"))
     line: dict[str, Any] = {
-        "id": f"batch_{request_id}",
-        "custom_id": result.id,
+        "id": result.id if unnamed else f"batch_{request_id}",
+        "custom_id": None if unnamed else result.id,
         "response": None,
         "error": None,
     }

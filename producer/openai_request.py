@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from producer.schema import JobError
 
+MAX_OPENAI_TEMPERATURE = 2.0  # OpenAI's bound; a native job's is producer.schema.MAX_TEMPERATURE
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
 CHAT = (CHAT_URL,)
@@ -70,12 +71,14 @@ FIELDS: dict[str, BodyField] = {
     "model": BodyField(
         "supported",
         BOTH,
-        "run by the worker's model, which the reply names; a worker given `served_model_names` "
-        "answers a job naming another model with a `model_not_served` error",
+        "a worker given served names (`--served-model-name`, `served_model_names`) answers a job "
+        "naming one of them under that name, and a job naming another with a `model_not_served` "
+        "error; without served names any name runs on the worker's model, which the reply names, "
+        "and `run` notes each such name",
     ),
     "max_completion_tokens": BodyField("supported", CHAT, "wins over `max_tokens`"),
     "max_tokens": BodyField("supported", BOTH, "radixq's default when neither is given: 128"),
-    "temperature": BodyField("supported", BOTH, ""),
+    "temperature": BodyField("supported", BOTH, "0 to 2, as OpenAI (a native job takes up to 10,000)"),
     "top_p": BodyField("supported", BOTH, ""),
     "n": BodyField("supported", BOTH, "1 to 64"),
     "seed": BodyField("supported", BOTH, "0 to 2^63 - 1"),
@@ -167,6 +170,12 @@ def body_fields(url: str, body: dict[str, Any]) -> tuple[dict[str, Any], list[st
     for key, mapper in _MAPPERS.items():
         if key in given:
             fields.update(mapper(given[key], url))
+    temperature = given.get("temperature")
+    if isinstance(temperature, (int, float)) and not isinstance(temperature, bool):
+        if not 0 <= temperature <= MAX_OPENAI_TEMPERATURE:
+            raise JobError(
+                "body.temperature", temperature, f"must be in [0, {MAX_OPENAI_TEMPERATURE:g}], as OpenAI's"
+            )
     if "max_completion_tokens" in given:
         fields["max_tokens"] = given["max_completion_tokens"]
     if url == CHAT_URL:

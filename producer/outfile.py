@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NamedTuple
 
 import msgspec
 
+from producer.digest import REJECTED
 from producer.jsonl import Rejected, output_line
 from producer.schema import decode_result, error_result
 
@@ -26,43 +28,70 @@ class _Row(msgspec.Struct):
     id: str | None = None
     custom_id: str | None = None
     error: Any = None
+    job_digest: str | None = None
 
 
 _row_decoder = msgspec.json.Decoder(_Row)
 
 
-def row_key(line: bytes) -> tuple[str, str | None]:
-    """(job id, error code or None) of one output line."""
+class RowKey(NamedTuple):
+    job_id: str
+    code: str | None  # the error code of an error row, else None
+    digest: str | None  # producer.digest of the job it answers (None: a row written before digests)
+
+
+def row_key(line: bytes) -> RowKey:
+    """What identifies one output line."""
     row = _row_decoder.decode(line)
     job_id = row.custom_id or row.id
     if job_id is None:
         raise ValueError(f"output row without id: {line[:200]!r}")
     error = row.error
     code = str(error.get("code") or "error") if isinstance(error, dict) else None
-    return job_id, code
+    return RowKey(job_id, code, row.job_digest if isinstance(row.job_digest, str) else None)
 
 
-def result_line(job_id: str, raw: bytes) -> tuple[bytes, str | None]:
-    """The output line of one result as stored in Redis, and its error code; a result that
-    cannot be decoded becomes that job's ``internal`` error row."""
+def row_keys(path: str | Path) -> list[RowKey]:
+    """The key of every row of an output file (none when there is no file)."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    with open(path, "rb") as lines:
+        return [row_key(line) for line in lines if line.strip()]
+
+
+def result_line(job_id: str, raw: bytes, digest: str | None = None) -> tuple[bytes, str | None]:
+    """The output line of one result as stored in Redis (with the digest of its job), and its
+    error code; a result that cannot be decoded becomes that job's ``internal`` error row."""
     try:
         result = decode_result(raw)
     except msgspec.DecodeError as exc:
         result = error_result(job_id, "internal", f"result in Redis could not be decoded: {exc}")
-    return output_line(result), result.error.code if result.error is not None else None
+    return output_line(result, digest), result.error.code if result.error is not None else None
+
+
+def rejected_line(row: Rejected) -> bytes:
+    """The ``invalid_job`` row of a row rejected before it could run."""
+    return output_line(row.error_result(), REJECTED)
 
 
 def write_rejected(path: str | Path, rejected: list[Rejected]) -> None:
     """The errors file (``--errors``): one ``invalid_job`` row per rejected input row, in input
     order, written whole (temp file, fsync, rename) every time: the same input gives the same file."""
-    path = Path(path)
+    write_atomically(Path(path), (rejected_line(row) for row in rejected))
+
+
+def write_atomically(path: Path, lines: Iterable[bytes]) -> None:
+    """Write ``path`` whole from ``lines``: a temp file beside it, fsync, rename, fsync of the
+    folder. A crash leaves the old file or the new one, never a mix."""
     fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as out:
-            out.writelines(output_line(row.error_result()) for row in rejected)
+            out.writelines(lines)
             out.flush()
             os.fsync(out.fileno())
         os.replace(temp, path)
+        _fsync_dir(path.parent)
     except BaseException:
         Path(temp).unlink(missing_ok=True)
         raise
@@ -91,38 +120,44 @@ def cut_torn_line(path: Path) -> None:
 
 class OutputFile:
     """The output file, open for appending. ``ids``: every id with a row; ``errors``: id ->
-    error code of its row, for error rows. Holds no row payloads."""
+    error code of its row, for error rows; ``digests``: id -> the digest its row carries.
+    Holds no row payloads."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.ids: set[str] = set()
         self.errors: dict[str, str] = {}
+        self.digests: dict[str, str] = {}
         if self.path.exists():
             cut_torn_line(self.path)
             with open(self.path, "rb") as rows:
                 for line_no, line in enumerate(rows, start=1):
                     if line.strip():
                         try:
-                            job_id, code = row_key(line)
+                            key = row_key(line)
                         except (msgspec.DecodeError, ValueError) as exc:
                             raise OutputFileError(
                                 f"{self.path}: line {line_no} is not a radixq output row ({exc}); "
                                 "collect into a new file or remove that line"
                             ) from None
-                        self._note(job_id, code)
+                        self._note(*key)
         self._sink: BinaryIO = open(self.path, "ab")  # noqa: SIM115 - closed by close()
         self._unsynced = False
 
-    def _note(self, job_id: str, code: str | None) -> None:
+    def _note(self, job_id: str, code: str | None, digest: str | None = None) -> None:
         self.ids.add(job_id)
         if code is None:
             self.errors.pop(job_id, None)
         else:
             self.errors[job_id] = code
+        if digest is None:
+            self.digests.pop(job_id, None)
+        else:
+            self.digests[job_id] = digest
 
-    def append(self, job_id: str, line: bytes, code: str | None) -> None:
+    def append(self, job_id: str, line: bytes, code: str | None, digest: str | None = None) -> None:
         self._sink.write(line)
-        self._note(job_id, code)
+        self._note(job_id, code, digest)
         self._unsynced = True
 
     def sync(self) -> None:
@@ -132,30 +167,27 @@ class OutputFile:
             os.fsync(self._sink.fileno())
             self._unsynced = False
 
-    def replace(self, rows: dict[str, tuple[bytes, str | None]]) -> int:
+    def replace(self, rows: dict[str, tuple[bytes, str | None, str | None]]) -> int:
         """Rewrite the file with the rows of the given ids swapped for new lines (id -> (line,
-        error code)), every other row and the order kept: temp file, fsync, rename. Returns
-        how many rows were replaced."""
+        error code, digest)), every other row and the order kept: temp file, fsync, rename.
+        Returns how many rows were replaced."""
         self.sync()
         self._sink.close()
         replaced = 0
-        fd, temp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
+
+        def lines(old: BinaryIO) -> Iterator[bytes]:
+            nonlocal replaced
+            for line in old:
+                job_id = row_key(line).job_id if line.strip() else None
+                if job_id is not None and job_id in rows:
+                    line, code, digest = rows[job_id]
+                    self._note(job_id, code, digest)
+                    replaced += 1
+                yield line
+
         try:
-            with os.fdopen(fd, "wb") as new, open(self.path, "rb") as old:
-                for line in old:
-                    job_id = row_key(line)[0] if line.strip() else None
-                    if job_id is not None and job_id in rows:
-                        line = rows[job_id][0]
-                        self._note(job_id, rows[job_id][1])
-                        replaced += 1
-                    new.write(line)
-                new.flush()
-                os.fsync(new.fileno())
-            os.replace(temp, self.path)
-            _fsync_dir(self.path.parent)
-        except BaseException:
-            Path(temp).unlink(missing_ok=True)
-            raise
+            with open(self.path, "rb") as old:
+                write_atomically(self.path, lines(old))
         finally:
             self._sink = open(self.path, "ab")  # noqa: SIM115 - closed by close()
         return replaced

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from producer.client import Client
+from producer.client import Client, ContentChanged
 from producer.datasets import NATIVE_COLUMNS, ColumnMapping, row_job
 from producer.jsonl import InputFile, output_record
 from producer.keys import DEFAULT_QUEUE, FIELD_ENTRY, FIELD_ID, FIELD_RESULT
@@ -65,6 +65,7 @@ class Batch:
     enqueued: int
     skipped: int
     rejected: int
+    rerun: int = 0  # submitted before with other content, run again (rerun_changed)
 
     def as_completed(self, timeout_s: float | None = None, poll_s: float = 0.5) -> Iterator[Result]:
         """Each row's result once, as it finishes (those finished before first). Raises
@@ -98,20 +99,27 @@ class Pipeline:
         rows: Iterable[Job | dict[str, Any]],
         mapping: ColumnMapping = NATIVE_COLUMNS,
         first_row: int = 1,
+        *,
+        rerun_changed: bool = False,
     ) -> Batch:
-        """Enqueue the rows (idempotent by id); raises EnqueueStopped like Client.enqueue."""
+        """Enqueue the rows (idempotent by id); raises EnqueueStopped like Client.enqueue, and
+        ContentChanged, before enqueueing anything, for ids submitted before with other
+        content (a changed prompt under an id column), unless ``rerun_changed``."""
         parsed = to_rows(rows, mapping, first_row)
         items: list[Job | Result] = [
             row if isinstance(row, Job) else row.error_result() for row in parsed.rows
         ]
         rejected = {row.job_id for row in parsed.rejected}
-        report = self.client.enqueue(items)
+        report = self.client.enqueue(items, rerun_changed=rerun_changed, refuse_changed=True)
+        if report.changed:  # still queued or running with their first content
+            raise ContentChanged(report.changed, "they were submitted", ": they are not done yet")
         return Batch(
             self,
             [item.id for item in items],
             enqueued=sum(i not in rejected for i in report.enqueued),
             skipped=sum(i not in rejected for i in report.skipped),
             rejected=len(rejected),
+            rerun=len(report.rerun),
         )
 
     def results(

@@ -2,10 +2,14 @@
 
 The collector tells a Progress how many jobs are in scope and hands it every counted result
 as it reads it (before the in-order write). Progress shows: done/total, failed, jobs/s and
-output tokens/s over the last RATE_WINDOW_S seconds (the final line: over the whole run), the prefix-cache hit rate (cached prompt
-tokens / prompt tokens of the results seen) and the ETA (jobs left / jobs/s). On a terminal it
-is a rich live line redrawn a few times a second; otherwise (a pipe, a log file) a plain line
-every ``interval_s`` seconds and one at the end; ``quiet`` shows nothing.
+output tokens/s over the last RATE_WINDOW_S seconds, counted from the end of the ``phase``
+(``run``: its workers loading their model) and, on the final line, over the whole run; the
+prefix-cache hit rate (cached prompt tokens / prompt tokens of the results seen) and the ETA
+(jobs left / jobs/s). While a phase is on and no result has come, the line says what is
+happening instead of the rates. On a terminal it is a rich live line redrawn a few times a
+second, and other lines (``log``: the workers' logs under ``run``) are printed above it, never
+into it; otherwise (a pipe, a log file) a plain line every ``interval_s`` seconds and one at
+the end; ``quiet`` shows nothing of its own (``log`` lines still pass).
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ import msgspec
 
 from producer.schema import Usage
 
-RATE_WINDOW_S = 20.0
+# NOTE: long enough for an engine that finishes its running batch at once, every minute or so
+RATE_WINDOW_S = 120.0
 
 
 class RateWindow:
@@ -67,8 +72,11 @@ class Snapshot:
     cache_hit: float | None  # cached prompt tokens / prompt tokens of results read; None: none read
     eta_s: float | None  # None: no rate yet
     elapsed_s: float  # since the display started
+    phase: str | None = None  # what happens before the first result (loading the model)
 
     def line(self) -> str:
+        if self.phase is not None:
+            return f"{self.done}/{self.total} done  {self.phase}  elapsed {_clock(self.elapsed_s)}"
         eta = _clock(self.eta_s) if self.eta_s is not None else "?"
         hit = f"{self.cache_hit:.0%}" if self.cache_hit is not None else "-"
         return (
@@ -109,6 +117,8 @@ class Progress:
         self._live: Any = None
         self._begun = False  # a collect call has begun (it reached Redis)
         self._final = False  # the display is ending: show whole-run averages
+        self._phase: str | None = None
+        self._lock = threading.Lock()  # one writer at a time on a plain stream
 
     # ---- what the collector calls -----------------------------------------------------------
 
@@ -120,6 +130,23 @@ class Progress:
 
     def scope(self, total: int) -> None:
         self.total = total
+
+    def phase(self, text: str | None) -> None:
+        """What is happening before results come (``text``), or None once work has started:
+        the rate window starts then, so the wait does not dilute the rates."""
+        if self._phase is not None and text is None:
+            self._rates = RateWindow()
+            self._rates.sample(self.clock(), self._all_read, self.output_tokens)
+        self._phase = text
+
+    def log(self, line: str) -> None:
+        """Show a line from elsewhere (a worker's log): above the live display, never inside it."""
+        live = self._live
+        if live is not None:
+            live.console.print(line, markup=False, highlight=False, emoji=False, soft_wrap=True)
+            return
+        with self._lock:
+            print(line, file=self.stream, flush=True)
 
     def result(self, raw: bytes) -> None:
         """A counted result read from Redis (stored msgpack)."""
@@ -156,6 +183,7 @@ class Progress:
             cache_hit=self.cached_tokens / self.prompt_tokens if self.prompt_tokens else None,
             eta_s=0.0 if left == 0 else (left / jobs_per_s if jobs_per_s > 0 else None),
             elapsed_s=now_s - self._started_s,
+            phase=self._phase if not final and self._all_read == 0 else None,
         )
 
     def __enter__(self) -> Progress:
@@ -206,7 +234,8 @@ class Progress:
             self._say(self.snapshot().line())
 
     def _say(self, line: str) -> None:
-        print(f"progress: {line}", file=self.stream, flush=True)
+        with self._lock:
+            print(f"progress: {line}", file=self.stream, flush=True)
 
 
 def _clock(seconds: float) -> str:

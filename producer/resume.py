@@ -1,5 +1,6 @@
-"""What a resumed collect treats differently: rows superseded by ``dlq requeue``, and results
-an earlier collect wrote elsewhere and trimmed from Redis (never to be waited for)."""
+"""What a resumed collect treats differently: rows superseded by ``dlq requeue`` or by a job
+enqueued again with changed content, and results an earlier collect wrote elsewhere and
+trimmed from Redis (never to be waited for)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 
 import redis
 
+from producer.digest import stored_digests
 from producer.keys import QueueKeys
 
 _CHUNK = 10_000
@@ -48,3 +50,14 @@ def done_marks(client: redis.Redis, keys: QueueKeys, ids: list[str]) -> dict[str
         found: list[Any] = client.hmget(keys.done, chunk)
         marks.update((i, mark) for i, mark in zip(chunk, found, strict=True) if mark is not None)
     return marks
+
+
+def changed_rows(
+    client: redis.Redis, keys: QueueKeys, digests: dict[str, str], scope: set[str] | None
+) -> set[str]:
+    """Ids of rows (``digests``: id -> the digest the row carries) whose job the queue now holds
+    with other content (``enqueue --rerun-changed``, or a run's new input): their new result
+    replaces the row. Rows without a digest, and ids the queue has none for, are kept."""
+    candidates = [i for i in digests if scope is None or i in scope]
+    stored = stored_digests(client, keys, candidates)
+    return {i for i in candidates if i in stored and stored[i] != digests[i]}

@@ -31,18 +31,20 @@ import msgspec
 import redis
 
 from producer import exits
-from producer.client import Client, EnqueueStopped
+from producer.client import Client, ContentChanged, EnqueueStopped
 from producer.collector import Collector
 from producer.datasets import NATIVE_COLUMNS, ColumnMapping, input_columns, read_input
+from producer.digest import changed_ids, changed_line
 from producer.jsonl import InputFile, Rejected, written_ids
 from producer.lifetime import start_child
 from producer.local_redis import LocalRedis
-from producer.outfile import OutputFileError, write_rejected
+from producer.outfile import OutputFileError, row_keys
 from producer.progress import Progress
 from producer.redis_errors import FatalRedisError, describe, redact
+from producer.rewrite import put_in_order, split_errors
 from producer.schema import Job, Result
 from producer.tables import is_parquet, rows_path, write_parquet
-from producer.worker_pool import GRACE_S, WorkerPool
+from producer.worker_pool import GRACE_S, Readiness, WorkerPool, relay_output
 
 POLL_S = 0.2  # how soon collecting notices a signal or an exited worker
 
@@ -64,6 +66,8 @@ class RunOptions:
     mapping: ColumnMapping = NATIVE_COLUMNS
     errors_path: Path | None = None  # rejected rows go here instead of into the output
     join_input: bool = False  # Parquet output: joined to the input's columns
+    rerun_changed: bool = False  # rows whose content changed since their row was written run again
+    served_models: tuple[str, ...] = ()  # the model names the workers answer to (empty: any)
 
 
 @dataclass(frozen=True)
@@ -132,18 +136,28 @@ def run_file(options: RunOptions, say: Callable[[str], None] = print) -> RunRepo
         raise RunError(f"cannot read {options.input_path}: {exc}") from None
     for rejected in parsed.rejected:
         say(f"rejected {options.input_path}:{rejected}")
-    for note in parsed.notes():
+    for note in parsed.notes() + model_notes(parsed.jobs, options.served_models):
         say(f"note {options.input_path}: {note}")
-    if options.errors_path is not None:
-        write_rejected(options.errors_path, parsed.rejected)
     rows: list[Job | Result] = [
         row.error_result() if isinstance(row, Rejected) else row
         for row in parsed.rows
         if options.errors_path is None or isinstance(row, Job)
     ]
+    expected = [row.id for row in rows]
+    input_order = [row.id if isinstance(row, Job) else row.job_id for row in parsed.rows]
     rows_file = rows_path(out)
     already = written_ids(rows_file)
-    jobs = [row for row in rows if row.id not in already]
+    if options.errors_path is not None:
+        split_errors(rows_file, options.errors_path, parsed.rejected, input_order)
+        already |= written_ids(options.errors_path)  # run-time error rows moved there earlier
+    written = row_keys(rows_file) + (row_keys(options.errors_path) if options.errors_path else [])
+    changed = changed_ids(rows, {key.job_id: key.digest for key in written if key.digest is not None})
+    if changed and not options.rerun_changed:
+        raise RunError(
+            f"{changed_line(changed, f'their rows were written to {rows_file}')}: --rerun-changed runs "
+            "them again and replaces their rows, or remove those rows"
+        )
+    jobs = [row for row in rows if row.id not in already or row.id in changed]
     if already:
         say(f"resuming: {len(rows) - len(jobs)} jobs already in {rows_file}")
     outcome = _Outcome()
@@ -155,6 +169,12 @@ def run_file(options: RunOptions, say: Callable[[str], None] = print) -> RunRepo
                 raise RunError(str(exc)) from None
             except redis.RedisError as exc:
                 raise RunError(describe(exc, outcome.redis_url or "the private redis")) from None
+    errors = _output_errors(rows_file)
+    if all(job_id in errors for job_id in expected):
+        put_in_order(rows_file, expected)
+    if options.errors_path is not None:
+        split_errors(rows_file, options.errors_path, parsed.rejected, input_order)
+        errors = {**_output_errors(options.errors_path), **_output_errors(rows_file)}
     if is_parquet(out):
         try:
             write_parquet(
@@ -162,8 +182,6 @@ def run_file(options: RunOptions, say: Callable[[str], None] = print) -> RunRepo
             )
         except OutputFileError as exc:
             raise RunError(str(exc)) from None
-    errors = _output_errors(rows_file)
-    expected = [row.id for row in rows]
     in_output = [job_id for job_id in expected if job_id in errors]
     rejected_ids = {row.job_id for row in parsed.rejected}
     return RunReport(
@@ -178,6 +196,28 @@ def run_file(options: RunOptions, say: Callable[[str], None] = print) -> RunRepo
         stopped=outcome.stopped,
         worker_codes=outcome.worker_codes,
     )
+
+
+def model_notes(jobs: list[Job], served: tuple[str, ...]) -> list[str]:
+    """One note per model name the jobs ask for that the workers will not answer to as asked:
+    run by their own model (no served names), or refused (model_not_served)."""
+    asked: dict[str, int] = {}
+    for job in jobs:
+        if job.model is not None and job.model not in served:
+            asked[job.model] = asked.get(job.model, 0) + 1
+    lines = "line{}".format
+    if served:
+        names = ", ".join(served)
+        return [
+            f"model {name!r} on {count} {lines('s' * (count != 1))}: not served (--served-model-name {names}): "
+            "those rows get model_not_served errors"
+            for name, count in asked.items()
+        ]
+    return [
+        f"model {name!r} on {count} {lines('s' * (count != 1))}: run by the workers' model, which the "
+        "reply names (--served-model-name makes workers answer to given names only)"
+        for name, count in asked.items()
+    ]
 
 
 @dataclass
@@ -238,7 +278,9 @@ def _run_jobs(
         client = Client.from_url(redis_url, options.queue, partitions=options.partitions)
         stack.callback(client.close)
         try:
-            report = client.enqueue(jobs)
+            report = client.enqueue(jobs, rerun_changed=options.rerun_changed, refuse_changed=True)
+        except ContentChanged as exc:  # a shared Redis holds them with other content
+            raise RunError(f"{exc} on queue {options.queue!r}: --rerun-changed runs them again") from None
         except EnqueueStopped as stop:
             why = describe(stop.cause, redis_url)
             went_in = len(stop.report.enqueued)
@@ -251,24 +293,33 @@ def _run_jobs(
         say(
             f"enqueued {outcome.enqueued}, skipped {outcome.skipped} (already enqueued), "
             f"rejected {num_rejected}"
+            + (f", run again {len(report.rerun)} (changed)" if report.rerun else "")
         )
+        if report.changed:
+            say(f"{changed_line(report.changed, 'they were enqueued')}: kept (not done yet)")
         if signals.count:
             outcome.stopped = "interrupted"
             return
         runnable = any(isinstance(row, Job) for row in jobs)  # else: only rejected rows to write
+        # NOTE: the display first: the workers' log lines go through it, above its live line
+        progress = stack.enter_context(Progress(quiet=options.quiet, interval_s=options.progress_interval_s))
         procs = _start_workers(options, redis_url, private=options.redis_url is None) if runnable else []
+        relays = [relay_output(proc, f"[worker {i}] ", progress.log) for i, proc in enumerate(procs)]
+        for relay in relays:  # NOTE: unwound after the workers stop: their last lines shown
+            stack.callback(relay.join, GRACE_S)
         pool = WorkerPool(procs, options.drain_timeout_s)
         stack.callback(lambda: outcome.worker_codes.extend(pool.stop(lambda: 1 + signals.count)))
+        say = progress.log
+        ready = Readiness(client.redis, options.queue, [name for _, name in _worker_names(options)], progress)
         ids = [job.id for job in jobs]
         collector = Collector(client.redis, options.queue)
-        progress = stack.enter_context(Progress(quiet=options.quiet, interval_s=options.progress_interval_s))
         first = collector.collect(
             out,
             ids=ids,
             wait=True,
             timeout_s=options.timeout_s,
             poll_s=POLL_S,
-            should_stop=lambda: signals.count > 0 or pool.exited(),
+            should_stop=lambda: ready.check() or signals.count > 0 or pool.exited(),
             progress=progress,
         )
         outcome.written = first.written
@@ -294,15 +345,20 @@ def _run_jobs(
         outcome.written += collector.collect(out, ids=ids, wait=False, progress=progress).written
 
 
+def _worker_names(options: RunOptions) -> list[tuple[int, str]]:
+    return [(i, f"run-{os.getpid()}-{i}") for i in range(options.num_workers)]
+
+
 def _start_workers(options: RunOptions, redis_url: str, private: bool) -> list[subprocess.Popen[bytes]]:
     # NOTE: if run dies without stopping them (kill -9), a private Redis dies with it, so its
     # workers have nothing left to drain into: they are killed. Workers of a shared Redis get
-    # SIGTERM and drain, putting back what they hold.
+    # SIGTERM and drain, putting back what they hold. Their output comes through run (a pipe
+    # each: relay_output), so on a terminal it never lands inside the progress line.
     return [
         start_child(
             worker_command(
                 options.queue,
-                f"run-{os.getpid()}-{i}",
+                name,
                 [
                     *options.worker_args,
                     "--drain-timeout-s",
@@ -313,8 +369,10 @@ def _start_workers(options: RunOptions, redis_url: str, private: bool) -> list[s
             death_signal=signal.SIGKILL if private else signal.SIGTERM,
             env=worker_env(redis_url),
             stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
         )
-        for i in range(options.num_workers)
+        for i, name in _worker_names(options)
     ]
 
 

@@ -302,8 +302,9 @@ class ErrorInfo(msgspec.Struct, frozen=True, kw_only=True):
 
 class Timings(msgspec.Struct, frozen=True, kw_only=True):
     enqueued_at_ms: int = 0
-    started_at_ms: int = 0
+    started_at_ms: int = 0  # handed to the worker's generator
     finished_at_ms: int = 0
+    first_token_at_ms: int = 0  # the engine had the job's first output token (0: not known)
 
 
 class Result(msgspec.Struct, frozen=True, kw_only=True):

@@ -66,7 +66,8 @@ def result_columns(record: dict[str, Any]) -> dict[str, Any]:
             }
             for c in body.get("choices", [])
         ]
-        usage, metadata, job_id = body.get("usage") or {}, body.get("metadata") or {}, record["custom_id"]
+        usage, metadata = body.get("usage") or {}, body.get("metadata") or {}
+        job_id = record["custom_id"] or record["id"]  # NOTE: a line with no readable custom_id
         cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
     else:
         choices, usage, metadata, job_id = (
@@ -105,8 +106,8 @@ def write_parquet(
     rows_file: str | Path, out: str | Path, inputs: Iterable[tuple[str, dict[str, Any]]] | None = None
 ) -> int:
     """Write ``out`` from the JSONL rows; with ``inputs`` ((job id, input columns) per input row,
-    in order) one row per input row, joined. Returns the number of table rows; raises
-    OutputFileError when the rows do not make a table (an input column of mixed types)."""
+    in order) one row per input row, joined; an input column of mixed types is written as
+    text (``_typed``). Returns the number of table rows."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -117,8 +118,8 @@ def write_parquet(
         table_rows = [_joined(columns, results.get(job_id), job_id) for job_id, columns in inputs]
     schema = None if table_rows else pa.schema([(name, pa.string()) for name in RESULT_COLUMNS])
     try:
-        table = pa.Table.from_pylist(table_rows, schema=schema)
-    except (pa.ArrowException, ValueError, TypeError) as exc:  # e.g. a column of mixed types
+        table = pa.Table.from_pylist(_typed(table_rows), schema=schema)
+    except (pa.ArrowException, ValueError, TypeError) as exc:
         raise OutputFileError(f"cannot write {out} as Parquet: {exc} (its rows are in {rows_file})") from None
     out = Path(out)
     fd, temp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
@@ -130,6 +131,30 @@ def write_parquet(
         Path(temp).unlink(missing_ok=True)
         raise
     return table.num_rows
+
+
+def _typed(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows with each column that holds values of no one Arrow type (a JSONL input's
+    ``1``, ``"two"``, missing) as text: strings kept, other values as their JSON text, null
+    kept. Columns of one type are left as they are."""
+    import pyarrow as pa
+
+    names = list(dict.fromkeys(name for row in rows for name in row))
+    mixed = []
+    for name in names:
+        try:
+            pa.array([row.get(name) for row in rows])
+        except (pa.ArrowException, ValueError, TypeError):
+            mixed.append(name)
+    if not mixed:
+        return rows
+    return [{**row, **{name: _text(row.get(name)) for name in mixed if name in row}} for row in rows]
+
+
+def _text(value: Any) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    return json.dumps(value, default=str)
 
 
 def _joined(columns: dict[str, Any], result: dict[str, Any] | None, job_id: str) -> dict[str, Any]:

@@ -8,6 +8,9 @@
 
 The caller asks for a step (1 on the first Ctrl-C, 2 on the second); a step that overruns
 (step 1 by more than GRACE_S past the drain timeout, step 2 by GRACE_S) leads to the next.
+
+Their output is relayed line by line (``relay_output``) to the progress display, and
+``Readiness`` tells the display when the first of them has its model loaded (its heartbeat).
 """
 
 from __future__ import annotations
@@ -15,8 +18,12 @@ from __future__ import annotations
 import math
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable
+from typing import Any
+
+from producer.keys import QueueKeys
 
 GRACE_S = 2.0  # how long a worker may overrun a step before the next, harder one
 _MIN_STEP_GAP_S = 0.1  # NOTE: two SIGTERMs in a row may reach a worker's handler as one
@@ -71,3 +78,50 @@ class WorkerPool:
         if self.step == 3:
             for proc in self.procs:
                 proc.wait()
+
+
+def relay_output(proc: subprocess.Popen[bytes], prefix: str, show: Callable[[str], None]) -> threading.Thread:
+    """A thread that shows each line ``proc`` writes (its stdout, a pipe) with ``prefix``,
+    until the pipe closes."""
+
+    def relay() -> None:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            show(prefix + raw.decode(errors="replace").rstrip("\r\n"))
+
+    thread = threading.Thread(target=relay, name=f"relay-{proc.pid}", daemon=True)
+    thread.start()
+    return thread
+
+
+class Readiness:
+    """Watches the queue's heartbeats for the run's workers: until the first one beats (its
+    model is loaded), the display's phase says they are loading; ``check`` is cheap to call
+    every collect round (it reads Redis at most every ``every_s``) and always returns False."""
+
+    def __init__(
+        self, client: Any, queue: str, names: list[str], progress: Any, every_s: float = 0.5
+    ) -> None:
+        self.client = client
+        self.key = QueueKeys(queue).workers
+        self.names = names
+        self.progress = progress
+        self.every_s = every_s
+        self._next_s = 0.0
+        self.done = not names
+        if not self.done:
+            progress.phase(f"loading the model in {len(names)} worker{'s' * (len(names) != 1)}")
+
+    def check(self) -> bool:
+        now = time.monotonic()
+        if self.done or now < self._next_s:
+            return False
+        self._next_s = now + self.every_s
+        try:
+            beating: list[Any] = self.client.hmget(self.key, self.names)
+        except Exception:  # NOTE: the display only; the collect itself judges Redis errors
+            return False
+        if any(beat is not None for beat in beating):
+            self.done = True
+            self.progress.phase(None)
+        return False

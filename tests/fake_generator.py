@@ -9,6 +9,7 @@ records the most jobs it ever held at once, so tests can check backpressure.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import time
 from typing import Any
@@ -38,10 +39,20 @@ class FakeGenerator:
     restarts = 0
     unattributed_crashes = 0
 
-    def __init__(self, capacity: int = 64, latency_s: float = 0.0, max_completion_tokens: int = 8) -> None:
+    def __init__(
+        self,
+        capacity: int = 64,
+        latency_s: float = 0.0,
+        max_completion_tokens: int = 8,
+        slow_ids: frozenset[str] = frozenset(),
+        slow_s: float = 0.0,
+    ) -> None:
         self.capacity = capacity
         self.slots = capacity
         self.latency_s = latency_s
+        self.slow_ids = slow_ids  # these jobs take slow_s instead of latency_s
+        self.slow_s = slow_s
+        self.log_jobs = False  # log a line per finished job (a worker's log while run shows progress)
         self.max_completion_tokens = max_completion_tokens
         self.max_held = 0
         self.submitted: list[str] = []
@@ -56,7 +67,8 @@ class FakeGenerator:
             raise AssertionError(
                 f"submit beyond capacity {self.capacity}: the consumer ignored free_capacity()"
             )
-        self._active.append((time.monotonic() + self.latency_s, job))
+        latency_s = self.slow_s if job.id in self.slow_ids else self.latency_s
+        self._active.append((time.monotonic() + latency_s, job))
         self.submitted.append(job.id)
         self.max_held = max(self.max_held, len(self._active))
 
@@ -76,6 +88,8 @@ class FakeGenerator:
         return [self.complete(job) for job in ready]
 
     def complete(self, job: Job) -> Result:
+        if self.log_jobs:
+            logging.getLogger("radixq.fake").info("finished job %s", job.id)
         code = job.metadata.get("fake_error")
         if code:
             return error_result(job.id, str(code), f"fake failure asked for by job {job.id}")
@@ -100,9 +114,17 @@ class FakeGenerator:
 def create_generator(config: Any) -> FakeGenerator:
     """The factory `radixq worker --backend tests.fake_generator:create_generator` calls.
 
-    Environment: RADIXQ_FAKE_CAPACITY (default 64), RADIXQ_FAKE_LATENCY_S (default 0).
+    Environment: RADIXQ_FAKE_CAPACITY (default 64), RADIXQ_FAKE_LATENCY_S (default 0),
+    RADIXQ_FAKE_SLOW_IDS (comma-separated job ids that take RADIXQ_FAKE_SLOW_S instead),
+    RADIXQ_FAKE_START_S (seconds it takes to start, as a model load does), RADIXQ_FAKE_LOG
+    (1: a log line per finished job).
     """
-    return FakeGenerator(
+    time.sleep(float(os.environ.get("RADIXQ_FAKE_START_S", "0")))
+    generator = FakeGenerator(
         capacity=int(os.environ.get("RADIXQ_FAKE_CAPACITY", "64")),
         latency_s=float(os.environ.get("RADIXQ_FAKE_LATENCY_S", "0")),
+        slow_ids=frozenset(filter(None, os.environ.get("RADIXQ_FAKE_SLOW_IDS", "").split(","))),
+        slow_s=float(os.environ.get("RADIXQ_FAKE_SLOW_S", "0")),
     )
+    generator.log_jobs = os.environ.get("RADIXQ_FAKE_LOG") == "1"
+    return generator

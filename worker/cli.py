@@ -18,16 +18,20 @@ import typer
 from producer.cli import (
     ErrorsOption,
     IdColumnOption,
+    InputArgument,
     MessagesColumnOption,
     ProgressIntervalOption,
     PromptColumnOption,
     QueueOption,
     QuietOption,
     RedisUrlOption,
+    RerunChangedOption,
     TemplateOption,
     app,
     column_mapping,
+    counted,
     fail,
+    staged,
 )
 
 ModelOption = Annotated[
@@ -35,7 +39,15 @@ ModelOption = Annotated[
 ]
 DeviceOption = Annotated[str | None, typer.Option("--device", help="auto | cpu | cuda.")]
 ConfigOption = Annotated[
-    Path | None, typer.Option("--config", help="Worker TOML file: [worker], [queue], [engine].")
+    Path | None, typer.Option("--config", help="Worker TOML file: \\[worker], \\[queue], \\[engine] tables.")
+]
+ServedModelOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--served-model-name",
+        help="A model name the workers answer to (repeat for several): replies name it, and a job "
+        "naming another model gets a model_not_served error (default: any name runs).",
+    ),
 ]
 GeneratorOption = Annotated[
     str | None,
@@ -75,18 +87,26 @@ def worker(
     metrics_port: Annotated[
         int | None, typer.Option("--metrics-port", help="Serve Prometheus /metrics on this port (0: off).")
     ] = None,
+    connect_timeout_s: Annotated[
+        float | None,
+        typer.Option("--connect-timeout-s", help="At start-up, wait this long for Redis before exiting 2."),
+    ] = None,
+    served_model_name: ServedModelOption = None,
 ) -> None:
     """Consume jobs until SIGINT/SIGTERM, then drain (within the drain timeout) and exit 0.
 
-    Settings come from --config's [worker], [queue] and [engine] tables, then RADIXQ_*
+    Settings come from --config's \\[worker], \\[queue] and \\[engine] tables, then RADIXQ_*
     environment variables, then these flags (README: "Worker settings").
     Exit codes: 0 after a drain; 1 when the engine could not be kept running; 2 for usage,
     configuration or Redis connection errors (wrong password, ACL, TLS)."""
+    import redis
+
     from producer import exits
     from producer.client import connect
-    from producer.redis_errors import classify, describe
+    from producer.redis_errors import describe
+    from producer.retry import RedisUnavailable
     from worker.config import ConfigError, load_worker_config
-    from worker.frontend.process import EngineStartError
+    from worker.preflight import PreflightError, check_model, wait_for_redis
     from worker.queue.consumer import Consumer
     from worker.queue.factory import create_generator
     from worker.queue.generator import GeneratorUnavailable
@@ -100,6 +120,8 @@ def worker(
         "worker.generator": generator,
         "worker.log_level": log_level,
         "worker.metrics_port": metrics_port,
+        "worker.connect_timeout_s": connect_timeout_s,
+        "worker.served_model_names": ",".join(served_model_name) if served_model_name else None,
         "engine.model": model,
         "engine.device": device,
         "queue.min_idle_s": min_idle_s,
@@ -115,19 +137,38 @@ def worker(
     logging.basicConfig(
         level=settings.worker.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    log = logging.getLogger("radixq.worker")
     url = settings.worker.redis_url
-    client = connect(url)
-    try:  # before loading a model for minutes: a Redis that will never let us in
-        client.ping()
-    except Exception as exc:
-        if classify(exc) == "fatal":
-            fail(describe(exc, url), exits.USAGE)
-        logging.getLogger("radixq.worker").warning(
-            "%s; the worker retries once it has started", describe(exc, url)
+    # NOTE: before loading a model for minutes: a model that is not there, a Redis that never
+    # answers or will not let us in, a metrics port that is taken
+    try:
+        if settings.worker.generator == "engine":
+            check_model(settings.engine)
+        client = connect(url)
+        wait_for_redis(client, url, settings.worker.connect_timeout_s, log.warning)
+    except PreflightError as exc:
+        fail(str(exc), exits.USAGE)
+    except RedisUnavailable as exc:
+        fail(
+            f"Redis never answered at start-up (waited {exc.waited_s:.0f} s, --connect-timeout-s): "
+            f"{describe(exc.cause, url)}",
+            exits.USAGE,
         )
+    except redis.RedisError as exc:
+        fail(describe(exc, url), exits.USAGE)
+    registry = None
+    if settings.worker.metrics_port:
+        from worker.metrics import serve_registry
+
+        try:
+            registry = serve_registry(settings.worker.metrics_port)
+        except OSError as exc:
+            fail(f"--metrics-port {settings.worker.metrics_port}: {exc.strerror or exc}", exits.USAGE)
     if settings.worker.generator == "engine" and settings.engine.device == "auto":
         # NOTE: resolved here, not in the engine: a CPU worker's limits depend on it
         settings = settings.for_device(settings.engine.resolved().device)
+    from worker.frontend.process import EngineStartError  # NOTE: imports torch: after the checks
+
     try:
         generation = create_generator(settings)
     except (EngineStartError, ValueError, TypeError, ImportError) as exc:
@@ -144,15 +185,13 @@ def worker(
         steal_after_s=consumer_config.steal_after_s,
     )
     metrics = None
-    if settings.worker.metrics_port:
+    if registry is not None:
         from worker.metrics import WorkerMetrics
 
-        metrics = WorkerMetrics(consumer_config.queue)
-        try:
-            metrics.serve(settings.worker.metrics_port)
-        except OSError as exc:
-            generation.close(0)
-            fail(f"--metrics-port {settings.worker.metrics_port}: {exc.strerror or exc}", exits.USAGE)
+        served = settings.worker.served_models
+        metrics = WorkerMetrics(
+            consumer_config.queue, served[0] if served else generation.model_name, registry
+        )
     consumer = Consumer(
         queue_side, generation, consumer_config, metrics=metrics, served_models=settings.worker.served_models
     )
@@ -186,12 +225,15 @@ RunDrainOption = Annotated[
 
 
 def run(
-    input_path: Annotated[
-        Path, typer.Argument(help="Input file: JSONL (.gz), Parquet or CSV.", exists=True, dir_okay=False)
-    ],
+    input_path: InputArgument,
     output: Annotated[
-        Path,
-        typer.Option("--output", "-o", help="Output file, JSONL or .parquet (resumed if it exists)."),
+        str,
+        typer.Option(
+            "--output",
+            "-o",
+            help="Output file, JSONL or .parquet (resumed if it exists); a path or a URL (s3://, gs://, "
+            "https:// with PUT).",
+        ),
     ],
     model: ModelOption = None,
     workers: Annotated[int, typer.Option("--workers", "-w", min=1, help="Worker processes.")] = 1,
@@ -230,6 +272,8 @@ def run(
         bool,
         typer.Option("--join-input", help="Parquet output: the input's columns joined to the results."),
     ] = False,
+    rerun_changed: RerunChangedOption = False,
+    served_model_name: ServedModelOption = None,
 ) -> None:
     """Enqueue FILE, start worker(s), collect into OUT, shut everything down. One output row
     per input row, in input order: a rejected row gets an invalid_job error row (or a line in
@@ -240,50 +284,86 @@ def run(
     configuration or connection error, unreadable input.
     """
     from producer import exits
-    from producer.runner import RunError, RunOptions, run_file
+    from producer.runner import RunError, RunOptions, run_file, worker_env
+    from worker.preflight import PreflightError, check_run
 
+    mapping = column_mapping(prompt_column, messages_column, id_column, template)
+    served = ",".join(served_model_name) if served_model_name else None
+    try:  # NOTE: before a Redis starts and jobs go in: what would stop every worker at start
+        settings = check_run(
+            config,
+            worker_env("redis://127.0.0.1:1/0"),
+            {
+                "worker.generator": generator,
+                "worker.served_model_names": served,
+                "engine.device": device,
+                "engine.model": model,
+            },
+            [metrics_port + i for i in range(workers)] if metrics_port else [],
+        )
+    except PreflightError as exc:
+        fail(str(exc), exits.USAGE)
     worker_args = ["--generator", generator] if generator else []
+    for name in served_model_name or []:
+        worker_args += ["--served-model-name", name]
     if device:
         worker_args += ["--device", device]
     if model:
         worker_args += ["--model", model]
     if config:
         worker_args += ["--config", str(config)]
-    options = RunOptions(
-        input_path=input_path,
-        output_path=output,
-        queue=queue,
-        redis_url=redis_url,
-        num_workers=workers,
-        worker_args=worker_args,
-        timeout_s=timeout_s,
-        drain_timeout_s=drain_timeout_s,
-        quiet=quiet,
-        progress_interval_s=progress_interval_s,
-        metrics_port=metrics_port,
-        partitions=partitions,
-        mapping=column_mapping(prompt_column, messages_column, id_column, template),
-        errors_path=errors,
-        join_input=join_input,
-    )
-    try:
-        report = run_file(options, say=lambda text: typer.echo(text, err=True))
-    except RunError as exc:
-        fail(str(exc), exits.USAGE)
+    problem = None
+    with staged(input_path, output, errors) as (source, local_out, errors_file):
+        assert source is not None and local_out is not None
+        options = RunOptions(
+            input_path=source,
+            output_path=local_out,
+            queue=queue,
+            redis_url=redis_url,
+            num_workers=workers,
+            worker_args=worker_args,
+            timeout_s=timeout_s,
+            drain_timeout_s=drain_timeout_s,
+            quiet=quiet,
+            progress_interval_s=progress_interval_s,
+            metrics_port=metrics_port,
+            partitions=partitions,
+            mapping=mapping,
+            errors_path=errors_file,
+            join_input=join_input,
+            rerun_changed=rerun_changed,
+            served_models=settings.worker.served_models,
+        )
+        try:
+            report = run_file(options, say=lambda text: typer.echo(text, err=True))
+        except RunError as exc:
+            problem = str(exc)
+    if problem is not None:
+        fail(problem, exits.USAGE)
     typer.echo(f"wrote {report.written} results to {output} ({report.resumed} were already there)", err=True)
     if not report.parsed.jobs:
         fail(f"no valid jobs in {input_path}", report.exit_code())
     if report.failed:
         typer.echo(
-            f"{len(report.failed)} jobs failed (error lines in {output}), e.g. {report.failed[:3]}", err=True
+            f"{counted(len(report.failed))} failed (error lines in {output}), e.g. {report.failed[:3]}",
+            err=True,
         )
     if report.parsed.rejected:
         where = f"in {errors}" if errors is not None else f"invalid_job rows in {output}"
-        typer.echo(f"{len(report.parsed.rejected)} rows of {input_path} were rejected ({where})", err=True)
+        rejected = len(report.parsed.rejected)
+        typer.echo(
+            f"{counted(rejected, 'row')} of {input_path} {'was' if rejected == 1 else 'were'} rejected ({where})",
+            err=True,
+        )
     if report.missing:
+        then = (
+            "the workers could not start (their error is above): fix that, then run the same command again"
+            if report.exit_code() == exits.USAGE
+            else "run the same command again to resume"
+        )
         typer.echo(
             f"{report.stopped or 'stopped'}: wrote {report.in_output} of {len(report.expected)} rows "
-            f"to {output}; run the same command again to resume",
+            f"to {output}; {then}",
             err=True,
         )
     raise typer.Exit(report.exit_code())

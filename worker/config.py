@@ -53,10 +53,13 @@ class WorkerSection:
     log_level: str = "INFO"
     served_model_names: str = ""  # comma-separated; "": any model name a job gives is run
     metrics_port: int = 0  # 0: no /metrics
+    connect_timeout_s: float = 30.0  # at start-up: how long to wait for Redis to answer
 
     def __post_init__(self) -> None:
         if not 0 <= self.metrics_port <= 65535:
             raise ValueError(f"metrics_port={self.metrics_port}: must be a port in [1, 65535], or 0 for none")
+        if not self.connect_timeout_s >= 0:
+            raise ValueError(f"connect_timeout_s={self.connect_timeout_s}: must be >= 0")
 
     @property
     def served_models(self) -> tuple[str, ...]:
@@ -96,6 +99,7 @@ HELP: dict[str, str] = {
     "worker.log_level": "DEBUG, INFO, WARNING, ERROR (DEBUG also shows model loading's progress bars)",
     "worker.served_model_names": "model names this worker answers to, comma-separated; a job naming another gets a `model_not_served` error (empty: any name runs on the worker's model)",
     "worker.metrics_port": "serve Prometheus `/metrics` on this port (0: off)",
+    "worker.connect_timeout_s": "at start-up, how long to wait for Redis to answer before exiting with code 2 (before the model loads; once reached, later outages are waited out)",
     "queue.block_s": "longest wait for new entries while nothing is held",
     "queue.poll_s": "longest wait for results while jobs are held",
     "queue.read_batch": "most entries one read returns",

@@ -2,7 +2,10 @@
 
 The consumer reports each job it starts (hands to the generator) and each result it produces
 (before the outbox writes it); the gauges read the consumer and the generator when scraped.
-Every metric carries a ``queue`` label; Prometheus adds ``instance`` (one per worker port).
+Every metric carries ``queue`` and ``model`` labels (the model: the worker's first served name,
+else the model it runs), as vLLM's carry ``model_name``; Prometheus adds ``instance`` (one per
+worker port). The server starts before the model loads (``serve_registry``: a port that is
+taken stops the worker at once), the metrics are registered once the model is known.
 README "Progress, status and metrics" lists them; examples/grafana-dashboard.json charts them.
 """
 
@@ -17,28 +20,40 @@ from producer.schema import Job, Result
 
 # Seconds: from milliseconds (a fast fake job) to an hour (a long queue wait).
 _BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
+# Time per output token: a GPU decode step takes milliseconds, a CPU one up to a second or so.
+_TOKEN_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2.5)
+_LABELS = ["queue", "model"]
+
+
+def serve_registry(port: int) -> CollectorRegistry:
+    """An empty registry served on ``port`` (all interfaces) from a daemon thread; raises
+    OSError when the port is taken. WorkerMetrics fills it once the model is known."""
+    registry = CollectorRegistry()
+    start_http_server(port, registry=registry)
+    return registry
 
 
 class WorkerMetrics:
-    """The metrics of one worker, in a registry of its own. The queue-labelled children are
-    resolved once here (a ``labels()`` lookup per result would cost more than the count)."""
+    """The metrics of one worker, in a registry of its own. The labelled children are resolved
+    once here (a ``labels()`` lookup per result would cost more than the count)."""
 
-    def __init__(self, queue: str) -> None:
-        self.registry = CollectorRegistry()
+    def __init__(self, queue: str, model: str, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
         self.queue = queue
+        self.model = model
 
         def counter(name: str, doc: str) -> Any:
-            return Counter(name, doc, ["queue"], registry=self.registry).labels(queue)  # exported at 0
+            return Counter(name, doc, _LABELS, registry=self.registry).labels(queue, model)  # exported at 0
 
-        def histogram(name: str, doc: str) -> Any:
-            return Histogram(name, doc, ["queue"], buckets=_BUCKETS_S, registry=self.registry).labels(queue)
+        def histogram(name: str, doc: str, buckets: tuple[float, ...] = _BUCKETS_S) -> Any:
+            return Histogram(name, doc, _LABELS, buckets=buckets, registry=self.registry).labels(queue, model)
 
         self.jobs_started = counter("radixq_jobs_started", "Jobs handed to the generator.")
         self.jobs_finished = counter("radixq_jobs_finished", "Jobs whose result has no error.")
         self.jobs_failed = Counter(
             "radixq_jobs_failed",
             "Jobs whose result is an error (dead letters included), by code.",
-            ["queue", "code"],
+            [*_LABELS, "code"],
             registry=self.registry,
         )
         self.jobs_dead_lettered = counter(
@@ -57,19 +72,36 @@ class WorkerMetrics:
         self.job_latency = histogram(
             "radixq_job_latency_seconds", "From the worker starting the job to its result."
         )
+        self.first_token = histogram(
+            "radixq_time_to_first_token_seconds",
+            "From the worker starting the job to its first output token (engine queueing and prefill).",
+        )
+        self.per_token = histogram(
+            "radixq_time_per_output_token_seconds",
+            "After the first token, seconds per further output token of the job's longest choice.",
+            _TOKEN_BUCKETS_S,
+        )
 
     def gauges(self, held: Callable[[], float], generator: Any) -> None:
         """Gauges read at scrape time: jobs held by the worker, and what the generator's
         ``load`` reports (the engine's last report; absent for generators without one)."""
 
         def gauge(name: str, doc: str, read: Callable[[], float]) -> None:
-            Gauge(name, doc, ["queue"], registry=self.registry).labels(self.queue).set_function(read)
+            Gauge(name, doc, _LABELS, registry=self.registry).labels(self.queue, self.model).set_function(
+                read
+            )
 
         def load(field: str) -> Callable[[], float]:
             return lambda: float(getattr(getattr(generator, "load", None), field, 0))
 
         gauge("radixq_running_jobs", "Jobs the worker holds (running or waiting in its engine).", held)
         gauge("radixq_engine_running_requests", "Requests in the engine's scheduler.", load("running_reqs"))
+        gauge(
+            "radixq_requests_running",
+            "Requests (choices) in the engine's running batch: decoding, or a prompt being prefilled.",
+            load("batch_reqs"),
+        )
+        gauge("radixq_requests_waiting", "Requests (choices) waiting for admission.", load("waiting_reqs"))
         gauge(
             "radixq_kv_pages_used",
             "KV cache pages in use (running requests and the prefix cache).",
@@ -82,11 +114,6 @@ class WorkerMetrics:
             load("step_s"),
         )
 
-    def serve(self, port: int) -> None:
-        """Serve ``/metrics`` on ``port`` (all interfaces) from a daemon thread; raises OSError
-        when the port is taken."""
-        start_http_server(port, registry=self.registry)
-
     # ---- what the consumer reports ------------------------------------------------------------
 
     def started(self, job: Job, started_at_ms: int) -> None:
@@ -98,7 +125,7 @@ class WorkerMetrics:
         if dead_lettered:
             self.jobs_dead_lettered.inc()
         if result.error is not None:
-            self.jobs_failed.labels(self.queue, result.error.code).inc()
+            self.jobs_failed.labels(self.queue, self.model, result.error.code).inc()
             return
         self.jobs_finished.inc()
         self.prompt_tokens.inc(result.usage.prompt_tokens)
@@ -107,3 +134,9 @@ class WorkerMetrics:
         timings = result.timings
         if timings.started_at_ms and timings.finished_at_ms:
             self.job_latency.observe(max(0, timings.finished_at_ms - timings.started_at_ms) / 1000)
+        if timings.started_at_ms and timings.first_token_at_ms:
+            self.first_token.observe(max(0, timings.first_token_at_ms - timings.started_at_ms) / 1000)
+            longest = max((len(choice.token_ids) for choice in result.choices), default=0)
+            if longest > 1 and timings.finished_at_ms:
+                decode_s = max(0, timings.finished_at_ms - timings.first_token_at_ms) / 1000
+                self.per_token.observe(decode_s / (longest - 1))

@@ -71,6 +71,6 @@ def poison_run(lab: Lab, model_dir: Path, jobs: int = 8, max_attempts: int | Non
     code = lab.radixq("run", *run_args(source, out, model_dir), env=env, timeout_s=RUN_TIMEOUT_S)
     text = lab.log("run")
     lab.expect(code == 1, f"run exited {code}, expected 1 (one failed job): {text[-300:]}")
-    lab.expect("1 jobs failed" in text, f"run did not name the failed job: {text[-300:]}")
+    lab.expect("1 job failed" in text, f"run did not name the failed job: {text[-300:]}")
     lab.notes.append(f"run exited {code}; max_attempts {max_attempts or 'default (3)'}")
     return Observed(out, ids, culprits=["poison"])

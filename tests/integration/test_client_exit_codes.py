@@ -101,7 +101,7 @@ def test_collect_codes(redis_url: str, tmp_path: Path) -> None:
     out = tmp_path / "out.jsonl"
     partial = radixq("collect", "-o", str(out), "--redis-url", redis_url, "--no-wait")
     assert partial.returncode == exits.JOBS_FAILED, partial.stderr
-    assert "1 jobs have no result yet, e.g. c2" in partial.stderr
+    assert "1 job has no result yet, e.g. c2" in partial.stderr
     timed_out = radixq("collect", "-o", str(out), "--redis-url", redis_url, "--timeout", "0.5")
     assert timed_out.returncode == exits.JOBS_FAILED
     complete(client.redis, "c2")
@@ -113,7 +113,7 @@ def test_collect_codes(redis_url: str, tmp_path: Path) -> None:
     complete(client.redis, "c3", error="internal")
     failed = radixq("collect", "-o", str(out), "--redis-url", redis_url)
     assert failed.returncode == exits.JOBS_FAILED
-    assert "1 jobs failed" in failed.stderr
+    assert "1 job failed" in failed.stderr
     assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == ["c0", "c1", "c2", "c3"]
     # Those results were trimmed once written: a collect into another file reports them.
     other = radixq("collect", "-o", str(tmp_path / "other.jsonl"), "--redis-url", redis_url)

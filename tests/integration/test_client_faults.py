@@ -205,7 +205,7 @@ def test_trim_under_load_keeps_what_is_unwritten(server: LocalRedis, tmp_path: P
 
     def check_between_rounds() -> bool:
         # Everything below the bound is gone; every buffered result is still in the stream.
-        ahead = [entry for entry, _ in collector._ahead.values()]
+        ahead = [entry for entry, _, _ in collector._ahead.values()]
         bound = min(map(_parse, ahead), default=_next(collector._last_entry))
         first = client.redis.xrange(KEYS.results, count=1)
         assert not first or _parse(first[0][0].decode()) >= bound

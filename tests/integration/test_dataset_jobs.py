@@ -159,3 +159,33 @@ def test_run_parquet_in_parquet_out_and_resume(tmp_path: Path) -> None:
     unreadable.write_text("not parquet")
     bad = radixq("run", str(unreadable), "-o", str(out), "--backend", FAKE_GENERATOR)
     assert bad.returncode == exits.USAGE and "Traceback" not in bad.stderr and "cannot read" in bad.stderr
+
+
+def test_run_errors_file_takes_run_time_errors_too_and_resumes(tmp_path: Path) -> None:
+    """Issue 17, item 8: with --errors ERRFILE, OUT holds the jobs that succeeded and ERRFILE
+    every failure, rejected before running or failed while running, each in input order (as
+    OpenAI's Batch API splits output and error files). A second run runs nothing again."""
+    source = tmp_path / "batch.jsonl"
+    lines = [
+        openai_line("r1"),
+        openai_line("r2", max_tokens=-1),  # rejected
+        openai_line("r3", metadata={"fake_error": "internal"}),  # fails on the worker
+        openai_line("r4"),
+        openai_line("r5", metadata={"fake_error": "prompt_too_long"}),
+    ]
+    source.write_text("\n".join(lines) + "\n")
+    out, errors = tmp_path / "out.jsonl", tmp_path / "errors.jsonl"
+    args = ["run", str(source), "-o", str(out), "--errors", str(errors), "--backend", FAKE_GENERATOR]
+    for attempt in range(2):
+        done = radixq(*args, "--timeout", "60")
+        assert done.returncode == exits.JOBS_FAILED, done.stderr
+        assert [json.loads(line)["custom_id"] for line in out.read_text().splitlines()] == ["r1", "r4"]
+        failed = [json.loads(line) for line in errors.read_text().splitlines()]
+        assert [(row["custom_id"], row["error"]["code"]) for row in failed] == [
+            ("r2", "invalid_job"),
+            ("r3", "internal"),
+            ("r5", "prompt_too_long"),
+        ]
+        assert "2 jobs failed" in done.stderr and "1 row of" in done.stderr and "was rejected" in done.stderr
+        if attempt:
+            assert "wrote 0 results" in done.stderr  # the second run found every row in one of them

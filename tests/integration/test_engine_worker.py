@@ -76,7 +76,7 @@ def test_engine_worker_matches_transformers_through_redis(
         )
         # Exit 1: the "toolong" job's error row (every other job succeeds, checked below).
         assert collected.returncode == 1, collected.stderr + log_path.read_text()
-        assert "1 jobs failed" in collected.stderr
+        assert "1 job failed" in collected.stderr
     finally:
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(timeout=60) == 0, log_path.read_text()

@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from producer.client import Client
 from producer.keys import QueueKeys
 from producer.local_redis import free_port
-from producer.schema import Job, decode_result
+from producer.schema import Job, SamplingParams, decode_result
 from tests.integration.procs import REPO_ROOT, radixq, start_worker, wait_for
 
 pytestmark = pytest.mark.integration
@@ -27,7 +27,7 @@ DASHBOARD = REPO_ROOT / "examples" / "grafana-dashboard.json"
 
 
 def scrape(port: int) -> dict[str, float]:
-    """Every sample of /metrics: 'name{label="v",...}' (labels sorted, queue left out) -> value."""
+    """Every sample of /metrics: 'name{label="v",...}' (labels sorted, queue and model left out) -> value."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
         return samples(reply.read().decode())
 
@@ -36,7 +36,9 @@ def samples(text: str) -> dict[str, float]:
     found = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()) if k != "queue")
+            labels = ",".join(
+                f'{k}="{v}"' for k, v in sorted(sample.labels.items()) if k not in ("queue", "model")
+            )
             found[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
     return found
 
@@ -153,3 +155,56 @@ def test_status_shows_rate_eta_and_queue_lag(redis_url: str, tmp_path: Path) -> 
     assert re.search(r"queue lag +[\d.]+ s", text) and re.search(
         r"consumer w: running, .* jobs/s, \d+ done", text
     )
+
+
+def test_engine_worker_exports_ttft_tpot_running_waiting_and_its_model(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """Issue 17, item 6, on a live scrape of a real engine worker (a tiny random Llama on CPU,
+    the torch backend): before any job its gauges read the pool it was given (not 0); after
+    the jobs, the TTFT and TPOT histograms hold one sample per finished job whose sums agree
+    with the timings in the results the worker wrote, each first token falls between the
+    job's start and its end, and every sample carries the served model name."""
+    from tests.integration.procs import start_engine_worker
+    from tests.model_fixtures import tiny_hf_model
+
+    model_dir = tmp_path / "tiny"
+    tiny_hf_model("llama", max_position_embeddings=256).save_pretrained(model_dir)
+    port = free_port()
+    log_path = tmp_path / "w.log"
+    start_engine_worker(
+        redis_url,
+        model_dir,
+        log_path,
+        *("--metrics-port", str(port), "--served-model-name", "tiny-served"),
+        RADIXQ_NUM_PAGES="96",
+        RADIXQ_PAGE_SIZE="4",
+        RADIXQ_MAX_RUNNING_REQS="3",
+    )
+    client = redis.Redis.from_url(redis_url)
+    keys = QueueKeys()
+    wait_for(lambda: client.hlen(keys.workers) == 1, 180, "the engine worker's heartbeat")
+    idle = scrape(port)
+    assert idle["radixq_kv_pool_pages"] == 96 and idle["radixq_requests_waiting"] == 0
+    sampling = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    jobs = [Job(id=f"e{i}", input_ids=[5 + i, 6, 7, 8], sampling=sampling) for i in range(8)]
+    enqueue(redis_url, jobs)
+    wait_for(lambda: client.hlen(keys.done) == len(jobs), 180, "every job done")
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+        text = reply.read().decode()
+    metrics = samples(text)
+    stored = [decode_result(fields[b"result"]) for _, fields in client.xrange(keys.results)]
+    assert len(stored) == len(jobs) and all(r.error is None and r.model == "tiny-served" for r in stored)
+    timings = [r.timings for r in stored]
+    assert all(t.started_at_ms <= t.first_token_at_ms <= t.finished_at_ms for t in timings)
+    ttft = [(t.first_token_at_ms - t.started_at_ms) / 1000 for t in timings]
+    tpot = [(t.finished_at_ms - t.first_token_at_ms) / 1000 / 11 for t in timings]
+    assert metrics["radixq_time_to_first_token_seconds_count"] == len(jobs)
+    assert metrics["radixq_time_to_first_token_seconds_sum"] == pytest.approx(sum(ttft), abs=1e-6)
+    assert metrics["radixq_time_per_output_token_seconds_count"] == len(jobs)
+    assert metrics["radixq_time_per_output_token_seconds_sum"] == pytest.approx(sum(tpot), abs=1e-6)
+    assert metrics["radixq_requests_running"] == 0 and metrics["radixq_requests_waiting"] == 0
+    assert metrics["radixq_kv_pool_pages"] == 96 and metrics["radixq_kv_pages_used"] > 0
+    families = list(text_string_to_metric_families(text))
+    radixq_samples = [s for f in families if f.name.startswith("radixq_") for s in f.samples]
+    assert radixq_samples and all(s.labels.get("model") == "tiny-served" for s in radixq_samples)

@@ -66,7 +66,8 @@ def test_openai_batch_file_end_to_end(tmp_path: Path) -> None:
 
     chat = ChatCompletion.model_validate(rows["chat"]["response"]["body"], strict=True)
     assert chat.choices[0].message.content == fake_text("chat") and chat.choices[0].logprobs is None
-    assert chat.model == "fake-model" and rows["chat"]["response"]["body"]["metadata"] == {"batch": "b1"}
+    # the served name the request asked for, not the model that ran ("fake-model")
+    assert chat.model == "smol" and rows["chat"]["response"]["body"]["metadata"] == {"batch": "b1"}
 
     multi = Completion.model_validate(rows["multi"]["response"]["body"], strict=True)
     assert [c.text for c in multi.choices] == [
@@ -76,3 +77,50 @@ def test_openai_batch_file_end_to_end(tmp_path: Path) -> None:
     other = rows["other"]
     assert other["response"] is None and other["error"]["code"] == "model_not_served"
     assert "'gpt-4o'" in other["error"]["message"]
+
+
+def test_served_names_unknown_models_and_openai_ranges(tmp_path: Path) -> None:
+    """Issue 17, item 5, as the README's conformance table says: with --served-model-name the
+    reply names the served name (the first one for a request naming none) and another name
+    gets model_not_served; without served names an unknown name runs on the workers' model,
+    which the reply names, with a note; a temperature past OpenAI's 2 rejects its line. Every
+    body validates strictly against the openai package's ChatCompletion."""
+    body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+    lines = [
+        _request("served", CHAT, {**body, "model": "my-model"}),
+        _request("other", CHAT, {**body, "model": "my-other"}),
+        _request("unknown", CHAT, {**body, "model": "no-such-model-xyz"}),
+        _request("unnamed", CHAT, body),
+        _request("hot", CHAT, {**body, "model": "my-model", "temperature": 5.5}),
+        _request("warm", CHAT, {**body, "model": "my-model", "temperature": 2}),
+    ]
+    source = tmp_path / "batch.jsonl"
+    source.write_text("\n".join(lines) + "\n")
+    args = ["run", str(source), "--backend", FAKE_GENERATOR, "--timeout", "60"]
+    served_out = tmp_path / "served.jsonl"
+    done = radixq(
+        *args, "-o", str(served_out), "--served-model-name", "my-model", "--served-model-name", "my-other"
+    )
+    assert done.returncode == 1, done.stderr
+    assert "model 'no-such-model-xyz' on 1 line: not served" in done.stderr
+    rows = {row["custom_id"]: row for row in map(json.loads, served_out.read_text().splitlines())}
+    models = {
+        name: ChatCompletion.model_validate(rows[name]["response"]["body"], strict=True).model
+        for name in ("served", "other", "unnamed", "warm")
+    }
+    assert models == {"served": "my-model", "other": "my-other", "unnamed": "my-model", "warm": "my-model"}
+    assert rows["unknown"]["error"]["code"] == "model_not_served" and rows["unknown"]["response"] is None
+    assert (
+        rows["hot"]["error"]["code"] == "invalid_job"
+        and "body.temperature" in rows["hot"]["error"]["message"]
+    )
+
+    open_out = tmp_path / "open.jsonl"
+    done = radixq(*args, "-o", str(open_out))
+    assert done.returncode == 1, done.stderr  # the hot line
+    assert (
+        "model 'no-such-model-xyz' on 1 line: run by the workers' model, which the reply names" in done.stderr
+    )
+    rows = {row["custom_id"]: row for row in map(json.loads, open_out.read_text().splitlines())}
+    unknown = ChatCompletion.model_validate(rows["unknown"]["response"]["body"], strict=True)
+    assert unknown.model == "fake-model" and unknown.choices[0].message.content == fake_text("unknown")

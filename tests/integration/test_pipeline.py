@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from producer.client import ContentChanged
 from producer.datasets import ColumnMapping
 from producer.pipeline import Pipeline, ResultsGone
 from producer.schema import Job
@@ -100,3 +101,25 @@ def test_results_trimmed_by_a_collect_are_reported(
         assert collected.returncode == 0, collected.stderr
         with pytest.raises(ResultsGone, match="2 results were trimmed"):
             list(batch.as_completed(timeout_s=5))
+
+
+def test_a_row_resubmitted_with_other_content_is_refused_or_run_again(
+    redis_url: str, worker: subprocess.Popen[bytes]
+) -> None:
+    """Issue 17, item 3: under an id column, a changed question is not answered with the old
+    result: submit raises ContentChanged naming it, and rerun_changed runs it again (the fake
+    generator counts the prompt's words as its prompt tokens)."""
+    mapping = ColumnMapping(id_column="qid", prompt_column="question")
+    with Pipeline(redis_url) as pipe:
+        first = pipe.submit([{"qid": 1, "question": "one"}, {"qid": 2, "question": "two"}], mapping).results(
+            60
+        )
+        edited = [{"qid": 1, "question": "one, and more words"}, {"qid": 2, "question": "two"}]
+        with pytest.raises(ContentChanged) as caught:
+            pipe.submit(edited, mapping)
+        assert caught.value.ids == ["1"]
+        batch = pipe.submit(edited, mapping, rerun_changed=True)
+        assert (batch.rerun, batch.skipped) == (1, 1)
+        results = batch.results(timeout_s=60)
+    assert [r.usage.prompt_tokens for r in first] == [1, 1]
+    assert [r.usage.prompt_tokens for r in results] == [4, 1]

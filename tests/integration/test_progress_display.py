@@ -139,3 +139,70 @@ def test_run_prints_progress_lines_reaching_every_job(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     final = [STATE.search(line) for line in done.stderr.splitlines() if line.startswith("progress: ")][-1]
     assert final is not None and (final.group(1), final.group(2), final.group(3)) == ("12", "12", "0")
+
+
+def run_in_pty(args: list[str], env: dict[str, str], timeout_s: float = 120) -> tuple[int, str]:
+    """Run a command with stdin, stdout and stderr on a fresh pseudo-terminal (Python's pty
+    module, 200 columns), as a shell in a terminal would; returns (exit code, what the
+    terminal received)."""
+    import fcntl
+    import os
+    import pty
+    import select
+    import struct
+    import termios
+    import time
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 200, 0, 0))
+    proc = subprocess.Popen(args, cwd=REPO_ROOT, env=env, stdin=slave, stdout=slave, stderr=slave)
+    os.close(slave)
+    received = bytearray()
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.1)
+            if ready:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:  # EIO: every writer closed the terminal
+                    break
+                if not chunk:
+                    break
+                received += chunk
+            elif proc.poll() is not None:
+                break
+        code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
+    return code, received.decode(errors="replace")
+
+
+def test_run_on_a_terminal_keeps_worker_logs_out_of_the_bar_and_says_it_is_loading(tmp_path: Path) -> None:
+    """Issue 17, item 4, in a real pseudo-terminal: the workers log a line per job while the
+    live line redraws; every log line starts a screen line of its own (the bar's text never
+    runs into it), and before the first result the line says the model is loading."""
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps({"id": f"t{i}", "prompt": f"hello {i}"}) + "\n" for i in range(20)))
+    env = subprocess_env(
+        RADIXQ_FAKE_START_S="1.5", RADIXQ_FAKE_LOG="1", RADIXQ_FAKE_LATENCY_S="0.1", RADIXQ_FAKE_CAPACITY="2"
+    )
+    command = [sys.executable, "-m", "worker.cli", "run", str(source), "-o", str(tmp_path / "out.jsonl")]
+    code, screen = run_in_pty([*command, "--backend", FAKE_GENERATOR, "--workers", "2"], env)
+    assert code == 0, screen[-2000:]
+    lines = [line for line in re.split(r"[\r\n]", ANSI.sub("", screen)) if line.strip()]
+    logs = [line for line in lines if "finished job" in line]
+    assert len(logs) == 20, lines[-20:]
+    glued = [line for line in lines if " INFO " in line and not re.match(r"\[worker [01]\] \d{4}-", line)]
+    assert glued == [], glued[:3]  # a log line that does not start its own screen line
+    assert all(
+        re.match(r"\[worker [01]\] \d{4}-\d\d-\d\d .* INFO radixq\.fake: finished job t\d+$", line)
+        for line in logs
+    )
+    assert any(re.search(r"0/20 done  loading the model in 2 workers  elapsed", line) for line in lines), (
+        lines[:10]
+    )
+    finals = [match for line in lines if (match := STATE.search(line))]
+    assert finals and (finals[-1].group(1), finals[-1].group(2)) == ("20", "20")

@@ -111,7 +111,7 @@ def test_a_failed_job_exits_1_in_both_output_formats(redis_url: str, tmp_path: P
     assert done.returncode == 1, done.stderr
     rows = {row["id"]: row for row in map(json.loads, out.read_text().splitlines())}
     assert rows["ok"]["error"] is None and rows["boom"]["error"]["code"] == "internal"
-    assert "1 jobs failed" in done.stderr
+    assert "1 job failed" in done.stderr
 
     batch = tmp_path / "batch.jsonl"
     requests = [
@@ -221,8 +221,8 @@ def test_status_and_dlq_commands(redis_url: str, tmp_path: Path) -> None:
     assert first.returncode == 1 and "2 jobs failed" in first.stderr  # the dead-letter rows
 
     requeued = radixq("dlq", "requeue", "s0", "nosuch", "--redis-url", redis_url)
-    assert requeued.returncode == 1 and "requeued 1 jobs" in requeued.stdout
-    assert "error: no dead letter for 1 ids: nosuch" in requeued.stderr
+    assert requeued.returncode == 1 and "requeued 1 job" in requeued.stdout
+    assert "error: no dead letter for 1 id: nosuch" in requeued.stderr
     assert client.redis.xlen(keys.dead) == 1 and client.redis.hget(keys.done, "s0") is None
     assert client.redis.hget(keys.requeued, "s0") == b"1"
     worker = start_worker(redis_url, "w2", tmp_path / "w2.log")
@@ -232,11 +232,11 @@ def test_status_and_dlq_commands(redis_url: str, tmp_path: Path) -> None:
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(timeout=30) == 0
     # s0's dead-letter row was replaced in place by its new result; s1 is still dead-lettered.
-    assert resumed.returncode == 1 and "replaced 1 error rows" in resumed.stdout, resumed.stderr
+    assert resumed.returncode == 1 and "replaced 1 row with new results" in resumed.stdout, resumed.stderr
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [row["id"] for row in rows] == ["s0", "s1", "s2"]
     assert rows[0]["error"] is None and rows[0]["choices"][0]["text"] == fake_text("s0")
     assert rows[1]["error"]["code"] == "dead_letter"
     everything = radixq("dlq", "requeue", "--redis-url", redis_url)
-    assert everything.returncode == 0 and "requeued 1 jobs" in everything.stdout
+    assert everything.returncode == 0 and "requeued 1 job" in everything.stdout
     client.close()

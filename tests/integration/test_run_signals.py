@@ -314,3 +314,42 @@ def test_local_redis_failing_to_start_leaves_nothing_behind(monkeypatch: pytest.
     with pytest.raises(RuntimeError, match="injected"), server:
         pass
     assert started and still_running(started) == [] and not folder.exists()
+
+
+@pytest.mark.parametrize("workers", [2, 4])
+def test_a_run_resumed_after_ctrl_c_is_in_input_order(
+    workers: int, tmp_path: Path, reaped: list[subprocess.Popen[bytes]]
+) -> None:
+    """Issue 17, item 1. Four early jobs are too slow to finish before the drain timeout, so
+    the interrupted run writes the later jobs behind them (out of order, as it should: they
+    finished) and puts the slow ones back; the resumed run writes those, and the file is then
+    in input order with each id once."""
+    source, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    ids = write_input(source, 40)
+    slow = ids[8:12]
+    run = start_run(
+        tmp_path,
+        source,
+        out,
+        "--workers",
+        str(workers),
+        "--drain-timeout-s",
+        "1",
+        RADIXQ_FAKE_LATENCY_S="0.05",
+        RADIXQ_FAKE_CAPACITY="4",
+        RADIXQ_FAKE_SLOW_IDS=",".join(slow),
+        RADIXQ_FAKE_SLOW_S="600",
+    )
+    reaped.append(run)
+    _, worker_pids = run_children(run, workers)
+    client = queue_redis(worker_pids[0])
+    wait_for(lambda: client.hlen(KEYS.done) == len(ids) - len(slow), 60, "every fast job done")
+    client.close()
+    os.killpg(run.pid, signal.SIGINT)
+    assert run.wait(timeout=60) == 1
+    first = read_output(out)
+    assert set(first) == set(ids) - set(slow)  # the rows behind the missing ones were written
+
+    again = radixq("run", str(source), "-o", str(out), "--workers", str(workers), "--backend", FAKE_GENERATOR)
+    assert again.returncode == 0, again.stderr
+    assert read_output(out) == ids  # every id exactly once, in input order

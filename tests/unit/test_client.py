@@ -67,7 +67,8 @@ def test_collect_orders_dedupes_and_ignores_uncounted(
     complete(fake_redis, "j2", "text j2")
     resumed = Collector(fake_redis).collect(out, wait=True, timeout_s=5)
     assert (resumed.already, resumed.written, resumed.missing) == (3, 1, [])
-    assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == ["j0", "j1", "j3", "j2"]
+    # The collect that completes the queue puts the file back in enqueue order (issue 17, item 1).
+    assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == ["j0", "j1", "j2", "j3"]
 
 
 def test_collect_includes_error_rows_and_unlisted_ids(

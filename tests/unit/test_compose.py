@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import typer
+import yaml
 
 from tests.unit.docker_files import (
     BASE_FILE,
@@ -75,10 +76,11 @@ def projects(tmp_path: Path) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]
     }
 
 
-def test_default_project_is_redis_alone_unpublished_and_persistent() -> None:
+def test_default_project_is_redis_and_prometheus_unpublished_and_persistent() -> None:
     project = load_project(BASE_FILE)
     services = active_services(project)
-    assert set(services) == {"redis"}  # runs on any host; workers come from a profile or the GPU file
+    assert set(services) == {"redis", "prometheus"}  # any host; workers come from a profile or the GPU file
+    assert services["prometheus"]["ports"] == ["127.0.0.1:9090:9090"]  # loopback only
     redis = services["redis"]
     assert "ports" not in redis  # a host Redis on 6379 is never in the way
     command = redis["command"]
@@ -99,7 +101,7 @@ def test_redis_port_override_publishes_on_loopback_only() -> None:
 
 def test_cpu_profile_runs_cpu_workers_from_the_cpu_image() -> None:
     services = active_services(load_project(BASE_FILE), "cpu")
-    assert set(services) == {"redis", "worker-cpu"}
+    assert set(services) == {"redis", "prometheus", "worker-cpu"}
     assert not any(gpu_devices(service) or "gpus" in service for service in services.values())
     worker = services["worker-cpu"]
     assert worker["build"] == {"context": ".", "dockerfile": "Dockerfile"}
@@ -112,7 +114,7 @@ def test_cpu_profile_runs_cpu_workers_from_the_cpu_image() -> None:
 @pytest.mark.parametrize("count", [1, 2, 4, 8])
 def test_each_generated_gpu_worker_reserves_its_own_gpu(tmp_path: Path, count: int) -> None:
     project = load_project(BASE_FILE, generate_gpu_override(tmp_path, str(count)))
-    workers = {name: s for name, s in active_services(project).items() if name != "redis"}
+    workers = {name: s for name, s in active_services(project).items() if name.startswith("worker")}
     assert set(workers) == {f"worker-gpu{i}" for i in range(count)}
     assigned = []
     for name, worker in workers.items():
@@ -270,3 +272,61 @@ def test_healthcheck_script_imports_only_what_the_images_install() -> None:
 def test_docker_folder_ignores_the_generated_file() -> None:
     assert "compose.gpus.yml" in (REPO_ROOT / "docker" / ".gitignore").read_text().split()
     assert CPU_DOCKERFILE.is_file() and GPU_DOCKERFILE.is_file()
+
+
+def prometheus_targets() -> tuple[set[str], int]:
+    """(DNS names, port) that docker/prometheus.yml discovers its scrape targets by."""
+    config = yaml.safe_load((REPO_ROOT / "docker" / "prometheus.yml").read_text())
+    (job,) = config["scrape_configs"]
+    (discovery,) = job["dns_sd_configs"]
+    assert discovery["type"] == "A" and job.get("metrics_path", "/metrics") == "/metrics"
+    return set(discovery["names"]), int(discovery["port"])
+
+
+@pytest.mark.parametrize("how", ["cpu", "gpus"])
+def test_prometheus_scrapes_every_worker_on_its_metrics_port(tmp_path: Path, how: str) -> None:
+    """Issue 17, item 6: each worker serves /metrics (RADIXQ_METRICS_PORT) on the port the
+    Prometheus service scrapes, under the network alias its DNS discovery asks for (one A
+    record per container, replicas included); Prometheus mounts that config."""
+    project, services = projects(tmp_path)[how]
+    names, port = prometheus_targets()
+    workers = {name: service for name, service in services.items() if name.startswith("worker")}
+    assert workers and "prometheus" in services
+    for name, service in workers.items():
+        assert service["environment"]["RADIXQ_METRICS_PORT"] == str(port), name
+        aliases = set(service["networks"]["default"]["aliases"])
+        assert names <= aliases, name
+    prometheus = services["prometheus"]
+    config = next(m for m in mounts(prometheus) if m.target == "/etc/prometheus/prometheus.yml")
+    assert (REPO_ROOT / config.source).resolve() == (REPO_ROOT / "docker" / "prometheus.yml").resolve()
+    assert f"--config.file={config.target}" in prometheus["command"]
+
+
+def first_compose_block() -> list[str]:
+    """The command lines of the README's first code block that runs `docker compose`."""
+    blocks = re.findall(r"```(?:sh|bash)?\n(.*?)```", (REPO_ROOT / "README.md").read_text(), re.S)
+    block = next(b for b in blocks if "docker compose" in b)
+    return [line.split("  #")[0].strip() for line in block.splitlines() if line.strip()]
+
+
+def test_the_readmes_first_compose_command_starts_one_worker_per_gpu(tmp_path: Path) -> None:
+    """Issue 17, item 10: the first `docker compose` command the README gives, with the steps
+    of its line before it, starts a pool: one worker per GPU, each reserving its own GPU, all
+    scraped by Prometheus; the project it starts is valid against the Compose schema."""
+    from tests.unit.test_compose_schema import errors
+
+    first = next(line for line in first_compose_block() if "docker compose" in line)
+    steps = [step.strip() for step in first.split("&&")]
+    generate = next(step for step in steps if step.startswith("python3 docker/gpu-services.py"))
+    count = int(generate.split()[2])
+    override = generate_gpu_override(tmp_path, *generate.split()[2:])
+    up = next(step for step in steps if step.startswith("docker compose"))
+    files = re.findall(r"-f (\S+)", up)
+    assert up.endswith("up -d") and files == ["docker-compose.yml", "docker/compose.gpus.yml"], up
+    project = load_project(BASE_FILE, override)
+    assert errors(project) == []
+    services = active_services(project)
+    workers = {name: s for name, s in services.items() if name.startswith("worker")}
+    ids = [gpu_devices(service)[0]["device_ids"] for service in workers.values()]
+    assert sorted(ids) == [[str(i)] for i in range(count)] and count >= 2
+    assert {"redis", "prometheus"} <= set(services)

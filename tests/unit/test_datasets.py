@@ -18,7 +18,6 @@ import pytest
 
 from producer.datasets import ColumnMapping, input_columns, read_input
 from producer.jsonl import Rejected, output_line, output_record, read_jobs
-from producer.outfile import OutputFileError
 from producer.schema import Choice, Job, Result, Usage
 from producer.tables import RESULT_COLUMNS, write_parquet
 
@@ -119,10 +118,10 @@ def test_a_rejected_openai_line_keeps_its_custom_id_and_format(tmp_path: Path) -
     record = output_record(first.error_result())
     assert record["custom_id"] == "r2" and record["response"] is None
     assert record["error"]["code"] == "invalid_job" and record["error"]["message"].startswith("line 2: ")
-    # custom_id itself is the error: the row gets a derived id, still in the OpenAI shape.
-    assert (
-        second.job_id.startswith("L3-") and output_record(second.error_result())["custom_id"] == second.job_id
-    )
+    # custom_id itself is the error: the row gets a derived id, still in the OpenAI shape, its
+    # custom_id null (it gave none that could be read) and the row known by its id.
+    unnamed = output_record(second.error_result())
+    assert second.job_id.startswith("L3-") and (unnamed["custom_id"], unnamed["id"]) == (None, second.job_id)
 
 
 def result_for(job_id: str, text: str) -> Result:
@@ -181,15 +180,21 @@ def test_openai_rows_become_the_same_columns(tmp_path: Path) -> None:
     )
 
 
-def test_a_join_that_makes_no_table_is_one_clear_error(tmp_path: Path) -> None:
+def test_a_joined_column_of_mixed_types_is_written_as_text(tmp_path: Path) -> None:
+    """A JSONL column holding 1, "two", an object and nothing has no one Arrow type: it is
+    written as text (JSON text for non-strings, null kept); the other columns keep theirs."""
     source = tmp_path / "in.jsonl"
-    source.write_text('{"q": "a", "x": 1}\n{"q": "b", "x": "one"}\n')  # x: mixed types
+    rows = [{"q": "a", "x": 1}, {"q": "b", "x": "two"}, {"q": "c"}, {"q": "d", "x": {"k": [1]}}]
+    source.write_text("".join(json.dumps(row) + "\n" for row in rows))
     parsed = read_input(source, ColumnMapping(prompt_column="q"))
     rows_file = tmp_path / "rows.jsonl"
     rows_file.write_bytes(b"".join(output_line(result_for(job.id, "t")) for job in parsed.jobs))
-    with pytest.raises(OutputFileError, match="cannot write .* as Parquet"):
-        write_parquet(rows_file, tmp_path / "o.parquet", input_columns(source, parsed))
-    assert not (tmp_path / "o.parquet").exists()
+    write_parquet(rows_file, tmp_path / "o.parquet", input_columns(source, parsed))
+    table = pq.read_table(tmp_path / "o.parquet")
+    assert table.column("x").to_pylist() == ["1", "two", None, json.dumps({"k": [1]})]
+    assert table.schema.field("x").type == pa.string()
+    assert table.column("q").to_pylist() == ["a", "b", "c", "d"]
+    assert table.column("completion_tokens").type == pa.int64()
 
 
 def test_a_template_that_fails_on_one_row_rejects_that_row_only(tmp_path: Path) -> None:
@@ -230,3 +235,36 @@ def test_a_csv_cell_that_is_not_utf8_rejects_its_row_only(tmp_path: Path) -> Non
     assert rejected.line_no == 2 and "prompt" in rejected.reason and "UTF-8" in rejected.reason
     columns = input_columns(path, parsed)
     assert columns[0] == ("a", {"id": "a", "prompt": "hello", "max_tokens": "4"}) and columns[1][1] == {}
+
+
+def test_an_empty_or_blank_template_value_rejects_its_row(tmp_path: Path) -> None:
+    """README "Running a dataset job": a row with an empty `question` is an invalid_job row,
+    whether the cell is missing, null, "" or only spaces."""
+    path = tmp_path / "rows.jsonl"
+    rows = [{"q": "fine"}, {"q": ""}, {"q": "   "}, {"q": None}, {}]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    parsed = read_input(path, ColumnMapping(template="Q: {q}\nA:"))
+    assert [type(row).__name__ for row in parsed.rows] == [
+        "Job",
+        "Rejected",
+        "Rejected",
+        "Rejected",
+        "Rejected",
+    ]
+    assert [("empty in this row" in str(row), "names no column" in str(row)) for row in parsed.rejected] == [
+        (True, False),
+        (True, False),
+        (True, False),
+        (False, True),
+    ]
+
+
+def test_the_cli_template_reads_shell_escapes() -> None:
+    """A shell's double quotes keep \\n as two characters; the README's
+    --template "Topic: {topic}\\nQ: {question}\\nA:" means newlines."""
+    from producer.cli import column_mapping
+
+    typed = r"Topic: {topic}\nQ: {question}\tA: \\n \x"
+    mapping = column_mapping(None, None, None, typed)
+    assert mapping.template == "Topic: {topic}\nQ: {question}\tA: \\n \\x"
+    assert column_mapping(None, None, None, None).template is None

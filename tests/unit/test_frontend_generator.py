@@ -70,7 +70,7 @@ def test_jobs_round_trip_and_bad_ones_fail_alone(model_dir: Path, monkeypatch: p
         # The engine's load (worker.metrics' gauges): as of its last result, nothing held.
         load = backend.load
         assert load.running_reqs == 0 and 0 <= load.pages_used <= load.num_pages and load.step_s > 0
-        metrics = WorkerMetrics("q")
+        metrics = WorkerMetrics("q", backend.model_name)
         metrics.gauges(lambda: 0, backend)
         gauges = {
             s.name: s.value

@@ -272,6 +272,31 @@ def test_a_bad_line_is_rejected_alone(tmp_path: Path) -> None:
     )
 
 
+def test_unreadable_lines_of_an_openai_file_are_openai_error_lines(tmp_path: Path) -> None:
+    """In a file of OpenAI request lines, a line that is not JSON, one that is not an object
+    and one with an unusable custom_id come back as OpenAI error lines with a null custom_id,
+    like OpenAI's error file; each still has one row (known by its radixq id). In a native
+    file the same garbage line stays a native error row."""
+    path = tmp_path / "in.jsonl"
+    good, repeated = _chat(), _completion().replace("r1", "r9")
+    path.write_text(
+        "\n".join([good, "{not json", "[1, 2]", _chat().replace('"r1"', "7"), repeated, repeated])
+    )
+    parsed = read_jobs(path)
+    assert [job.id for job in parsed.jobs] == ["r1", "r9"]
+    lines = [output_record(row.error_result()) for row in parsed.rejected]
+    assert [line["custom_id"] for line in lines] == [None, None, None, None]
+    assert all(line["response"] is None and line["error"]["code"] == "invalid_job" for line in lines)
+    assert [line["id"] for line in lines] == [row.job_id for row in parsed.rejected]
+    assert len({line["id"] for line in lines}) == 4 and "line 2: json" in lines[0]["error"]["message"]
+
+    native = tmp_path / "native.jsonl"
+    native.write_text(json.dumps({"id": "a", "prompt": "x"}) + "\n{not json\n")
+    (row,) = read_jobs(native).rejected
+    record = output_record(row.error_result())
+    assert "custom_id" not in record and record["id"] == row.job_id and record["choices"] == []
+
+
 # ---- responses ------------------------------------------------------------------------------
 
 

@@ -59,3 +59,28 @@ def test_the_final_line_shows_whole_run_rates() -> None:
         stream.getvalue()
         == "progress: 4/4 done  0 failed  0.5 jobs/s  5 tok/s out  cache -  ETA 0:00:00  elapsed 0:00:08\n"
     )
+
+
+def test_loading_phase_then_bursty_results_keep_a_rate() -> None:
+    """Issue 17, item 4: while the workers load their model (5 minutes here) the line says so;
+    the rate counts from when they were ready, and an engine that finishes its batch of 32
+    at once every 60 s shows about 32/60 jobs/s between bursts, never 0 (a 20 s window did)."""
+    now = [0.0]
+    progress = Progress(quiet=True, stream=io.StringIO(), clock=lambda: now[0])
+    progress.begin(total=300, already=0, already_failed=0)
+    progress.phase("loading the model in 2 workers")
+    now[0] = 300.0
+    snap = progress.snapshot()
+    assert snap.line() == "0/300 done  loading the model in 2 workers  elapsed 0:05:00"
+    progress.phase(None)  # the first worker beats
+    rates = []
+    for burst in range(1, 5):
+        now[0] = 300.0 + 60 * burst
+        for i in range(32):
+            progress.result(encode(Result(id=f"b{burst}-{i}")))
+        for later in (1.0, 30.0, 59.0):  # sampled as the display does, between bursts
+            now[0] = 300.0 + 60 * burst + later
+            rates.append(progress.snapshot().jobs_per_s)
+    assert min(rates) > 0.25 and max(rates) < 1.1, rates
+    assert rates[-1] == pytest.approx(32 * 4 / (60 * 4 + 59), rel=0.35)
+    assert "ETA" in progress.snapshot().line() and "loading" not in progress.snapshot().line()

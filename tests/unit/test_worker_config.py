@@ -90,7 +90,11 @@ def test_bundled_configs_load() -> None:
 def test_every_setting_has_an_environment_name_and_the_readme_table_is_current() -> None:
     names = [name for s in settings() for name in s.env]
     assert len(names) == len(set(names))  # no two settings share a variable
-    assert settings_table() in (REPO_ROOT / "README.md").read_text()
+    readme = (REPO_ROOT / "README.md").read_text()
+    assert settings_table() in readme
+    # once: a table pasted twice (its header and first row repeated) reads as a broken table
+    assert readme.count(settings_table().splitlines()[0]) == 1
+    assert readme.count(settings_table().splitlines()[2]) == 1
 
 
 def test_worker_with_a_bad_setting_exits_2_with_one_line() -> None:
@@ -131,3 +135,11 @@ def test_a_cpu_worker_gets_cpu_limits_unless_they_were_given(tmp_path: Path) -> 
     # The bundled CPU config says what a CPU worker gets anyway, or more.
     bundled = load_worker_config(REPO_ROOT / "configs" / "smollm2-cpu.toml", {}, {})
     assert bundled.queue.read_window == 0 and bundled.engine.device == "cpu"
+
+
+def test_worker_help_names_the_toml_tables() -> None:
+    # NOTE: typer renders help as rich markup, where an unescaped "[worker]" is a style tag
+    done = radixq("worker", "--help", env=subprocess_env(COLUMNS="200"))
+    assert done.returncode == 0, done.stderr
+    assert "Worker TOML file: [worker], [queue], [engine] tables." in done.stdout
+    assert "--config's [worker], [queue] and [engine] tables" in done.stdout

@@ -47,10 +47,12 @@ MAX_HELD_PER_SLOT = 8  # the most it accepts: a read window beyond that holds no
 class EngineLoad:
     """The scheduler's load as its latest RequestFinished reported it (worker.metrics' gauges)."""
 
-    running_reqs: int = 0
+    running_reqs: int = 0  # held, running or waiting
     pages_used: int = 0
     num_pages: int = 0
     step_s: float = 0.0
+    batch_reqs: int = 0  # in the running batch
+    waiting_reqs: int = 0  # waiting for admission
 
 
 @dataclass(frozen=True)
@@ -153,7 +155,12 @@ class EngineGenerator:
         for message in self._proc.receive(timeout_s):
             if isinstance(message, RequestFinished):
                 self.load = EngineLoad(
-                    message.running_reqs, message.pages_used, self.load.num_pages, message.step_s
+                    message.running_reqs,
+                    message.pages_used,
+                    self.load.num_pages,
+                    message.step_s,
+                    message.batch_reqs,
+                    message.waiting_reqs,
                 )
                 entry = self._inflight.pop(message.uid, None)
                 if entry is None:
@@ -259,7 +266,10 @@ class EngineGenerator:
                 )
                 self._crash_reason = None
         timings = Timings(
-            enqueued_at_ms=job.enqueued_at_ms, started_at_ms=entry.started_at_ms, finished_at_ms=now_ms()
+            enqueued_at_ms=job.enqueued_at_ms,
+            started_at_ms=entry.started_at_ms,
+            finished_at_ms=now_ms(),
+            first_token_at_ms=finished.first_token_at_ms,
         )
         if finished.error_code is not None:
             message = f"job {job.id!r}: {finished.error_message or finished.error_code}"

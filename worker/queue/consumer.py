@@ -317,17 +317,27 @@ class Consumer:
             self.tally.saw(held.key, result.usage.prompt_tokens, result.usage.cached_tokens)
             job = held.job
             timings = Timings(
-                enqueued_at_ms=job.enqueued_at_ms, started_at_ms=held.started_at_ms, finished_at_ms=now_ms()
+                enqueued_at_ms=job.enqueued_at_ms,
+                started_at_ms=held.started_at_ms,
+                finished_at_ms=now_ms(),
+                first_token_at_ms=result.timings.first_token_at_ms,
             )
             filled = msgspec.structs.replace(
                 result,
                 metadata=result.metadata or job.metadata,
                 worker=result.worker or self.name,
-                model=result.model or self.generator.model_name,
+                model=self._reply_model(job, result),
                 timings=timings,
             )
             self._complete(Completion(filled, held.entry_id, tuple(held.duplicates)))
             self.completed += 1
+
+    def _reply_model(self, job: Job, result: Result) -> str:
+        """The model a result names: the served name the job asked for (else the worker's first
+        served name), or, with no served names, the model that ran."""
+        if self.served_models:
+            return job.model if job.model in self.served_models else self.served_models[0]
+        return result.model or self.generator.model_name
 
     def _settle_crashes(self) -> None:
         """Count an attempt for each job that crashed the engine alone; run it again alone or

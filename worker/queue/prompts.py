@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 
@@ -53,6 +54,11 @@ class PromptLists:
     @property
     def restarts(self) -> int:
         return self.inner.restarts
+
+    @property
+    def load(self) -> Any:
+        """The inner generator's load report (worker.metrics' gauges), None when it has none."""
+        return getattr(self.inner, "load", None)
 
     @property
     def unattributed_crashes(self) -> int:

@@ -54,10 +54,13 @@ class RequestFinished(msgspec.Struct, tag="finished", frozen=True):
     cached_tokens: int  # prompt tokens served from the prefix cache (first admission)
     error_code: str | None = None  # e.g. "prompt_too_long"; choices empty then
     error_message: str | None = None
+    first_token_at_ms: int = 0  # wall clock when its first output token reached the host
     # The scheduler's load when this was sent (the worker's metrics gauges show the latest):
     running_reqs: int = 0  # requests it holds, running or waiting
     pages_used: int = 0  # KV pages not free (running requests and the prefix cache)
     step_s: float = 0.0  # how long the step that sent it took
+    batch_reqs: int = 0  # requests (choices) in the running batch: decoding, or a prompt in chunks
+    waiting_reqs: int = 0  # requests (choices) waiting for admission
 
 
 class SchedulerReady(msgspec.Struct, tag="ready", frozen=True):

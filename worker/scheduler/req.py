@@ -38,6 +38,7 @@ class RequestGroup:
     n: int
     choices: dict[int, ChoiceOutput] = field(default_factory=dict)
     cached_tokens: int | None = None  # prefix-cache hit of the first admission
+    first_token_at_ms: int = 0  # wall clock when the first token of any choice reached the host
     held_back: list[PendingReq] = field(default_factory=list)  # siblings waiting for the prompt KV
 
     @property

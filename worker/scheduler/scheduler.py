@@ -144,6 +144,8 @@ class Scheduler:
             "running_reqs": len(self.groups),
             "pages_used": self.engine.num_pages - self.cache.allocator.num_free_pages,
             "step_s": step_s,
+            "batch_reqs": len(self.decode.running) + (self.prefill.chunked is not None),
+            "waiting_reqs": len(self.prefill.waiting),
         }
         return [msgspec.structs.replace(m, **load) if isinstance(m, RequestFinished) else m for m in messages]
 
@@ -398,6 +400,8 @@ class Scheduler:
             if not req.produces_token or req.finished:
                 continue  # NOTE: under overlap a finished request can sit in one more batch
             req.append_host(token)
+            if not req.pending.group.first_token_at_ms:  # NOTE: a metric (TTFT), nothing reads it here
+                req.pending.group.first_token_at_ms = int(time.time() * 1000)
             if row in logprobs:
                 req.pending.logprobs.append(TokenLogprobs(*logprobs[row]))
             stop = check_stop(req, self.engine.eos_token_ids, self.detokenize)
@@ -427,6 +431,7 @@ class Scheduler:
                     choices=[group.choices[i] for i in range(group.n)],
                     prompt_tokens=group.prompt_len,
                     cached_tokens=group.cached_tokens or 0,
+                    first_token_at_ms=group.first_token_at_ms,
                 )
             )
 
