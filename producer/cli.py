@@ -162,13 +162,14 @@ def expected_errors(url: str) -> Iterator[None]:
 
     from producer.client import UnknownQueueError
     from producer.outfile import OutputFileError
+    from producer.outlock import OutputBusy
     from producer.redis_errors import describe
     from producer.retry import RedisUnavailable
     from producer.routing import RoutingCorrupt
 
     try:
         yield
-    except (UnknownQueueError, OutputFileError, RoutingCorrupt) as exc:
+    except (UnknownQueueError, OutputFileError, OutputBusy, RoutingCorrupt) as exc:
         fail(str(exc), exits.USAGE)
     except RedisUnavailable as exc:
         fail(
@@ -351,6 +352,12 @@ def collect(
     typer.echo(f"wrote {report.written} results to {output} ({report.already} already there)")
     if report.replaced:
         typer.echo(f"replaced {report.replaced} error rows of requeued jobs with their new results")
+    if report.duplicates:
+        warn(
+            f"{rows_file} holds {len(report.duplicates)} rows of ids it already had (e.g. "
+            f"{', '.join(report.duplicates[:3])}), written by collects that ran at once before they "
+            "took a lock: keep the first row of each id"
+        )
     if report.stopped:
         fail(f"stopped: {report.stopped}; run the same command again to continue", exits.USAGE)
     if report.lost:

@@ -55,6 +55,7 @@ class CollectReport:
     trimmed: list[str] = field(default_factory=list)  # of missing: collected earlier, then trimmed
     lost: str | None = None  # Redis lost the queue's data while this collect ran (what it saw)
     stopped: str | None = None  # Redis unavailable past the retry timeout, or a fatal error
+    duplicates: list[str] = field(default_factory=list)  # ids on several rows of the file as found
 
 
 @dataclass
@@ -170,6 +171,7 @@ class Collector:
             trimmed=[i for i in run.expected if i in run.trimmed and i not in output.ids],
             lost=run.lost,
             stopped=stopped,
+            duplicates=output.duplicates,
         )
 
     def _attempt(self, step: Callable[[], None], deadline: float | None) -> str | None:

@@ -2,19 +2,22 @@
 
 One JSON line per job id (``custom_id`` for OpenAI batch rows, else ``id``); a row whose
 ``error`` is an object is an error row. Results may be trimmed from Redis only after
-``sync`` returned: from then on the file is their only copy.
+``sync`` returned: from then on the file is their only copy. An open OutputFile holds the
+file's lock (producer.outlock): a second writer is refused, naming the first.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import msgspec
 
 from producer.jsonl import Rejected, output_line
+from producer.outlock import output_lock
 from producer.schema import decode_result, error_result
 
 
@@ -90,28 +93,42 @@ def cut_torn_line(path: Path) -> None:
 
 
 class OutputFile:
-    """The output file, open for appending. ``ids``: every id with a row; ``errors``: id ->
-    error code of its row, for error rows. Holds no row payloads."""
+    """The output file, open for appending and locked. ``ids``: every id with a row;
+    ``errors``: id -> error code of its row, for error rows; ``duplicates``: ids found on more
+    than one row when it was opened (written by concurrent collects before the lock existed).
+    Holds no row payloads. Raises producer.outlock.OutputBusy when another process writes it."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.ids: set[str] = set()
         self.errors: dict[str, str] = {}
-        if self.path.exists():
-            cut_torn_line(self.path)
-            with open(self.path, "rb") as rows:
-                for line_no, line in enumerate(rows, start=1):
-                    if line.strip():
-                        try:
-                            job_id, code = row_key(line)
-                        except (msgspec.DecodeError, ValueError) as exc:
-                            raise OutputFileError(
-                                f"{self.path}: line {line_no} is not a radixq output row ({exc}); "
-                                "collect into a new file or remove that line"
-                            ) from None
-                        self._note(job_id, code)
-        self._sink: BinaryIO = open(self.path, "ab")  # noqa: SIM115 - closed by close()
+        self.duplicates: list[str] = []
+        self._stack = ExitStack()
+        self._stack.enter_context(output_lock(self.path))
+        try:
+            if self.path.exists():
+                self._load()
+            self._sink: BinaryIO = open(self.path, "ab")  # noqa: SIM115 - closed by close()
+        except BaseException:
+            self._stack.close()
+            raise
         self._unsynced = False
+
+    def _load(self) -> None:
+        cut_torn_line(self.path)
+        with open(self.path, "rb") as rows:
+            for line_no, line in enumerate(rows, start=1):
+                if line.strip():
+                    try:
+                        job_id, code = row_key(line)
+                    except (msgspec.DecodeError, ValueError) as exc:
+                        raise OutputFileError(
+                            f"{self.path}: line {line_no} is not a radixq output row ({exc}); "
+                            "collect into a new file or remove that line"
+                        ) from None
+                    if job_id in self.ids:
+                        self.duplicates.append(job_id)
+                    self._note(job_id, code)
 
     def _note(self, job_id: str, code: str | None) -> None:
         self.ids.add(job_id)
@@ -161,8 +178,11 @@ class OutputFile:
         return replaced
 
     def close(self) -> None:
-        self.sync()
-        self._sink.close()
+        try:
+            self.sync()
+        finally:
+            self._sink.close()
+            self._stack.close()
 
     def __enter__(self) -> OutputFile:
         return self

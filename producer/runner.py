@@ -38,6 +38,7 @@ from producer.jsonl import InputFile, Rejected, written_ids
 from producer.lifetime import start_child
 from producer.local_redis import LocalRedis
 from producer.outfile import OutputFileError, write_rejected
+from producer.outlock import OutputBusy, output_lock
 from producer.progress import Progress
 from producer.redis_errors import FatalRedisError, describe, redact
 from producer.schema import Job, Result
@@ -126,6 +127,15 @@ def run_file(options: RunOptions, say: Callable[[str], None] = print) -> RunRepo
         raise RunError(f"cannot write {out}: {'it is a folder' if out.is_dir() else 'no such folder'}")
     if options.join_input and not is_parquet(out):
         raise RunError("--join-input needs a Parquet output (-o OUT.parquet)")
+    try:
+        with output_lock(rows_path(out)):  # NOTE: held for the whole run; its collects take it again
+            return _run_locked(options, say)
+    except OutputBusy as exc:
+        raise RunError(str(exc)) from None
+
+
+def _run_locked(options: RunOptions, say: Callable[[str], None]) -> RunReport:
+    out = options.output_path
     try:
         parsed = read_input(options.input_path, options.mapping)
     except ValueError as exc:  # pyarrow: not a Parquet/CSV file, or a damaged one
