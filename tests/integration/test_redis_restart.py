@@ -19,6 +19,8 @@ from producer.schema import Job
 from tests.conftest import require_redis_server
 from tests.fake_generator import fake_text
 from tests.integration.procs import start_worker
+from worker.queue.streams import RedisJobQueue
+from worker.queue.streams.lag import LagCount
 
 pytestmark = pytest.mark.integration
 
@@ -80,3 +82,84 @@ def test_private_redis_restart_keeps_stream_and_group(tmp_path: Path) -> None:
         assert client.xlen("s") == 1
         assert client.xinfo_groups("s")[0]["name"] == b"g"
         client.close()
+
+
+def test_workers_keep_their_window_full_after_an_aof_restart(tmp_path: Path) -> None:
+    """After kill -9 and a restart from the AOF, Redis cannot tell the group's lag (nil in
+    XINFO GROUPS, checked here) while thousands of jobs are queued. The workers count it
+    instead of reading 0, so their windows stay full: 2 workers of capacity 8 hold at least
+    75% of 16 jobs, read from Redis as the group's pending entries delivered after the restart
+    (entries whose delivery the kill cut off stay pending too, until reclaimed: not counted)."""
+    require_redis_server()
+    server = LocalRedis(use_server=True, data_dir=tmp_path, appendonly=True, fsync="always").start()
+    keys = QueueKeys()
+    workers = []
+    try:
+        client = Client.from_url(server.url)
+        jobs = [Job(id=f"r{i:04d}", prompt=f"p {i}") for i in range(5000)]
+        client.enqueue(jobs)
+        env = {
+            "RADIXQ_FAKE_CAPACITY": "8",
+            "RADIXQ_FAKE_LATENCY_S": "0.03",
+            "RADIXQ_SURVEY_S": "0.2",
+            "RADIXQ_MIN_IDLE_S": "2",  # NOTE: the cut-off deliveries come back soon, as in a long run
+        }
+        workers = [start_worker(server.url, f"w{i}", tmp_path / f"w{i}.log", **env) for i in range(2)]
+        wait_until(lambda: client.redis.hlen(keys.done) >= 300, "300 jobs done before the kill")
+        server.kill()
+        time.sleep(1.0)
+        server.restart()
+        group = client.redis.xinfo_groups(keys.jobs)[0]
+        assert group["lag"] is None, group  # what the workers face: Redis lost the count
+        boundary = group["last-delivered-id"].decode()
+        restarted_s, done_then = time.monotonic(), client.redis.hlen(keys.done)
+        wait_until(lambda: client.redis.hlen(keys.done) >= done_then + 1500, "1500 more jobs done")
+        held = []
+        for _ in range(20):
+            pending = client.redis.xpending_range(
+                keys.jobs, keys.group, min=f"({boundary}", max="+", count=100
+            )
+            held.append(len(pending))
+            time.sleep(0.1)
+        print(f"in flight after the restart (+{time.monotonic() - restarted_s:.1f} s): {held}")
+        assert sorted(held)[len(held) // 2] >= 12, held  # the median sample
+    finally:
+        for proc in workers:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        server.stop()
+
+
+def test_the_survey_counts_the_lag_redis_lost(tmp_path: Path) -> None:
+    """The survey's queued count after an AOF restart equals the entries after the group's
+    last-delivered id (counted here with XRANGE), on both of its counting paths: behind the
+    last-delivered id (what is held and not yet trimmed), and forward when too much is kept
+    behind it."""
+    require_redis_server()
+    with LocalRedis(use_server=True, data_dir=tmp_path, appendonly=True, fsync="always") as server:
+        client = Client.from_url(server.url)
+        client.enqueue([Job(id=f"s{i:04d}", prompt="p") for i in range(3000)])
+        keys = QueueKeys()
+        read = client.redis.xreadgroup(keys.group, "w", {keys.jobs: ">"}, count=1200)
+        client.redis.xack(keys.jobs, keys.group, *[entry for entry, _ in read[0][1][:1000]])
+        server.kill()
+        server.restart()
+        admin = redis.Redis.from_url(server.url)
+        assert admin.xinfo_groups(keys.jobs)[0]["lag"] is None
+        last = admin.xinfo_groups(keys.jobs)[0]["last-delivered-id"].decode()
+        truth = len(admin.xrange(keys.jobs, min=f"({last}", max="+"))
+        assert truth == 1800
+        queue = RedisJobQueue(admin, keys.queue, "w", 60_000, 10_000)
+        queue.prepare()
+        assert queue.survey().queued == truth
+        queue._count_lag = LagCount(max_counted=500)  # 1,200 kept behind: counted forward, capped
+        assert queue.survey().queued == 500
+        admin.close()
+
+
+def wait_until(condition, what: str, timeout_s: float = 120) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)

@@ -11,6 +11,9 @@ All of a queue's keys share one hash tag, so it works on a Redis Cluster too.
     count        a script: XCLAIM (counts a delivery) if still ours
     heartbeat    HSET workers + HGET meta epoch     housekeeping  XTRIM MINID, forget dead consumers
 
+A lag Redis cannot tell (nil after an AOF restart) is counted by the survey
+(worker.queue.streams.lag).
+
 Redis errors leave as the contract's: transient ones (producer.redis_errors) as
 QueueUnavailable, a missing group as QueueLost, fatal ones as QueueRefused (one line).
 """
@@ -50,6 +53,7 @@ from worker.queue.jobqueue import (
     entry_key,
 )
 from worker.queue.routing import Router, Survey, live_workers, read_routed
+from worker.queue.streams.lag import LagCount
 from worker.queue.streams.leases import Leases
 from worker.queue.streams.retention import ConsumerJanitor, trim_acked_jobs
 
@@ -117,6 +121,7 @@ class RedisJobQueue:
         self.janitor = ConsumerJanitor(self.keys, name, dead_after_ms)
         self.router = Router(name, steal_after_s)
         self.partitions = 1
+        self._count_lag = LagCount()
 
     def _streams(self) -> list[str]:
         return self.keys.partitions(self.partitions)
@@ -146,12 +151,14 @@ class RedisJobQueue:
                 pipe.xinfo_groups(stream)
             reply: Any = pipe.execute(raise_on_error=False)
         lag, in_flight = [], 0
-        for groups in reply[1:]:
+        for stream, groups in zip(self._streams(), reply[1:], strict=True):
             group: dict[str, Any] = (
                 {}
                 if isinstance(groups, Exception)
                 else next((g for g in groups if g["name"].decode() == self.keys.group), {})
             )
+            if group and group.get("lag") is None:  # NOTE: Redis lost the count (an AOF restart)
+                group["lag"] = self._count_lag(self.redis, stream, group["last-delivered-id"].decode())
             lag.append(int(group.get("lag") or 0))
             in_flight += int(group.get("pending") or 0)
         if isinstance(reply[0], Exception):
