@@ -9,7 +9,8 @@ resumed: ids already in it are not written again, except dead-letter rows of job
 since (the ``requeued`` hash), which are replaced in place by the new result.
 
 Redis trouble: transient errors are waited out (producer.retry); a queue Redis lost (epoch
-gone or changed, order list shorter than seen) stops the collect with ``lost`` set; results
+gone or changed, order list shorter than seen, results written for another epoch than the
+queue's) stops the collect with ``lost`` set, and such results are never written; results
 trimmed (``trim``) by an earlier collect that wrote them elsewhere are reported, not awaited.
 """
 
@@ -29,6 +30,7 @@ from producer.epoch import EpochWatch
 from producer.keys import (
     DEFAULT_QUEUE,
     FIELD_ENTRY,
+    FIELD_EPOCH,
     FIELD_ID,
     FIELD_RESULT,
     META_EPOCH,
@@ -98,6 +100,7 @@ class Collector:
         self._last_entry = "0-0"  # results stream: the last entry read
         self._ahead: dict[str, tuple[str, bytes]] = {}  # id -> (results entry, result): read, not yet due
         self._watch = EpochWatch(self.keys)
+        self._epoch: bytes | None = None  # the queue's epoch as of this round
         self._order_seen = 0  # the longest order list seen: a shorter one means Redis lost data
         self._trim_seen: EntryId = (0, 0)  # trimmed bound already checked for (this call)
         self._trimmed_to: EntryId = (0, 1)  # this collector trimmed the results stream below this
@@ -196,6 +199,7 @@ class Collector:
             pipe.hget(self.keys.meta, META_RESULTS_TRIMMED)
             pipe.llen(self.keys.order)
             epoch, trimmed_raw, order_len = pipe.execute()
+        self._epoch = epoch
         lost = self._watch.observe(epoch.decode() if epoch is not None else None)
         if lost is None and order_len < self._order_seen:
             lost = (
@@ -252,6 +256,10 @@ class Collector:
             for (entry_id, fields), job_id, mark in zip(entries, job_ids, marks, strict=True):
                 if mark is None or mark != fields.get(FIELD_ENTRY.encode()):
                     continue  # not the result that counts
+                epoch = fields.get(FIELD_EPOCH.encode())
+                if epoch is not None and epoch != self._epoch:
+                    run.lost = run.lost or _stale(self.keys.queue, epoch, self._epoch)
+                    continue  # NOTE: written into this Redis for a queue it no longer has
                 raw = fields.get(FIELD_RESULT.encode(), b"")
                 if job_id in run.superseded:
                     run.replacements[job_id] = raw
@@ -336,6 +344,15 @@ class Collector:
             self.redis.hset(self.keys.meta, META_RESULTS_TRIMMED, text)
         self._trimmed_to = bound
         self._trim_seen = max(self._trim_seen, bound)
+
+
+def _stale(queue: str, written: bytes, current: bytes | None) -> str:
+    now = f"epoch {current.decode()}" if current is not None else "no epoch"
+    return (
+        f"queue {queue!r}: its results stream holds results of jobs read under epoch "
+        f"{written.decode(errors='replace')}, and the queue has {now}: Redis lost the queue while "
+        "workers held jobs (those results are not written)"
+    )
 
 
 def _parse(entry_id: str) -> EntryId:

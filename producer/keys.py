@@ -89,7 +89,8 @@ class QueueKeys:
 
 
 # Field names inside stream entries. jobs: id, job, key (the prefix key, producer.routing). results: id, entry (the jobs-stream entry
-# id it answers), result. dead: id, entry, job, reason, attempts.
+# id it answers), result, epoch (the queue's epoch its job was read under; absent: none).
+# dead: id, entry, job, reason, attempts.
 FIELD_ID = "id"
 FIELD_JOB = "job"
 FIELD_KEY = "key"
@@ -97,6 +98,7 @@ FIELD_RESULT = "result"
 FIELD_ENTRY = "entry"
 FIELD_REASON = "reason"
 FIELD_ATTEMPTS = "attempts"
+FIELD_EPOCH = "epoch"
 # The ``entry`` of a result written at enqueue for a row rejected there (it has no jobs-stream
 # entry): its ``done`` mark, so collect counts it like any other result.
 ENTRY_REJECTED = "rejected"

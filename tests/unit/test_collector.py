@@ -17,6 +17,7 @@ from producer.collector import Collector
 from producer.keys import (
     FIELD_ATTEMPTS,
     FIELD_ENTRY,
+    FIELD_EPOCH,
     FIELD_ID,
     FIELD_JOB,
     FIELD_REASON,
@@ -247,6 +248,26 @@ def test_resumed_collect_on_a_queue_redis_lost_is_a_loss(
     fake_redis.hset(KEYS.done, "j2", entry)
     report = Collector(fake_redis).collect(out, wait=True, timeout_s=5)
     assert report.lost is not None and "output already holds 2 rows" in report.lost
+
+
+def test_results_of_a_lost_queue_are_never_written(fake_redis: fakeredis.FakeRedis, tmp_path: Path) -> None:
+    """Results tagged with an epoch the queue no longer has (a worker that held jobs when Redis
+    restarted empty, written before workers checked): a fresh collect writes none of them and
+    reports the loss."""
+    enqueue(fake_redis, 3)
+    epoch = fake_redis.hget(KEYS.meta, "epoch")
+    entries = newest_entries(fake_redis)
+    fake_redis.flushall()
+    for job_id in ("j0", "j1"):
+        result = encode(error_result(job_id, "internal", "x"))
+        fields = {FIELD_ID: job_id, FIELD_ENTRY: entries[job_id], FIELD_RESULT: result, FIELD_EPOCH: epoch}
+        fake_redis.xadd(KEYS.results, fields)
+        fake_redis.hset(KEYS.done, job_id, entries[job_id])
+    out = tmp_path / "out.jsonl"
+    report = Collector(fake_redis).collect(out, wait=False)
+    assert report.lost is not None and f"read under epoch {epoch.decode()}" in report.lost
+    assert "the queue has no epoch" in report.lost
+    assert report.written == 0 and out.read_text() == ""
 
 
 def test_rejected_rows_keep_their_place_through_requeue(
