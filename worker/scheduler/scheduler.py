@@ -89,7 +89,9 @@ class Scheduler:
         self.shutdown = False
         self.fault: Fault | None = None  # injected failures (tests only)
         self.hooks: StepHooks | None = None  # step observer (profiling), worker.scheduler.hooks
-        self.compiling = GrammarWaits(engine, config.grammar_timeout_s)  # structured output's waiting room
+        self.compiling = GrammarWaits(  # structured output's waiting room
+            engine, config.grammar_timeout_s, config.grammar_memory_mib
+        )
         self._launching: list[Req] = []  # NOTE: the requests of the step under way, named if it fails
         self._processing: list[Req] = []
 
