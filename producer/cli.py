@@ -109,6 +109,15 @@ def column_mapping(
     return mapping
 
 
+def check_input(path: Path) -> None:
+    """One ``error:`` line and exit 2 for an input path that is not a file (Typer's own check
+    prints a box of usage text)."""
+    if path.is_dir():
+        fail(f"{path}: is a folder, not an input file", exits.USAGE)
+    if not path.exists():
+        fail(f"{path}: no such file", exits.USAGE)
+
+
 def load_input(path: Path, mapping: ColumnMapping) -> InputFile:
     """Every row of a dataset file, or one ``error:`` line and exit 2 when it cannot be read."""
     from producer.datasets import read_input
@@ -121,16 +130,35 @@ def load_input(path: Path, mapping: ColumnMapping) -> InputFile:
         fail(f"cannot read {path}: {exc}", exits.USAGE)
 
 
-def queued_rows(parsed: InputFile, errors: Path | None) -> list[Job | Result]:
-    """What enqueue puts in the queue, in input order: the jobs, and the rejected rows as
-    ``invalid_job`` results unless they go to the ``errors`` file (written here)."""
-    from producer.jsonl import Rejected
-    from producer.outfile import write_rejected
+def queued_rows(
+    path: Path, mapping: ColumnMapping, parsed: InputFile, errors: Path | None
+) -> Iterator[Job | Result]:
+    """What enqueue puts in the queue, in input order, as the file is read: the jobs, and the
+    rejected rows (each said on stderr) as ``invalid_job`` results unless they go to the
+    ``errors`` file. The file is opened, and its first row read, before this returns: a file
+    that cannot be read fails here (one ``error:`` line), before Redis is touched."""
+    import itertools
 
-    if errors is not None:
-        write_rejected(errors, parsed.rejected)
-        return list(parsed.jobs)
-    return [row.error_result() if isinstance(row, Rejected) else row for row in parsed.rows]
+    from producer.datasets import iter_input
+    from producer.jsonl import Rejected
+
+    def rows() -> Iterator[Job | Result]:
+        try:
+            for row in iter_input(path, mapping, parsed):
+                if isinstance(row, Rejected):
+                    warn(f"rejected {path}:{row}")
+                    if errors is None:
+                        yield row.error_result()
+                    continue
+                yield row
+        except OSError as exc:
+            fail(f"{path}: {exc.strerror or exc}", exits.USAGE)
+        except ValueError as exc:  # pyarrow: not a Parquet/CSV file, or a damaged one
+            fail(f"cannot read {path}: {exc}", exits.USAGE)
+
+    stream = rows()
+    first = list(itertools.islice(stream, 1))
+    return itertools.chain(first, stream)
 
 
 def write_table(rows_file: Path, output: Path, join_input: Path | None, mapping: ColumnMapping) -> None:
@@ -161,7 +189,7 @@ def expected_errors(url: str) -> Iterator[None]:
     import redis
 
     from producer.client import UnknownQueueError
-    from producer.outfile import OutputFileError
+    from producer.outfile import OutputFileError, os_error_line
     from producer.outlock import OutputBusy
     from producer.redis_errors import describe
     from producer.retry import RedisUnavailable
@@ -179,7 +207,7 @@ def expected_errors(url: str) -> Iterator[None]:
     except redis.RedisError as exc:
         fail(describe(exc, url), exits.USAGE)
     except OSError as exc:
-        fail(f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": "), exits.USAGE)
+        fail(os_error_line(exc), exits.USAGE)
 
 
 def open_client(url: str, queue: str, **options: Any) -> Client:
@@ -195,9 +223,7 @@ def open_client(url: str, queue: str, **options: Any) -> Client:
 
 @app.command()
 def enqueue(
-    input_path: Annotated[
-        Path, typer.Argument(help="Input file: JSONL (.gz), Parquet or CSV.", exists=True, dir_okay=False)
-    ],
+    input_path: Annotated[Path, typer.Argument(help="Input file: JSONL (.gz), Parquet or CSV.")],
     queue: QueueOption = "default",
     redis_url: RedisUrlOption = None,
     retry_timeout_s: RetryTimeoutOption = 60.0,
@@ -230,18 +256,15 @@ def enqueue(
     enqueued); 2: unreadable file, Redis unavailable or refusing (prints how many went in;
     run it again)."""
     from producer.client import EnqueueStopped
+    from producer.jsonl import InputFile
+    from producer.outfile import write_rejected
     from producer.redis_errors import classify, describe
 
     url = resolve_redis_url(redis_url)
+    check_input(input_path)
     mapping = column_mapping(prompt_column, messages_column, id_column, template)
-    with expected_errors(url):
-        parsed = load_input(input_path, mapping)
-        rows = queued_rows(parsed, errors)
-    for rejected in parsed.rejected:
-        warn(f"rejected {input_path}:{rejected}")
-    rejected_ids = {row.job_id for row in parsed.rejected}
-    for note in parsed.notes():
-        warn(f"note {input_path}: {note}")
+    parsed = InputFile(keep_rows=False)
+    rows = queued_rows(input_path, mapping, parsed, errors)
     client = open_client(
         url,
         queue,
@@ -252,7 +275,7 @@ def enqueue(
     )
     try:
         with expected_errors(url):
-            report = client.enqueue(rows)
+            report = client.enqueue(rows, keep_ids=False)
     except EnqueueStopped as stop:
         done = stop.report
         maybe = f" (and up to {stop.uncertain} more whose reply was lost)" if stop.uncertain else ""
@@ -262,18 +285,21 @@ def enqueue(
             else "fix that, then run it again"
         )
         fail(
-            f"enqueued {len(done.enqueued)} ({len(done.skipped)} already enqueued) of {len(parsed.jobs)} "
-            f"valid jobs{maybe}, then stopped: {describe(stop.cause, url)}; {then} to continue "
+            f"enqueued {done.jobs_enqueued} ({done.jobs_skipped} already enqueued) of {parsed.num_jobs} "
+            f"valid jobs read{maybe}, then stopped: {describe(stop.cause, url)}; {then} to continue "
             "(ids already enqueued are skipped)",
             exits.USAGE,
         )
     finally:
         client.close()
-    enqueued = [i for i in report.enqueued if i not in rejected_ids]
-    skipped = [i for i in report.skipped if i not in rejected_ids]
+    if errors is not None:
+        with expected_errors(url):
+            write_rejected(errors, parsed.rejected)
+    for note in parsed.notes():
+        warn(f"note {input_path}: {note}")
     where = f"to {errors}" if errors is not None else "as invalid_job error rows"
     typer.echo(
-        f"enqueued {len(enqueued)}, skipped {len(skipped)} (already enqueued), "
+        f"enqueued {report.jobs_enqueued}, skipped {report.jobs_skipped} (already enqueued), "
         f"rejected {len(parsed.rejected)}" + (f" (written {where})" if parsed.rejected else "")
     )
     if parsed.rejected:
@@ -314,8 +340,6 @@ def collect(
             "--join-input",
             help="Parquet output only: one row per row of this input file (as enqueued, with the same "
             "column options), its columns joined to the result columns.",
-            exists=True,
-            dir_okay=False,
         ),
     ] = None,
     prompt_column: PromptColumnOption = None,
@@ -336,6 +360,8 @@ def collect(
     mapping = column_mapping(prompt_column, messages_column, id_column, template)
     if join_input is not None and not is_parquet(output):
         fail("--join-input needs a Parquet output (-o OUT.parquet)", exits.USAGE)
+    if join_input is not None:
+        check_input(join_input)
     rows_file = rows_path(output)
     client = open_client(url, queue)
     try:

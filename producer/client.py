@@ -41,10 +41,12 @@ from producer.schema import Job, JobError, Result, decode_job, encode, encode_jo
 from producer.status import QueueStatus, now_ms, read_status
 
 
-@dataclass(frozen=True)
+@dataclass
 class EnqueueReport:
-    enqueued: list[str]
+    enqueued: list[str]  # ids, when enqueue was asked to keep them (keep_ids)
     skipped: list[str]  # already enqueued earlier (idempotent by job id)
+    jobs_enqueued: int = 0  # jobs (not rows rejected before, written as their error results)
+    jobs_skipped: int = 0
 
 
 class EnqueueStopped(Exception):
@@ -170,12 +172,16 @@ class Client:
     def close(self) -> None:
         self.redis.close()
 
-    def enqueue(self, jobs: Iterable[Job | Result], batch_size: int = 1000) -> EnqueueReport:
-        """Add the jobs whose ids are new, in batches of one MULTI/EXEC each.
+    def enqueue(
+        self, jobs: Iterable[Job | Result], batch_size: int = 1000, *, keep_ids: bool = True
+    ) -> EnqueueReport:
+        """Add the jobs whose ids are new, in batches of one MULTI/EXEC each, taking one batch
+        at a time from ``jobs`` (an iterator is read as it goes: memory holds one batch).
 
         A Result in ``jobs`` is a row rejected before it could be a job (an ``invalid_job``
         error): it takes its place in the enqueue order with its result already written, so
-        collect writes its error row where the row was in the input.
+        collect writes its error row where the row was in the input. ``keep_ids`` False: the
+        report counts, it lists no ids (for inputs of any size).
 
         Raises EnqueueStopped (carrying the partial report) when Redis stays unavailable
         longer than the retry timeout or answers with another error.
@@ -188,10 +194,10 @@ class Client:
             for job in jobs:
                 batch.append(job)
                 if len(batch) == batch_size:
-                    self._enqueue_batch(batch, report, uncertain)
+                    self._enqueue_batch(batch, report, uncertain, keep_ids)
                     batch = []
             if batch:
-                self._enqueue_batch(batch, report, uncertain)
+                self._enqueue_batch(batch, report, uncertain, keep_ids)
         except RedisUnavailable as exc:
             raise EnqueueStopped(report, exc.cause, len(uncertain), exc.waited_s) from exc
         except redis.RedisError as exc:
@@ -215,7 +221,9 @@ class Client:
         stream = self.keys.partition(partition_of(key, partitions))
         return stream, {FIELD_ID: job.id, FIELD_JOB: data, FIELD_KEY: key}
 
-    def _enqueue_batch(self, jobs: list[Job | Result], report: EnqueueReport, uncertain: set[str]) -> None:
+    def _enqueue_batch(
+        self, jobs: list[Job | Result], report: EnqueueReport, uncertain: set[str], keep_ids: bool
+    ) -> None:
         # WATCH the id hash so that two producers racing on the same ids cannot both add them:
         # the check and the XADDs commit together or retry. ``uncertain`` holds the ids of an
         # attempt whose EXEC reply was lost: found enqueued on the retry, they are ours.
@@ -252,7 +260,12 @@ class Client:
 
         seen = self.backoff.call(attempt)
         for job, mark in zip(jobs, seen, strict=True):
-            (report.enqueued if mark is None or job.id in uncertain else report.skipped).append(job.id)
+            new = mark is None or job.id in uncertain
+            if keep_ids:
+                (report.enqueued if new else report.skipped).append(job.id)
+            if isinstance(job, Job):
+                report.jobs_enqueued += new
+                report.jobs_skipped += not new
         uncertain.clear()
 
     def order(self) -> list[str]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import re
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -50,6 +51,7 @@ _GZIP_MAGIC = b"\x1f\x8b"
 _BOM = b"\xef\xbb\xbf"
 _LINE_READ_LIMIT = MAX_JOB_BYTES + len(_BOM) + 2  # the longest acceptable line with its BOM and CRLF
 _SKIP_PIECE_BYTES = 1 << 16
+_DERIVED_DIGITS = 16  # hex digits of a derived id's hash (L<line>-<digits>)
 
 
 @dataclass(frozen=True)
@@ -79,12 +81,20 @@ class Rejected:
 class InputFile:
     """The rows of one input file in line order (``rows``: each a Job or a Rejected line), the
     same split into ``jobs`` and ``rejected``, and the OpenAI request fields that were accepted
-    and ignored (field -> number of lines)."""
+    and ignored (field -> number of lines).
+
+    ``keep_rows`` False (a streaming reader: ``iter_jobs``, ``datasets.iter_input``) keeps only
+    the rejected rows and the counts: the jobs go on as they are read. Either way it keeps the
+    line of each id a row gave (for "duplicate of line N"), except derived ones, which are
+    unique by their line number."""
 
     rows: list[Job | Rejected] = field(default_factory=list)
     jobs: list[Job] = field(default_factory=list)
     rejected: list[Rejected] = field(default_factory=list)
     ignored: dict[str, int] = field(default_factory=dict)
+    keep_rows: bool = True
+    num_jobs: int = 0
+    num_rows: int = 0
     _first_row_of: dict[str, int] = field(default_factory=dict, repr=False)
 
     def notes(self) -> list[str]:
@@ -94,38 +104,70 @@ class InputFile:
             for name, count in sorted(self.ignored.items())
         ]
 
-    def add_job(self, job: Job, line_no: int, unit: str = "line") -> None:
-        """Add a valid job, or reject it as a duplicate of an earlier row's id."""
+    def add_job(self, job: Job, line_no: int, unit: str = "line") -> Job | Rejected:
+        """Add a valid job, or reject it as a duplicate of an earlier row's id; the row added."""
         if job.id in self._first_row_of:
             reason = f"job {job.id!r}: id: duplicate of {unit} {self._first_row_of[job.id]}"
             format_info = job.metadata.get(openai_batch.RESERVED_KEY) or {}
-            self.reject(line_no, reason, derive_id(reason, line_no), format_info.get("url"), unit)
-            return
-        self._first_row_of[job.id] = line_no
-        self.rows.append(job)
-        self.jobs.append(job)
+            return self.reject(line_no, reason, derive_id(reason, line_no), format_info.get("url"), unit)
+        self._note_id(job.id, line_no)
+        self.num_jobs += 1
+        self.num_rows += 1
+        if self.keep_rows:
+            self.rows.append(job)
+            self.jobs.append(job)
+        return job
 
     def reject(
         self, line_no: int, reason: str, job_id: str | None, openai_url: str | None, unit: str = "line"
-    ) -> None:
+    ) -> Rejected:
         """Add a rejected row; its error row takes ``job_id`` when it is usable and not taken,
-        else an id derived from its position and reason."""
+        else an id derived from its position and reason. Returns it."""
         if job_id is None or _bounded_id(job_id) is None or job_id in self._first_row_of:
             job_id = derive_id(reason, line_no)
-        self._first_row_of[job_id] = line_no
+        self._note_id(job_id, line_no)
         rejected = Rejected(line_no, reason, job_id, openai_url, unit)
-        self.rows.append(rejected)
+        self.num_rows += 1
+        if self.keep_rows:
+            self.rows.append(rejected)
         self.rejected.append(rejected)
+        return rejected
+
+    def _note_id(self, job_id: str, line_no: int) -> None:
+        prefix = f"L{line_no}-"
+        if not (job_id.startswith(prefix) and len(job_id) == len(prefix) + _DERIVED_DIGITS):
+            self._first_row_of[job_id] = line_no  # NOTE: a derived id is unique by its line
 
 
 def derive_id(text: str, line_no: int) -> str:
-    digest = hashlib.sha256(f"{line_no}\n{text.strip()}".encode()).hexdigest()[:16]
+    digest = hashlib.sha256(f"{line_no}\n{text.strip()}".encode()).hexdigest()[:_DERIVED_DIGITS]
     return f"L{line_no}-{digest}"
 
 
 def parse_line(text: str, line_no: int) -> Job:
     """Validate one input line; raises JobError naming the field and why, never anything else."""
     return _parse_line(text, line_no)[0]
+
+
+# a \uD800-\uDBFF escape (not itself escaped) that no \uDC00-\uDFFF escape follows, or a lone low half
+_LONE_SURROGATE = re.compile(
+    r"(?<!\\)(?:\\\\)*(\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+    r"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+)
+
+
+def json_error(text: str, exc: Exception) -> JobError:
+    """A line that is not valid JSON, and why. NOTE: msgspec reports a lone UTF-16 surrogate
+    escape (\ud800 without its pair) as "Input data was truncated": said here as what it is."""
+    lone = _LONE_SURROGATE.search(text)
+    if lone is not None:
+        escape = lone.group(1)
+        return JobError(
+            "json",
+            None,
+            f"{escape} at character {lone.start(1) + 1} is half a UTF-16 surrogate pair, not a character",
+        )
+    return JobError("json", None, f"not valid JSON: {exc}")
 
 
 def _parse_line(text: str, line_no: int) -> tuple[Job, list[str]]:
@@ -143,7 +185,7 @@ def _parse_line(text: str, line_no: int) -> tuple[Job, list[str]]:
     except RecursionError:
         raise nesting_error(json_outline(text)) from None
     except msgspec.DecodeError as exc:
-        raise JobError("json", None, f"not valid JSON: {exc}") from None
+        raise json_error(text, exc) from None
     if not isinstance(raw, dict):
         raise JobError("json", None, f"must be a JSON object, got {type(raw).__name__}")
     try:
@@ -201,22 +243,29 @@ def read_jobs(path: str | Path) -> InputFile:
     file that cannot be read to its end (a truncated gzip stream) keeps the lines read before
     the damage and gets one rejection at the line where reading stopped."""
     parsed = InputFile()
+    for _ in iter_jobs(path, parsed):
+        pass
+    return parsed
+
+
+def iter_jobs(path: str | Path, parsed: InputFile) -> Iterator[Job | Rejected]:
+    """read_jobs, one row at a time as it is read (``parsed`` counts them and keeps what its
+    ``keep_rows`` says)."""
     with open_binary(path) as stream:
         for line_no, text in read_lines(stream):
             if isinstance(text, JobError):
-                parsed.reject(line_no, str(text), None, None)
+                yield parsed.reject(line_no, str(text), None, None)
                 continue
             if not text.strip():
                 continue
             try:
                 job, ignored = _parse_line(text, line_no)
             except JobError as exc:
-                parsed.reject(line_no, str(exc), *_row_identity(text, exc))
+                yield parsed.reject(line_no, str(exc), *_row_identity(text, exc))
                 continue
-            parsed.add_job(job, line_no)
             for name in ignored:
                 parsed.ignored[name] = parsed.ignored.get(name, 0) + 1
-    return parsed
+            yield parsed.add_job(job, line_no)
 
 
 def _row_identity(text: str, exc: JobError) -> tuple[str | None, str | None]:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 import tempfile
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -61,7 +62,7 @@ def write_rejected(path: str | Path, rejected: list[Rejected]) -> None:
     path = Path(path)
     fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
-        with os.fdopen(fd, "wb") as out:
+        with naming(path), os.fdopen(fd, "wb") as out:
             out.writelines(output_line(row.error_result()) for row in rejected)
             out.flush()
             os.fsync(out.fileno())
@@ -69,6 +70,23 @@ def write_rejected(path: str | Path, rejected: list[Rejected]) -> None:
     except BaseException:
         Path(temp).unlink(missing_ok=True)
         raise
+
+
+@contextmanager
+def naming(path: Path) -> Iterator[None]:
+    """An OSError without a file name (a write that found the disk full: "No space left on
+    device") names ``path``."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is None:
+            raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
+        raise
+
+
+def os_error_line(exc: OSError) -> str:
+    """``FILE: reason`` (or the reason alone) for an error line."""
+    return f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": ")
 
 
 def cut_torn_line(path: Path) -> None:
@@ -138,15 +156,17 @@ class OutputFile:
             self.errors[job_id] = code
 
     def append(self, job_id: str, line: bytes, code: str | None) -> None:
-        self._sink.write(line)
+        with naming(self.path):
+            self._sink.write(line)
         self._note(job_id, code)
         self._unsynced = True
 
     def sync(self) -> None:
         """Flush and fsync what was appended."""
         if self._unsynced:
-            self._sink.flush()
-            os.fsync(self._sink.fileno())
+            with naming(self.path):
+                self._sink.flush()
+                os.fsync(self._sink.fileno())
             self._unsynced = False
 
     def replace(self, rows: dict[str, tuple[bytes, str | None]]) -> int:
@@ -158,7 +178,7 @@ class OutputFile:
         replaced = 0
         fd, temp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
         try:
-            with os.fdopen(fd, "wb") as new, open(self.path, "rb") as old:
+            with naming(self.path), os.fdopen(fd, "wb") as new, open(self.path, "rb") as old:
                 for line in old:
                     job_id = row_key(line)[0] if line.strip() else None
                     if job_id is not None and job_id in rows:

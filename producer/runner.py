@@ -37,7 +37,7 @@ from producer.datasets import NATIVE_COLUMNS, ColumnMapping, input_columns, read
 from producer.jsonl import InputFile, Rejected, written_ids
 from producer.lifetime import start_child
 from producer.local_redis import LocalRedis
-from producer.outfile import OutputFileError, write_rejected
+from producer.outfile import OutputFileError, os_error_line, write_rejected
 from producer.outlock import OutputBusy, output_lock
 from producer.progress import Progress
 from producer.redis_errors import FatalRedisError, describe, redact
@@ -85,10 +85,8 @@ class RunReport:
         return len(self.expected) - self.in_output
 
     def exit_code(self) -> int:
-        """0: every line ran without error; 2: nothing could run (no job lines, or every
-        worker exited with a usage error); 1: anything else short of that."""
-        if not self.parsed.jobs and not self.parsed.rejected:
-            return exits.USAGE
+        """0: every line ran without error (an empty input: nothing to do, as for enqueue);
+        2: nothing could run (every worker exited with a usage error); 1: anything else."""
         if self.missing and self.worker_codes and all(code == exits.USAGE for code in self.worker_codes):
             return exits.USAGE
         if self.missing or self.failed or self.parsed.rejected:
@@ -132,6 +130,8 @@ def run_file(options: RunOptions, say: Callable[[str], None] = print) -> RunRepo
             return _run_locked(options, say)
     except OutputBusy as exc:
         raise RunError(str(exc)) from None
+    except OSError as exc:  # an unreadable input, a full disk
+        raise RunError(os_error_line(exc)) from None
 
 
 def _run_locked(options: RunOptions, say: Callable[[str], None]) -> RunReport:

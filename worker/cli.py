@@ -26,6 +26,7 @@ from producer.cli import (
     RedisUrlOption,
     TemplateOption,
     app,
+    check_input,
     column_mapping,
     fail,
 )
@@ -186,9 +187,7 @@ RunDrainOption = Annotated[
 
 
 def run(
-    input_path: Annotated[
-        Path, typer.Argument(help="Input file: JSONL (.gz), Parquet or CSV.", exists=True, dir_okay=False)
-    ],
+    input_path: Annotated[Path, typer.Argument(help="Input file: JSONL (.gz), Parquet or CSV.")],
     output: Annotated[
         Path,
         typer.Option("--output", "-o", help="Output file, JSONL or .parquet (resumed if it exists)."),
@@ -240,8 +239,15 @@ def run(
     configuration or connection error, unreadable input.
     """
     from producer import exits
+    from producer.redis_errors import check_url
     from producer.runner import RunError, RunOptions, run_file
 
+    check_input(input_path)
+    if redis_url is not None:
+        try:
+            check_url(redis_url)
+        except ValueError as exc:
+            fail(f"--redis-url {exc}", exits.USAGE)
     worker_args = ["--generator", generator] if generator else []
     if device:
         worker_args += ["--device", device]
@@ -271,7 +277,9 @@ def run(
     except RunError as exc:
         fail(str(exc), exits.USAGE)
     typer.echo(f"wrote {report.written} results to {output} ({report.resumed} were already there)", err=True)
-    if not report.parsed.jobs:
+    if not report.parsed.jobs and not report.parsed.rejected:
+        typer.echo(f"{input_path} has no rows: nothing to run", err=True)
+    elif not report.parsed.jobs:
         fail(f"no valid jobs in {input_path}", report.exit_code())
     if report.failed:
         typer.echo(

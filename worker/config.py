@@ -57,6 +57,12 @@ class WorkerSection:
     def __post_init__(self) -> None:
         if not 0 <= self.metrics_port <= 65535:
             raise ValueError(f"metrics_port={self.metrics_port}: must be a port in [1, 65535], or 0 for none")
+        from producer.redis_errors import check_url
+
+        try:
+            check_url(self.redis_url)
+        except ValueError as exc:
+            raise ValueError(f"redis_url={exc}") from None
 
     @property
     def served_models(self) -> tuple[str, ...]:

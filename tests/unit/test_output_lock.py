@@ -88,3 +88,25 @@ def test_existing_duplicate_rows_are_reported(tmp_path: Path) -> None:
     out.write_text('{"id": "a"}\n{"id": "b"}\n{"id": "a"}\n')
     with OutputFile(out) as output:
         assert output.duplicates == ["a"] and output.ids == {"a", "b"}
+
+
+def test_a_full_disk_names_the_output_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write that finds the disk full fails naming the file (its error line reads
+    "OUT: No space left on device"), where the OS error alone names none."""
+    import errno
+
+    from producer import outfile
+
+    out = tmp_path / "out.jsonl"
+    with OutputFile(out) as output:
+        output.append("a", b'{"id": "a"}\n', None)
+
+        def full(fd: int) -> None:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(outfile.os, "fsync", full)
+        with pytest.raises(OSError) as raised:
+            output.sync()
+        monkeypatch.undo()
+    assert raised.value.filename == str(out) and raised.value.errno == errno.ENOSPC
+    assert outfile.os_error_line(raised.value) == f"{out}: No space left on device"

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from producer.keys import FIELD_JOB
 from producer.routing import split_id
 from producer.schema import Job, JobError, Result, decode_job
 from producer.status import Heartbeat
@@ -98,6 +99,9 @@ def decode_entry(entry: Entry) -> Job:
     """The entry's job; JobError when the entry, its payload or the job is not valid."""
     if entry.problem is not None:
         raise JobError("id", None, entry.problem)
+    if not entry.data:
+        why = f"the stream entry {entry.entry_id} holds no job (its {FIELD_JOB!r} field is missing or empty)"
+        raise JobError("job", None, why, entry.job_id)
     job = decode_job(entry.data)
     if job.id != entry.job_id:
         raise JobError(
