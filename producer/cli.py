@@ -394,6 +394,11 @@ def collect(
             "it are skipped, so each id is still written once.",
             exits.JOBS_FAILED,
         )
+    if report.forgotten_elsewhere:
+        warn(
+            f"{report.forgotten_elsewhere} jobs were collected earlier by a trimming collect into another "
+            "output and Redis forgot them (their rows are in that output)"
+        )
     if report.trimmed:
         warn(
             f"{len(report.trimmed)} jobs were collected earlier and trimmed from Redis (their rows are "
@@ -404,7 +409,7 @@ def collect(
         warn(f"{others} jobs have no result yet, e.g. {', '.join(report.missing[:3])}")
     if report.failed:
         warn(f"{report.failed} jobs failed (error rows in {output})")
-    if report.missing or report.failed:
+    if report.missing or report.failed or report.forgotten_elsewhere:
         raise typer.Exit(exits.JOBS_FAILED)
 
 

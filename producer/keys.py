@@ -108,3 +108,5 @@ META_CREATED_MS = "created_ms"
 META_PARTITIONS = "partitions"  # partition streams of the queue (absent: 1)
 META_PREFIX_CHARS = "prefix_chars"  # characters of a prompt that make its prefix key
 META_RESULTS_TRIMMED = "results_trimmed"  # results-stream entries below this id were trimmed
+META_FORGOTTEN = "forgotten"  # ids a trimming collect removed from the head of order, records and all
+META_FORGOTTEN_FAILED = "forgotten_failed"  # of those, the ids whose rows were error rows

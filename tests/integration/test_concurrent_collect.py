@@ -15,26 +15,15 @@ import redis
 
 from producer import exits
 from producer.client import Client
-from producer.keys import FIELD_ENTRY, FIELD_ID, FIELD_RESULT, QueueKeys
+from producer.keys import QueueKeys
 from producer.outlock import lock_path
-from producer.schema import Choice, Job, Result, encode
+from producer.schema import Job
 from tests.integration.procs import REPO_ROOT, subprocess_env
+from tests.integration.results import complete_all
 
 pytestmark = pytest.mark.integration
 KEYS = QueueKeys()
 JOBS = 3000
-
-
-def complete_all(client: redis.Redis, ids: list[str]) -> None:
-    """Write each job's counted result the way a worker's outbox does."""
-    entries = {f[b"id"].decode(): e for e, f in client.xrange(KEYS.jobs)}
-    with client.pipeline(transaction=True) as pipe:
-        for job_id in ids:
-            choice = Choice(index=0, text=f"t {job_id}", token_ids=[], finish_reason="stop")
-            result = encode(Result(id=job_id, choices=[choice]))
-            pipe.xadd(KEYS.results, {FIELD_ID: job_id, FIELD_ENTRY: entries[job_id], FIELD_RESULT: result})
-            pipe.hsetnx(KEYS.done, job_id, entries[job_id])
-        pipe.execute()
 
 
 def start_collect(url: str, out: Path, *args: str) -> subprocess.Popen[str]:
