@@ -39,6 +39,7 @@ class RequestGroup:
     choices: dict[int, ChoiceOutput] = field(default_factory=dict)
     cached_tokens: int | None = None  # prefix-cache hit of the first admission
     held_back: list[PendingReq] = field(default_factory=list)  # siblings waiting for the prompt KV
+    slots: int = 0  # its choices holding a table slot now (admitted, not yet released)
 
     @property
     def done(self) -> bool:

@@ -380,6 +380,7 @@ class Scheduler:
         req.released = True
         self.cache.cache_req(req, finished=True)
         self.tables.free(req.slot)
+        req.pending.group.slots -= 1
 
     # ---- results --------------------------------------------------------------------------
 
