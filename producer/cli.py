@@ -168,16 +168,43 @@ def load_input(path: Path, mapping: ColumnMapping) -> InputFile:
         fail(f"cannot read {path}: {exc}", exits.USAGE)
 
 
-def queued_rows(parsed: InputFile, errors: Path | None) -> list[Job | Result]:
-    """What enqueue puts in the queue, in input order: the jobs, and the rejected rows as
-    ``invalid_job`` results unless they go to the ``errors`` file (written here)."""
-    from producer.jsonl import Rejected
-    from producer.outfile import write_rejected
+def queued_rows(
+    path: Path,
+    mapping: ColumnMapping,
+    parsed: InputFile,
+    errors: Path | None,
+    *,
+    say: bool = True,
+    shown: str | None = None,
+) -> Iterator[Job | Result]:
+    """What enqueue puts in the queue, in input order, as the file is read: the jobs, and the
+    rejected rows (each said on stderr, unless ``say`` is false, as ``shown`` or the path) as
+    ``invalid_job`` results unless they go to the ``errors`` file. The file is opened, and its
+    first row read, before this returns: a file that cannot be read fails here (one ``error:``
+    line), before Redis is touched."""
+    import itertools
 
-    if errors is not None:
-        write_rejected(errors, parsed.rejected)
-        return list(parsed.jobs)
-    return [row.error_result() if isinstance(row, Rejected) else row for row in parsed.rows]
+    from producer.datasets import iter_input
+    from producer.jsonl import Rejected
+
+    def rows() -> Iterator[Job | Result]:
+        try:
+            for row in iter_input(path, mapping, parsed):
+                if isinstance(row, Rejected):
+                    if say:
+                        warn(f"rejected {shown or path}:{row}")
+                    if errors is None:
+                        yield row.error_result()
+                    continue
+                yield row
+        except OSError as exc:
+            fail(f"{path}: {exc.strerror or exc}", exits.USAGE)
+        except ValueError as exc:  # pyarrow: not a Parquet/CSV file, or a damaged one
+            fail(f"cannot read {path}: {exc}", exits.USAGE)
+
+    stream = rows()
+    first = list(itertools.islice(stream, 1))
+    return itertools.chain(first, stream)
 
 
 def write_table(rows_file: Path, output: Path, join_input: Path | None, mapping: ColumnMapping) -> None:
@@ -213,14 +240,15 @@ def expected_errors(url: str) -> Iterator[None]:
     import redis
 
     from producer.client import UnknownQueueError
-    from producer.outfile import OutputFileError
+    from producer.outfile import OutputFileError, os_error_line
+    from producer.outlock import OutputBusy
     from producer.redis_errors import describe
     from producer.retry import RedisUnavailable
     from producer.routing import RoutingCorrupt
 
     try:
         yield
-    except (UnknownQueueError, OutputFileError, RoutingCorrupt) as exc:
+    except (UnknownQueueError, OutputFileError, OutputBusy, RoutingCorrupt) as exc:
         fail(str(exc), exits.USAGE)
     except RedisUnavailable as exc:
         fail(
@@ -230,7 +258,7 @@ def expected_errors(url: str) -> Iterator[None]:
     except redis.RedisError as exc:
         fail(describe(exc, url), exits.USAGE)
     except OSError as exc:
-        fail(f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": "), exits.USAGE)
+        fail(os_error_line(exc), exits.USAGE)
 
 
 def open_client(url: str, queue: str, **options: Any) -> Client:
@@ -280,21 +308,39 @@ def enqueue(
     Exit 0: all rows enqueued (or already there); 1: some rows rejected (the valid ones are
     enqueued); 2: unreadable file, Redis unavailable or refusing (prints how many went in;
     run it again)."""
-    from producer.client import ContentChanged, EnqueueStopped
-    from producer.digest import changed_line
-    from producer.redis_errors import classify, describe
-
     url = resolve_redis_url(redis_url)
     mapping = column_mapping(prompt_column, messages_column, id_column, template)
     with staged(input_path, errors=errors) as (source, _, errors_file), expected_errors(url):
         assert source is not None
-        parsed = load_input(source, mapping)
-        rows = queued_rows(parsed, errors_file)
-    for rejected in parsed.rejected:
-        warn(f"rejected {input_path}:{rejected}")
-    rejected_ids = {row.job_id for row in parsed.rejected}
-    for note in parsed.notes():
-        warn(f"note {input_path}: {note}")
+        enqueue_file(
+            source, input_path, mapping, errors_file, url, queue, retry_timeout_s, partitions, prefix_chars,
+            rerun_changed,
+        )  # fmt: skip
+
+
+def enqueue_file(
+    source: Path,
+    shown: str,
+    mapping: ColumnMapping,
+    errors_file: Path | None,
+    url: str,
+    queue: str,
+    retry_timeout_s: float,
+    partitions: int | None,
+    prefix_chars: int,
+    rerun_changed: bool,
+) -> None:
+    """The enqueue command on a local file (``shown``: the name the user gave, a path or URL).
+
+    The file is read as it goes, one batch in memory. Without --rerun-changed it is read twice:
+    first for the ids whose content changed since they were enqueued (the command stops before
+    anything is written when there are any), then for the enqueue."""
+    from producer.client import ContentChanged, EnqueueStopped
+    from producer.digest import changed_line
+    from producer.jsonl import InputFile
+    from producer.outfile import write_rejected
+    from producer.redis_errors import classify, describe
+
     client = open_client(
         url,
         queue,
@@ -303,9 +349,16 @@ def enqueue(
         partitions=partitions,
         prefix_chars=prefix_chars,
     )
+    parsed = InputFile(keep_rows=False)
     try:
         with expected_errors(url):
-            report = client.enqueue(rows, rerun_changed=rerun_changed, refuse_changed=True)
+            if not rerun_changed:
+                first_pass = queued_rows(source, mapping, InputFile(keep_rows=False), errors_file, say=False)
+                changed = client.find_changed(first_pass)
+                if changed:
+                    raise ContentChanged(changed)
+            rows = queued_rows(source, mapping, parsed, errors_file, shown=shown)
+            report = client.enqueue(rows, rerun_changed=rerun_changed, keep_ids=False)
     except ContentChanged as exc:
         fail(
             f"{exc}; nothing was enqueued: --rerun-changed runs them again (collect replaces their rows), "
@@ -321,18 +374,21 @@ def enqueue(
             else "fix that, then run it again"
         )
         fail(
-            f"enqueued {len(done.enqueued)} ({len(done.skipped)} already enqueued) of {len(parsed.jobs)} "
-            f"valid jobs{maybe}, then stopped: {describe(stop.cause, url)}; {then} to continue "
+            f"enqueued {done.jobs_enqueued} ({done.jobs_skipped} already enqueued) of {parsed.num_jobs} "
+            f"valid jobs read{maybe}, then stopped: {describe(stop.cause, url)}; {then} to continue "
             "(ids already enqueued are skipped)",
             exits.USAGE,
         )
     finally:
         client.close()
-    enqueued = [i for i in report.enqueued if i not in rejected_ids]
-    skipped = [i for i in report.skipped if i not in rejected_ids]
-    where = f"to {errors}" if errors is not None else "as invalid_job error rows"
+    if errors_file is not None:
+        with expected_errors(url):
+            write_rejected(errors_file, parsed.rejected)
+    for note in parsed.notes():
+        warn(f"note {shown}: {note}")
+    where = f"to {errors_file}" if errors_file is not None else "as invalid_job error rows"
     typer.echo(
-        f"enqueued {len(enqueued)}, skipped {len(skipped)} (already enqueued), "
+        f"enqueued {report.jobs_enqueued}, skipped {report.jobs_skipped} (already enqueued), "
         f"rejected {len(parsed.rejected)}"
         + (f" (written {where})" if parsed.rejected else "")
         + (f", run again {len(report.rerun)} (changed)" if report.rerun else "")
@@ -428,6 +484,12 @@ def collect(
             f"replaced {counted(report.replaced, 'row')} with new results (requeued dead letters, "
             "jobs run again with changed content)"
         )
+    if report.duplicates:
+        warn(
+            f"{rows_file} holds {len(report.duplicates)} rows of ids it already had (e.g. "
+            f"{', '.join(report.duplicates[:3])}), written by collects that ran at once before they "
+            "took a lock: keep the first row of each id"
+        )
     if report.stopped:
         fail(f"stopped: {report.stopped}; run the same command again to continue", exits.USAGE)
     if report.lost:
@@ -437,6 +499,11 @@ def collect(
             f"and collect again into the same output (radixq collect -o {output}): ids already in "
             "it are skipped, so each id is still written once.",
             exits.JOBS_FAILED,
+        )
+    if report.forgotten_elsewhere:
+        warn(
+            f"{report.forgotten_elsewhere} jobs were collected earlier by a trimming collect into another "
+            "output and Redis forgot them (their rows are in that output)"
         )
     if report.trimmed:
         warn(
@@ -451,7 +518,7 @@ def collect(
         )
     if report.failed:
         warn(f"{counted(report.failed)} failed (error rows in {output})")
-    if report.missing or report.failed:
+    if report.missing or report.failed or report.forgotten_elsewhere:
         raise typer.Exit(exits.JOBS_FAILED)
 
 

@@ -42,12 +42,14 @@ from producer.schema import Job, JobError, Result, decode_job, encode, encode_jo
 from producer.status import QueueStatus, now_ms, read_status
 
 
-@dataclass(frozen=True)
+@dataclass
 class EnqueueReport:
-    enqueued: list[str]
+    enqueued: list[str]  # ids, when enqueue was asked to keep them (keep_ids)
     skipped: list[str]  # already enqueued earlier with the same content (idempotent by job id)
     changed: list[str] = field(default_factory=list)  # enqueued earlier with other content: kept
     rerun: list[str] = field(default_factory=list)  # changed and done: enqueued again (rerun_changed)
+    jobs_enqueued: int = 0  # jobs (not rows rejected before, written as their error results), reruns too
+    jobs_skipped: int = 0
 
 
 class EnqueueStopped(Exception):
@@ -210,12 +212,16 @@ class Client:
         *,
         rerun_changed: bool = False,
         refuse_changed: bool = False,
+        keep_ids: bool = True,
     ) -> EnqueueReport:
-        """Add the jobs whose ids are new, in batches of one MULTI/EXEC each.
+        """Add the jobs whose ids are new, in batches of one MULTI/EXEC each, taking one batch
+        at a time from ``jobs`` (an iterator is read as it goes: memory holds one batch, unless
+        ``refuse_changed`` asks for the check below, which reads them all first).
 
         A Result in ``jobs`` is a row rejected before it could be a job (an ``invalid_job``
         error): it takes its place in the enqueue order with its result already written, so
-        collect writes its error row where the row was in the input.
+        collect writes its error row where the row was in the input. ``keep_ids`` False: the
+        report counts, it lists no enqueued or skipped ids (for inputs of any size).
 
         An id enqueued before with other content (producer.digest) is ``changed``: kept as it
         was, unless ``rerun_changed`` and its job is done, then it is enqueued again with the
@@ -240,15 +246,40 @@ class Client:
             for job in jobs:
                 batch.append(job)
                 if len(batch) == batch_size:
-                    self._enqueue_batch(batch, report, uncertain, rerun_changed)
+                    self._enqueue_batch(batch, report, uncertain, rerun_changed, keep_ids)
                     batch = []
             if batch:
-                self._enqueue_batch(batch, report, uncertain, rerun_changed)
+                self._enqueue_batch(batch, report, uncertain, rerun_changed, keep_ids)
         except RedisUnavailable as exc:
             raise EnqueueStopped(report, exc.cause, len(uncertain), exc.waited_s) from exc
         except redis.RedisError as exc:
             raise EnqueueStopped(report, exc, len(uncertain), 0.0) from exc
         return report
+
+    def find_changed(self, jobs: Iterable[Job | Result], batch_size: int = 10_000) -> list[str]:
+        """Ids of ``jobs`` enqueued before with other content (producer.digest), read batch by
+        batch as ``jobs`` yields them; writes nothing. What ``refuse_changed`` checks, for an
+        input too large to hold."""
+        changed: list[str] = []
+        batch: list[Job | Result] = []
+
+        def check() -> None:
+            known = self.backoff.call(lambda: stored_digests(self.redis, self.keys, [j.id for j in batch]))
+            changed.extend(changed_ids(batch, known))
+            batch.clear()
+
+        try:
+            for job in jobs:
+                batch.append(job)
+                if len(batch) == batch_size:
+                    check()
+            if batch:
+                check()
+        except RedisUnavailable as exc:
+            raise EnqueueStopped(EnqueueReport([], []), exc.cause, 0, exc.waited_s) from exc
+        except redis.RedisError as exc:
+            raise EnqueueStopped(EnqueueReport([], []), exc, 0, 0.0) from exc
+        return changed
 
     def _prepare(self) -> None:
         create_epoch(self.redis, self.keys)
@@ -273,6 +304,7 @@ class Client:
         report: EnqueueReport,
         uncertain: dict[str, str],
         rerun_changed: bool,
+        keep_ids: bool,
     ) -> None:
         # WATCH the id hash so that two producers racing on the same ids cannot both add them:
         # the check and the XADDs commit together or retry. ``uncertain`` holds the ids of an
@@ -337,7 +369,11 @@ class Client:
 
         fates = self.backoff.call(attempt)
         for job, fate in zip(jobs, fates, strict=True):
-            getattr(report, fate).append(job.id)
+            if fate in ("changed", "rerun") or keep_ids:
+                getattr(report, fate).append(job.id)
+            if isinstance(job, Job):
+                report.jobs_enqueued += fate in ("enqueued", "rerun")
+                report.jobs_skipped += fate == "skipped"
         uncertain.clear()
 
     def order(self) -> list[str]:

@@ -11,7 +11,8 @@ resumed: ids already in it are not written again, except dead-letter rows of job
 since (the ``requeued`` hash), which are replaced in place by the new result.
 
 Redis trouble: transient errors are waited out (producer.retry); a queue Redis lost (epoch
-gone or changed, order list shorter than seen) stops the collect with ``lost`` set; results
+gone or changed, order list shorter than seen, results written for another epoch than the
+queue's) stops the collect with ``lost`` set, and such results are never written; results
 trimmed (``trim``) by an earlier collect that wrote them elsewhere are reported, not awaited.
 """
 
@@ -28,12 +29,15 @@ import redis
 
 from producer.client import UnknownQueueError, queue_known
 from producer.epoch import EpochWatch
+from producer.forget import forget_written, forgotten
 from producer.keys import (
     DEFAULT_QUEUE,
     FIELD_ENTRY,
+    FIELD_EPOCH,
     FIELD_ID,
     FIELD_RESULT,
     META_EPOCH,
+    META_FORGOTTEN,
     META_RESULTS_TRIMMED,
     QueueKeys,
 )
@@ -58,6 +62,8 @@ class CollectReport:
     trimmed: list[str] = field(default_factory=list)  # of missing: collected earlier, then trimmed
     lost: str | None = None  # Redis lost the queue's data while this collect ran (what it saw)
     stopped: str | None = None  # Redis unavailable past the retry timeout, or a fatal error
+    duplicates: list[str] = field(default_factory=list)  # ids on several rows of the file as found
+    forgotten_elsewhere: int = 0  # ids Redis forgot before this call, more than the file had rows
 
 
 @dataclass
@@ -69,6 +75,7 @@ class _Pass:
     listed: bool  # ids were given: results of other ids are not this call's
     scope: set[str]
     cursor: int = 0  # expected[:cursor] have a row (or are trimmed)
+    base: int = 0  # order position of expected[0] (ids forgotten before this call: producer.forget)
     written: int = 0
     superseded: set[str] = field(default_factory=set)  # rows to replace when the new result comes
     replacements: dict[str, tuple[bytes, str | None]] = field(default_factory=dict)  # (result, digest)
@@ -101,9 +108,11 @@ class Collector:
         # id -> (results entry, result, its job's digest): read, not yet due
         self._ahead: dict[str, tuple[str, bytes, str | None]] = {}
         self._watch = EpochWatch(self.keys)
+        self._epoch: bytes | None = None  # the queue's epoch as of this round
         self._order_seen = 0  # the longest order list seen: a shorter one means Redis lost data
         self._trim_seen: EntryId = (0, 0)  # trimmed bound already checked for (this call)
         self._trimmed_to: EntryId = (0, 1)  # this collector trimmed the results stream below this
+        self._forgotten_to = 0  # this collector forgot the ids at order positions below this
 
     def collect(
         self,
@@ -138,9 +147,15 @@ class Collector:
             return CollectReport(0, 0, list(ids or []), stopped=stopped)
         if not known[0]:
             raise UnknownQueueError(self.keys.queue)
+        base: list[int] = []
+        stopped = self._attempt(lambda: base.append(forgotten(self.redis, self.keys)[0]), deadline)
+        if stopped is not None:
+            return CollectReport(0, 0, list(ids or []), stopped=stopped)
         with OutputFile(out) as output:
             scope = list(ids) if ids is not None else []
-            run = _Pass(output, scope, listed=ids is not None, scope=set(scope), progress=progress)
+            run = _Pass(
+                output, scope, listed=ids is not None, scope=set(scope), progress=progress, base=base[0]
+            )
             already = len(output.ids)
             if progress is not None:
                 rows = output.ids if not run.listed else output.ids & run.scope
@@ -162,11 +177,12 @@ class Collector:
             self._write_rest(run)
             output.sync()
             if trim and stopped is None and run.lost is None:
-                self._attempt(self._trim, deadline)
+                self._attempt(lambda: self._trim(run), deadline)
             missing = [i for i in run.expected if i not in output.ids] + sorted(run.superseded)
             failed = len(output.errors) if not run.listed else sum(i in output.errors for i in scope)
         if not run.listed and not missing and run.lost is None:
-            put_in_order(Path(out), run.expected)  # rows a resumed collect appended late
+            # rows a resumed collect appended late; the rows of forgotten ids come first
+            put_in_order(Path(out), run.expected, others_first=run.base > 0)
         return CollectReport(
             written=run.written,
             already=already,
@@ -176,6 +192,8 @@ class Collector:
             trimmed=[i for i in run.expected if i in run.trimmed and i not in output.ids],
             lost=run.lost,
             stopped=stopped,
+            duplicates=output.duplicates,
+            forgotten_elsewhere=max(0, run.base - already) if not run.listed else 0,
         )
 
     def _attempt(self, step: Callable[[], None], deadline: float | None) -> str | None:
@@ -195,11 +213,13 @@ class Collector:
     def _round(self, run: _Pass, block_ms: int, trim: bool) -> None:
         """Check for loss (``run.lost``), take new ids and results, write what is due, fsync,
         trim. Safe to repeat after a Redis error."""
-        with self.redis.pipeline(transaction=False) as pipe:
-            pipe.hget(self.keys.meta, META_EPOCH)
-            pipe.hget(self.keys.meta, META_RESULTS_TRIMMED)
+        with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hmget(self.keys.meta, [META_EPOCH, META_RESULTS_TRIMMED, META_FORGOTTEN])
             pipe.llen(self.keys.order)
-            epoch, trimmed_raw, order_len = pipe.execute()
+            (epoch, trimmed_raw, forgotten_raw), listed = pipe.execute()
+        head = int(forgotten_raw or 0)  # order position of the list's first id
+        order_len = head + listed
+        self._epoch = epoch
         lost = self._watch.observe(epoch.decode() if epoch is not None else None)
         if lost is None and order_len < self._order_seen:
             lost = (
@@ -219,8 +239,9 @@ class Collector:
             run.lost = lost.split(" Re-enqueue the input file")[0].rstrip(".")
             return
         self._order_seen = order_len
-        if not run.listed and order_len > len(run.expected):
-            items: Any = self.redis.lrange(self.keys.order, len(run.expected), -1)
+        if not run.listed and order_len > run.base + len(run.expected):
+            start = max(0, run.base + len(run.expected) - head)
+            items: Any = self.redis.lrange(self.keys.order, start, -1)
             run.expected.extend(item.decode() for item in items)
             if run.progress is not None:
                 run.progress.scope(len(run.expected))
@@ -239,7 +260,7 @@ class Collector:
             run.replacements.clear()
         run.output.sync()
         if trim:
-            self._trim()
+            self._trim(run)
 
     def _read(self, run: _Pass, block_ms: int) -> None:
         """Read the results stream to its end, writing each chunk's due rows as it goes."""
@@ -263,6 +284,10 @@ class Collector:
             ):
                 if mark is None or mark != fields.get(FIELD_ENTRY.encode()):
                     continue  # not the result that counts
+                epoch = fields.get(FIELD_EPOCH.encode())
+                if epoch is not None and epoch != self._epoch:
+                    run.lost = run.lost or _stale(self.keys.queue, epoch, self._epoch)
+                    continue  # NOTE: written into this Redis for a queue it no longer has
                 raw = fields.get(FIELD_RESULT.encode(), b"")
                 digest = raw_digest.decode() if raw_digest is not None else None
                 if job_id in run.superseded:
@@ -333,13 +358,19 @@ class Collector:
                 run.superseded.discard(job_id)
         self._advance(run)
 
-    def _trim(self) -> None:
+    def _trim(self, run: _Pass) -> None:
         """XTRIM MINID below the oldest entry still needed: the first buffered result, else
-        the first entry not read yet. Rows written so far are fsynced (the caller's duty).
+        the first entry not read yet; then forget the records of the ids written in order
+        (producer.forget), unless rows wait to be replaced. Rows written so far are fsynced
+        (the caller's duty).
 
         NOTE: XTRIM goes first and the bound is recorded after, in two commands: at
         maxmemory (noeviction) a MULTI holding the HSET would be refused whole, and the trim
         is what frees memory. A crash between the two leaves the record behind the trim."""
+        if not run.listed and not run.superseded and run.base + run.cursor > self._forgotten_to:
+            self._forgotten_to = forget_written(
+                self.redis, self.keys, run.expected, run.cursor, run.base, run.output.errors
+            )
         bound = min((_parse(entry) for entry, _, _ in self._ahead.values()), default=_next(self._last_entry))
         if bound <= self._trimmed_to:
             return
@@ -350,6 +381,15 @@ class Collector:
             self.redis.hset(self.keys.meta, META_RESULTS_TRIMMED, text)
         self._trimmed_to = bound
         self._trim_seen = max(self._trim_seen, bound)
+
+
+def _stale(queue: str, written: bytes, current: bytes | None) -> str:
+    now = f"epoch {current.decode()}" if current is not None else "no epoch"
+    return (
+        f"queue {queue!r}: its results stream holds results of jobs read under epoch "
+        f"{written.decode(errors='replace')}, and the queue has {now}: Redis lost the queue while "
+        "workers held jobs (those results are not written)"
+    )
 
 
 def _parse(entry_id: str) -> EntryId:

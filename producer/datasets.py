@@ -31,10 +31,20 @@ from typing import Any
 
 import msgspec
 
-from producer.jsonl import SAMPLING_FIELDS, InputFile, derive_id, open_binary, read_jobs, read_lines
+from producer.jsonl import (
+    SAMPLING_FIELDS,
+    InputFile,
+    Rejected,
+    derive_id,
+    iter_jobs,
+    json_error,
+    open_binary,
+    read_lines,
+)
 from producer.schema import Job, JobError, validation_error
 
 _JOB_COLUMNS = ("id", "prompt", "messages", "input_ids", "metadata")
+_BATCH_ROWS = 1024  # Parquet rows read at a time
 
 
 @dataclass(frozen=True)
@@ -74,24 +84,33 @@ def file_format(path: str | Path) -> str:
 
 def read_input(path: str | Path, mapping: ColumnMapping = NATIVE_COLUMNS) -> InputFile:
     """Every row of a dataset file as a Job or a rejected row, in file order."""
+    parsed = InputFile()
+    for _ in iter_input(path, mapping, parsed):
+        pass
+    return parsed
+
+
+def iter_input(path: str | Path, mapping: ColumnMapping, parsed: InputFile) -> Iterator[Job | Rejected]:
+    """read_input, one row at a time as the file is read (in batches: memory does not grow with
+    the file); ``parsed`` counts the rows and keeps what its ``keep_rows`` says. Raises OSError
+    or ValueError (pyarrow: not a Parquet/CSV file) when the file cannot be read."""
     mapping.check()
     kind = file_format(path)
     if kind == "jsonl" and not mapping.given:
-        return read_jobs(path)
-    parsed = InputFile()
+        yield from iter_jobs(path, parsed)
+        return
+    unit = "line" if kind == "jsonl" else "row"
     for row_no, record in read_records(path):
         if isinstance(record, JobError):
-            parsed.reject(row_no, str(record), None, None, unit="row" if kind != "jsonl" else "line")
+            yield parsed.reject(row_no, str(record), None, None, unit=unit)
             continue
-        unit = "line" if kind == "jsonl" else "row"
         try:
             job = row_job(record, row_no, mapping)
         except JobError as exc:
             job_id = _id_text(record.get(mapping.id_column or "id"))
-            parsed.reject(row_no, str(exc), job_id, None, unit=unit)
+            yield parsed.reject(row_no, str(exc), job_id, None, unit=unit)
             continue
-        parsed.add_job(job, row_no, unit=unit)
-    return parsed
+        yield parsed.add_job(job, row_no, unit=unit)
 
 
 def input_columns(path: str | Path, parsed: InputFile) -> list[tuple[str, dict[str, Any]]]:
@@ -111,27 +130,55 @@ def read_records(path: str | Path) -> Iterator[tuple[int, dict[str, Any] | JobEr
         yield from _jsonl_records(path)
         return
     if kind == "parquet":
-        yield from enumerate(read_table(path).to_pylist(), start=1)
-        return
-    for row_no, cells in enumerate(read_table(path).to_pylist(), start=1):
-        yield row_no, _csv_row(cells)
-
-
-def read_table(path: str | Path) -> Any:
-    """A Parquet or CSV file as a pyarrow Table (CSV cells as bytes, empty cells null)."""
-    if file_format(path) == "parquet":
         import pyarrow.parquet as pq
 
-        return pq.read_table(path)
+        row_no = 0
+        with pq.ParquetFile(path) as table:
+            for batch in table.iter_batches(batch_size=_BATCH_ROWS):
+                for record in batch.to_pylist():
+                    row_no += 1
+                    yield row_no, record
+        return
+    yield from _csv_records(path)
+
+
+def _csv_records(path: str | Path) -> Iterator[tuple[int, dict[str, Any] | JobError]]:
+    """A CSV file's rows in batches; a row with more or fewer cells than the header is that
+    row's error, not the file's (pyarrow leaves it out of its batch: it is put back in its
+    place here)."""
     import pyarrow as pa
     import pyarrow.csv as pacsv
+
+    ragged: dict[int, JobError] = {}
+
+    def ragged_row(row: Any) -> str:
+        # NOTE: pyarrow numbers the rows, header included (single-threaded, so in order); it
+        # calls this while parsing a block, before the batch of that block is handed over
+        cells = f"{row.actual_columns} cell" + ("s" if row.actual_columns != 1 else "")
+        ragged[row.number - 1] = JobError("csv", None, f"has {cells}, the header has {row.expected_columns}")
+        return "skip"
 
     # NOTE: every CSV column as bytes, decoded row by row (_csv_row): a cell that is not UTF-8
     # is its row's error, not the file's; as text, an id "007" stays "007" and numbers
     # (max_tokens) are converted by the job's own validation.
     types = {name: pa.binary() for name in _csv_header(path)}
-    options = pacsv.ConvertOptions(column_types=types, strings_can_be_null=True)
-    return pacsv.read_csv(path, convert_options=options)
+    reader = pacsv.open_csv(
+        path,
+        read_options=pacsv.ReadOptions(use_threads=False),
+        parse_options=pacsv.ParseOptions(invalid_row_handler=ragged_row),
+        convert_options=pacsv.ConvertOptions(column_types=types, strings_can_be_null=True),
+    )
+    row_no = 1
+    with reader:
+        for batch in reader:
+            for cells in batch.to_pylist():
+                while row_no in ragged:
+                    yield row_no, ragged.pop(row_no)
+                    row_no += 1
+                yield row_no, _csv_row(cells)
+                row_no += 1
+    for number in sorted(ragged):
+        yield number, ragged[number]
 
 
 def _csv_row(cells: dict[str, bytes | None]) -> dict[str, Any] | JobError:
@@ -162,7 +209,7 @@ def _jsonl_records(path: str | Path) -> Iterator[tuple[int, dict[str, Any] | Job
             try:
                 record = msgspec.json.decode(text)
             except (msgspec.DecodeError, RecursionError) as exc:
-                yield line_no, JobError("json", None, f"not valid JSON: {exc}")
+                yield line_no, json_error(text, exc)
                 continue
             if not isinstance(record, dict):
                 yield line_no, JobError("json", None, f"must be a JSON object, got {type(record).__name__}")

@@ -17,9 +17,9 @@ under its own id when that is usable, else a derived one.
 
 from __future__ import annotations
 
-import dataclasses
 import gzip
 import hashlib
+import re
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -51,6 +51,7 @@ _GZIP_MAGIC = b"\x1f\x8b"
 _BOM = b"\xef\xbb\xbf"
 _LINE_READ_LIMIT = MAX_JOB_BYTES + len(_BOM) + 2  # the longest acceptable line with its BOM and CRLF
 _SKIP_PIECE_BYTES = 1 << 16
+_DERIVED_DIGITS = 16  # hex digits of a derived id's hash (L<line>-<digits>)
 
 
 @dataclass(frozen=True)
@@ -83,12 +84,20 @@ class Rejected:
 class InputFile:
     """The rows of one input file in line order (``rows``: each a Job or a Rejected line), the
     same split into ``jobs`` and ``rejected``, and the OpenAI request fields that were accepted
-    and ignored (field -> number of lines)."""
+    and ignored (field -> number of lines).
+
+    ``keep_rows`` False (a streaming reader: ``iter_jobs``, ``datasets.iter_input``) keeps only
+    the rejected rows and the counts: the jobs go on as they are read. Either way it keeps the
+    line of each id a row gave (for "duplicate of line N"), except derived ones, which are
+    unique by their line number."""
 
     rows: list[Job | Rejected] = field(default_factory=list)
     jobs: list[Job] = field(default_factory=list)
     rejected: list[Rejected] = field(default_factory=list)
     ignored: dict[str, int] = field(default_factory=dict)
+    keep_rows: bool = True
+    num_jobs: int = 0
+    num_rows: int = 0
     _first_row_of: dict[str, int] = field(default_factory=dict, repr=False)
 
     def notes(self) -> list[str]:
@@ -98,51 +107,81 @@ class InputFile:
             for name, count in sorted(self.ignored.items())
         ]
 
-    def add_job(self, job: Job, line_no: int, unit: str = "line") -> None:
-        """Add a valid job, or reject it as a duplicate of an earlier row's id."""
+    def add_job(self, job: Job, line_no: int, unit: str = "line") -> Job | Rejected:
+        """Add a valid job, or reject it as a duplicate of an earlier row's id; the row added."""
         if job.id in self._first_row_of:
             reason = f"job {job.id!r}: id: duplicate of {unit} {self._first_row_of[job.id]}"
             format_info = job.metadata.get(openai_batch.RESERVED_KEY) or {}
-            self.reject(line_no, reason, None, format_info.get("url"), unit)  # its id: derived
-            return
-        self._first_row_of[job.id] = line_no
-        self.rows.append(job)
-        self.jobs.append(job)
+            return self.reject(line_no, reason, None, format_info.get("url"), unit)  # its id: derived
+        self._note_id(job.id, line_no)
+        self.num_jobs += 1
+        self.num_rows += 1
+        if self.keep_rows:
+            self.rows.append(job)
+            self.jobs.append(job)
+        return job
 
     def reject(
-        self, line_no: int, reason: str, job_id: str | None, openai_url: str | None, unit: str = "line"
-    ) -> None:
+        self,
+        line_no: int,
+        reason: str,
+        job_id: str | None,
+        openai_url: str | None,
+        unit: str = "line",
+        *,
+        unnamed: bool = False,
+    ) -> Rejected:
         """Add a rejected row; its error row takes ``job_id`` when it is usable and not taken,
-        else an id derived from its position and reason."""
-        own_id = job_id is not None and _bounded_id(job_id) is not None and job_id not in self._first_row_of
+        else an id derived from its position and reason (``unnamed``: derived in any case, an
+        OpenAI line whose custom_id could not be read). Returns it."""
+        own_id = (
+            not unnamed and job_id is not None and _bounded_id(job_id) is not None and job_id not in self._first_row_of
+        )
         if not own_id:
             job_id = derive_id(reason, line_no)
         assert job_id is not None
-        self._first_row_of[job_id] = line_no
+        self._note_id(job_id, line_no)
         rejected = Rejected(line_no, reason, job_id, openai_url, unit, own_id)
-        self.rows.append(rejected)
+        self.num_rows += 1
+        if self.keep_rows:
+            self.rows.append(rejected)
         self.rejected.append(rejected)
+        return rejected
 
-    def as_openai(self, url: str) -> None:
-        """An OpenAI batch file: its lines that could not be read as a request at all (not
-        JSON, not an object) get OpenAI error lines too, with a null ``custom_id``."""
-        swapped = {
-            id(row): dataclasses.replace(row, openai_url=url, own_id=False)
-            for row in self.rejected
-            if row.openai_url is None
-        }
-        self.rows = [swapped.get(id(row), row) if isinstance(row, Rejected) else row for row in self.rows]
-        self.rejected = [swapped.get(id(row), row) for row in self.rejected]
-
+    def _note_id(self, job_id: str, line_no: int) -> None:
+        prefix = f"L{line_no}-"
+        if not (job_id.startswith(prefix) and len(job_id) == len(prefix) + _DERIVED_DIGITS):
+            self._first_row_of[job_id] = line_no  # NOTE: a derived id is unique by its line
 
 def derive_id(text: str, line_no: int) -> str:
-    digest = hashlib.sha256(f"{line_no}\n{text.strip()}".encode()).hexdigest()[:16]
+    digest = hashlib.sha256(f"{line_no}\n{text.strip()}".encode()).hexdigest()[:_DERIVED_DIGITS]
     return f"L{line_no}-{digest}"
 
 
 def parse_line(text: str, line_no: int) -> Job:
     """Validate one input line; raises JobError naming the field and why, never anything else."""
     return _parse_line(text, line_no)[0]
+
+
+# a \uD800-\uDBFF escape (not itself escaped) that no \uDC00-\uDFFF escape follows, or a lone low half
+_LONE_SURROGATE = re.compile(
+    r"(?<!\\)(?:\\\\)*(\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+    r"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+)
+
+
+def json_error(text: str, exc: Exception) -> JobError:
+    """A line that is not valid JSON, and why. NOTE: msgspec reports a lone UTF-16 surrogate
+    escape (\ud800 without its pair) as "Input data was truncated": said here as what it is."""
+    lone = _LONE_SURROGATE.search(text)
+    if lone is not None:
+        escape = lone.group(1)
+        return JobError(
+            "json",
+            None,
+            f"{escape} at character {lone.start(1) + 1} is half a UTF-16 surrogate pair, not a character",
+        )
+    return JobError("json", None, f"not valid JSON: {exc}")
 
 
 def _parse_line(text: str, line_no: int) -> tuple[Job, list[str]]:
@@ -160,7 +199,7 @@ def _parse_line(text: str, line_no: int) -> tuple[Job, list[str]]:
     except RecursionError:
         raise nesting_error(json_outline(text)) from None
     except msgspec.DecodeError as exc:
-        raise JobError("json", None, f"not valid JSON: {exc}") from None
+        raise json_error(text, exc) from None
     if not isinstance(raw, dict):
         raise JobError("json", None, f"must be a JSON object, got {type(raw).__name__}")
     try:
@@ -218,30 +257,60 @@ def read_jobs(path: str | Path) -> InputFile:
     file that cannot be read to its end (a truncated gzip stream) keeps the lines read before
     the damage and gets one rejection at the line where reading stopped."""
     parsed = InputFile()
-    urls: dict[str | None, int] = {}  # OpenAI url (None: a native line) -> lines read as such
+    for _ in iter_jobs(path, parsed):
+        pass
+    return parsed
+
+
+def iter_jobs(path: str | Path, parsed: InputFile) -> Iterator[Job | Rejected]:
+    """read_jobs, one row at a time as it is read (``parsed`` counts them and keeps what its
+    ``keep_rows`` says).
+
+    A file is an OpenAI batch file when its first line that is a JSON object is an OpenAI
+    request: then its lines that are not JSON objects get OpenAI error lines too, with a null
+    ``custom_id`` (as OpenAI's). Such lines before that first object wait for it (in input
+    order); in a file without any object they come at the end as radixq error rows."""
+    held: list[tuple[int, str, str | None]] = []  # (line, reason, id) of lines not yet placed
+    file_url: str | None = None
+    known = False  # whether the file's format is known (file_url None: radixq's own lines)
+
+    def placed() -> Iterator[Rejected]:
+        for line_no, reason, job_id in held:
+            yield parsed.reject(line_no, reason, job_id, file_url, unnamed=file_url is not None)
+        held.clear()
+
     with open_binary(path) as stream:
         for line_no, text in read_lines(stream):
-            if isinstance(text, JobError):
-                parsed.reject(line_no, str(text), None, None)
+            if isinstance(text, JobError):  # not text: no object either
+                job_id, url, is_object, reason = None, None, False, str(text)
+            elif not text.strip():
                 continue
-            if not text.strip():
+            else:
+                try:
+                    job, ignored = _parse_line(text, line_no)
+                except JobError as exc:
+                    (job_id, url, is_object), reason = _row_identity(text, exc), str(exc)
+                else:
+                    reason = ""
+            if reason:
+                if not is_object and not known:
+                    held.append((line_no, reason, job_id))
+                    continue
+                if not known:
+                    known, file_url = True, url
+                    yield from placed()
+                if not is_object and file_url is not None:
+                    yield parsed.reject(line_no, reason, None, file_url, unnamed=True)
+                    continue
+                yield parsed.reject(line_no, reason, job_id, url)
                 continue
-            try:
-                job, ignored = _parse_line(text, line_no)
-            except JobError as exc:
-                identity = _row_identity(text, exc)
-                if identity[2]:
-                    urls[identity[1]] = urls.get(identity[1], 0) + 1
-                parsed.reject(line_no, str(exc), identity[0], identity[1])
-                continue
-            url = (job.metadata.get(openai_batch.RESERVED_KEY) or {}).get("url")
-            urls[url] = urls.get(url, 0) + 1
-            parsed.add_job(job, line_no)
+            if not known:
+                known, file_url = True, (job.metadata.get(openai_batch.RESERVED_KEY) or {}).get("url")
+                yield from placed()
             for name in ignored:
                 parsed.ignored[name] = parsed.ignored.get(name, 0) + 1
-    if urls and None not in urls:  # every readable line is an OpenAI request
-        parsed.as_openai(max(urls, key=urls.__getitem__) or openai_batch.CHAT_URL)
-    return parsed
+            yield parsed.add_job(job, line_no)
+    yield from placed()
 
 
 def _row_identity(text: str, exc: JobError) -> tuple[str | None, str | None, bool]:

@@ -95,7 +95,8 @@ class QueueKeys:
 
 
 # Field names inside stream entries. jobs: id, job, key (the prefix key, producer.routing). results: id, entry (the jobs-stream entry
-# id it answers), result. dead: id, entry, job, reason, attempts.
+# id it answers), result, epoch (the queue's epoch its job was read under; absent: none).
+# dead: id, entry, job, reason, attempts.
 FIELD_ID = "id"
 FIELD_JOB = "job"
 FIELD_KEY = "key"
@@ -103,6 +104,7 @@ FIELD_RESULT = "result"
 FIELD_ENTRY = "entry"
 FIELD_REASON = "reason"
 FIELD_ATTEMPTS = "attempts"
+FIELD_EPOCH = "epoch"
 # The ``entry`` of a result written at enqueue for a row rejected there (it has no jobs-stream
 # entry): its ``done`` mark, so collect counts it like any other result.
 ENTRY_REJECTED = "rejected"
@@ -112,3 +114,5 @@ META_CREATED_MS = "created_ms"
 META_PARTITIONS = "partitions"  # partition streams of the queue (absent: 1)
 META_PREFIX_CHARS = "prefix_chars"  # characters of a prompt that make its prefix key
 META_RESULTS_TRIMMED = "results_trimmed"  # results-stream entries below this id were trimmed
+META_FORGOTTEN = "forgotten"  # ids a trimming collect removed from the head of order, records and all
+META_FORGOTTEN_FAILED = "forgotten_failed"  # of those, the ids whose rows were error rows

@@ -71,13 +71,23 @@ def _owner_alive(owner: str) -> bool:
     return tag is not None and (not start or tag == owner)
 
 
-def remove_stale_dirs(parent: Path | None = None) -> list[Path]:
-    """Remove this user's ``radixq-redis-*`` folders whose owner process is gone; return them.
+def owned_dir(prefix: str) -> Path:
+    """A new private folder in the temp directory (``prefix`` + random), marked as this
+    process's: ``remove_stale_dirs(prefix=prefix)`` removes it once this process is gone
+    (after a ``kill -9``, which leaves no chance to remove it)."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    (folder / OWNER_FILE).write_text(f"{process_tag(os.getpid())}\n")
+    return folder
+
+
+def remove_stale_dirs(parent: Path | None = None, prefix: str = DIR_PREFIX) -> list[Path]:
+    """Remove this user's ``prefix*`` folders (default: private Redis folders) whose owner
+    process is gone; return them.
 
     A folder without a readable owner file (made by an older radixq, or being made right
     now) is left alone."""
     removed = []
-    for folder in Path(parent or tempfile.gettempdir()).glob(f"{DIR_PREFIX}*"):
+    for folder in Path(parent or tempfile.gettempdir()).glob(f"{prefix}*"):
         try:
             if folder.stat().st_uid != os.getuid():
                 continue

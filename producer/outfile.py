@@ -2,7 +2,8 @@
 
 One JSON line per job id (``custom_id`` for OpenAI batch rows, else ``id``); a row whose
 ``error`` is an object is an error row. Results may be trimmed from Redis only after
-``sync`` returned: from then on the file is their only copy.
+``sync`` returned: from then on the file is their only copy. An open OutputFile holds the
+file's lock (producer.outlock): a second writer is refused, naming the first.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Iterable, Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple
 
@@ -17,6 +19,7 @@ import msgspec
 
 from producer.digest import REJECTED
 from producer.jsonl import Rejected, output_line
+from producer.outlock import output_lock
 from producer.schema import decode_result, error_result
 
 
@@ -86,7 +89,7 @@ def write_atomically(path: Path, lines: Iterable[bytes]) -> None:
     folder. A crash leaves the old file or the new one, never a mix."""
     fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
-        with os.fdopen(fd, "wb") as out:
+        with naming(path), os.fdopen(fd, "wb") as out:
             out.writelines(lines)
             out.flush()
             os.fsync(out.fileno())
@@ -95,6 +98,23 @@ def write_atomically(path: Path, lines: Iterable[bytes]) -> None:
     except BaseException:
         Path(temp).unlink(missing_ok=True)
         raise
+
+
+@contextmanager
+def naming(path: Path) -> Iterator[None]:
+    """An OSError without a file name (a write that found the disk full: "No space left on
+    device") names ``path``."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is None:
+            raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
+        raise
+
+
+def os_error_line(exc: OSError) -> str:
+    """``FILE: reason`` (or the reason alone) for an error line."""
+    return f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": ")
 
 
 def cut_torn_line(path: Path) -> None:
@@ -119,30 +139,44 @@ def cut_torn_line(path: Path) -> None:
 
 
 class OutputFile:
-    """The output file, open for appending. ``ids``: every id with a row; ``errors``: id ->
-    error code of its row, for error rows; ``digests``: id -> the digest its row carries.
-    Holds no row payloads."""
+    """The output file, open for appending and locked. ``ids``: every id with a row;
+    ``errors``: id -> error code of its row, for error rows; ``digests``: id -> the digest its
+    row carries; ``duplicates``: ids found on more than one row when it was opened (written by
+    concurrent collects before the lock existed). Holds no row payloads. Raises
+    producer.outlock.OutputBusy when another process writes it."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.ids: set[str] = set()
         self.errors: dict[str, str] = {}
         self.digests: dict[str, str] = {}
-        if self.path.exists():
-            cut_torn_line(self.path)
-            with open(self.path, "rb") as rows:
-                for line_no, line in enumerate(rows, start=1):
-                    if line.strip():
-                        try:
-                            key = row_key(line)
-                        except (msgspec.DecodeError, ValueError) as exc:
-                            raise OutputFileError(
-                                f"{self.path}: line {line_no} is not a radixq output row ({exc}); "
-                                "collect into a new file or remove that line"
-                            ) from None
-                        self._note(*key)
-        self._sink: BinaryIO = open(self.path, "ab")  # noqa: SIM115 - closed by close()
+        self.duplicates: list[str] = []
+        self._stack = ExitStack()
+        self._stack.enter_context(output_lock(self.path))
+        try:
+            if self.path.exists():
+                self._load()
+            self._sink: BinaryIO = open(self.path, "ab")  # noqa: SIM115 - closed by close()
+        except BaseException:
+            self._stack.close()
+            raise
         self._unsynced = False
+
+    def _load(self) -> None:
+        cut_torn_line(self.path)
+        with open(self.path, "rb") as rows:
+            for line_no, line in enumerate(rows, start=1):
+                if line.strip():
+                    try:
+                        key = row_key(line)
+                    except (msgspec.DecodeError, ValueError) as exc:
+                        raise OutputFileError(
+                            f"{self.path}: line {line_no} is not a radixq output row ({exc}); "
+                            "collect into a new file or remove that line"
+                        ) from None
+                    if key.job_id in self.ids:
+                        self.duplicates.append(key.job_id)
+                    self._note(*key)
 
     def _note(self, job_id: str, code: str | None, digest: str | None = None) -> None:
         self.ids.add(job_id)
@@ -156,15 +190,17 @@ class OutputFile:
             self.digests[job_id] = digest
 
     def append(self, job_id: str, line: bytes, code: str | None, digest: str | None = None) -> None:
-        self._sink.write(line)
+        with naming(self.path):
+            self._sink.write(line)
         self._note(job_id, code, digest)
         self._unsynced = True
 
     def sync(self) -> None:
         """Flush and fsync what was appended."""
         if self._unsynced:
-            self._sink.flush()
-            os.fsync(self._sink.fileno())
+            with naming(self.path):
+                self._sink.flush()
+                os.fsync(self._sink.fileno())
             self._unsynced = False
 
     def replace(self, rows: dict[str, tuple[bytes, str | None, str | None]]) -> int:
@@ -193,8 +229,11 @@ class OutputFile:
         return replaced
 
     def close(self) -> None:
-        self.sync()
-        self._sink.close()
+        try:
+            self.sync()
+        finally:
+            self._sink.close()
+            self._stack.close()
 
     def __enter__(self) -> OutputFile:
         return self

@@ -26,6 +26,7 @@ from typing import Any
 
 from producer.client import Client, ContentChanged
 from producer.datasets import NATIVE_COLUMNS, ColumnMapping, row_job
+from producer.forget import unrecorded
 from producer.jsonl import InputFile, output_record
 from producer.keys import DEFAULT_QUEUE, FIELD_ENTRY, FIELD_ID, FIELD_RESULT
 from producer.resume import done_marks
@@ -136,7 +137,10 @@ class Pipeline:
                 waiting.discard(result.id)
                 yield result
             if not checked:  # NOTE: done before the first full read, yet not in the stream: trimmed
-                gone = sorted(i for i in marks if i in waiting)
+                gone = sorted(
+                    {i for i in marks if i in waiting}
+                    | set(unrecorded(self.client.redis, self.keys, sorted(waiting)))
+                )
                 if gone:
                     raise ResultsGone(
                         f"{len(gone)} results were trimmed from Redis by a collect, e.g. {gone[:3]}"

@@ -69,6 +69,16 @@ def redact(url: str) -> str:
     return re.sub(r"(//[^:/@]*:)[^@/]*@", r"\1***@", url)
 
 
+def check_url(url: str) -> None:
+    """ValueError, saying why in one line (password redacted), when redis-py cannot use ``url``."""
+    from redis.connection import parse_url
+
+    try:
+        parse_url(url)
+    except ValueError as exc:
+        raise ValueError(f"{redact(url)!r}: {exc}") from None
+
+
 def url_of(client: redis.Redis) -> str:
     """The client's address as a URL without its password, for messages (a cluster client:
     its default node's)."""

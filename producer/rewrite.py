@@ -34,10 +34,12 @@ def _index(path: Path) -> list[_Row]:
     return rows
 
 
-def _ranked(rows: list[_Row], order: Sequence[str]) -> list[_Row]:
-    """``rows`` sorted by their id's place in ``order``; ids not in it after, as they were."""
+def _ranked(rows: list[_Row], order: Sequence[str], others_first: bool = False) -> list[_Row]:
+    """``rows`` sorted by their id's place in ``order``; ids not in it after (or, with
+    ``others_first``, before), as they were."""
     rank = {job_id: place for place, job_id in enumerate(order)}
-    return sorted(rows, key=lambda row: rank.get(row[0], len(rank)))  # NOTE: a stable sort
+    other = -1 if others_first else len(rank)
+    return sorted(rows, key=lambda row: rank.get(row[0], other))  # NOTE: a stable sort
 
 
 def _copied(source: BinaryIO, rows: list[_Row]) -> Iterator[bytes]:
@@ -46,11 +48,12 @@ def _copied(source: BinaryIO, rows: list[_Row]) -> Iterator[bytes]:
         yield source.read(length)
 
 
-def put_in_order(path: Path, order: Sequence[str]) -> bool:
-    """Rewrite ``path`` so its rows follow ``order`` (rows of other ids after them, in their
-    order); nothing when they already do. True when it was rewritten."""
+def put_in_order(path: Path, order: Sequence[str], others_first: bool = False) -> bool:
+    """Rewrite ``path`` so its rows follow ``order`` (rows of other ids after them, or before
+    them with ``others_first``: the rows of a prefix of the order that Redis forgot,
+    producer.forget, in their order); nothing when they already do. True when it was rewritten."""
     rows = _index(path)
-    ranked = _ranked(rows, order)
+    ranked = _ranked(rows, order, others_first)
     if ranked == rows:
         return False
     with open(path, "rb") as source:

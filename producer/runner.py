@@ -38,7 +38,8 @@ from producer.digest import changed_ids, changed_line
 from producer.jsonl import InputFile, Rejected, written_ids
 from producer.lifetime import start_child
 from producer.local_redis import LocalRedis
-from producer.outfile import OutputFileError, row_keys
+from producer.outfile import OutputFileError, os_error_line, row_keys
+from producer.outlock import OutputBusy, output_lock
 from producer.progress import Progress
 from producer.redis_errors import FatalRedisError, describe, redact
 from producer.rewrite import put_in_order, split_errors
@@ -88,10 +89,8 @@ class RunReport:
         return len(self.expected) - self.in_output
 
     def exit_code(self) -> int:
-        """0: every line ran without error; 2: nothing could run (no job lines, or every
-        worker exited with a usage error); 1: anything else short of that."""
-        if not self.parsed.jobs and not self.parsed.rejected:
-            return exits.USAGE
+        """0: every line ran without error (an empty input: nothing to do, as for enqueue);
+        2: nothing could run (every worker exited with a usage error); 1: anything else."""
         if self.missing and self.worker_codes and all(code == exits.USAGE for code in self.worker_codes):
             return exits.USAGE
         if self.missing or self.failed or self.parsed.rejected:
@@ -130,6 +129,17 @@ def run_file(options: RunOptions, say: Callable[[str], None] = print) -> RunRepo
         raise RunError(f"cannot write {out}: {'it is a folder' if out.is_dir() else 'no such folder'}")
     if options.join_input and not is_parquet(out):
         raise RunError("--join-input needs a Parquet output (-o OUT.parquet)")
+    try:
+        with output_lock(rows_path(out)):  # NOTE: held for the whole run; its collects take it again
+            return _run_locked(options, say)
+    except OutputBusy as exc:
+        raise RunError(str(exc)) from None
+    except OSError as exc:  # an unreadable input, a full disk
+        raise RunError(os_error_line(exc)) from None
+
+
+def _run_locked(options: RunOptions, say: Callable[[str], None]) -> RunReport:
+    out = options.output_path
     try:
         parsed = read_input(options.input_path, options.mapping)
     except ValueError as exc:  # pyarrow: not a Parquet/CSV file, or a damaged one

@@ -183,13 +183,16 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
         return self.top_k if 0 < self.top_k < vocab_size else 0
 
 
+CHAT_ROLES = ("system", "user", "assistant")  # what a chat template renders (OpenAI's "developer" maps to system)
+
+
 class ChatMessage(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     role: str
     content: str
     name: str | None = None  # the speaker's name, handed to the chat template (OpenAI's ``name``)
 
     def __post_init__(self) -> None:
-        check(isinstance(self.role, str) and self.role != "", "role", self.role, "must be non-empty")
+        check(self.role in CHAT_ROLES, "role", self.role, f"must be one of {', '.join(CHAT_ROLES)}")
         check(isinstance(self.content, str), "content", self.content, "must be a string")
         if self.name is not None:
             ok = isinstance(self.name, str) and 0 < len(self.name) <= MAX_ID_CHARS

@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 import msgspec
 import redis
 
-from producer.keys import META_EPOCH, QueueKeys
+from producer.keys import META_EPOCH, META_FORGOTTEN, META_FORGOTTEN_FAILED, QueueKeys
 
 
 class Heartbeat(msgspec.Struct, frozen=True, kw_only=True):
@@ -105,10 +105,13 @@ def read_status(client: redis.Redis, keys: QueueKeys) -> QueueStatus:
         pipe.hlen(keys.failed)
         pipe.xlen(keys.dead)
         pipe.hgetall(keys.workers)
-        pipe.hget(keys.meta, META_EPOCH)
+        pipe.hmget(keys.meta, [META_EPOCH, META_FORGOTTEN, META_FORGOTTEN_FAILED])
         pipe.xlen(keys.results)
         pipe.time()
-        enqueued, done, failed, dead, beats, epoch, results, (secs, micros) = pipe.execute()
+        enqueued, done, failed, dead, beats, meta, results, (secs, micros) = pipe.execute()
+    # NOTE: ids a trimming collect forgot (producer.forget) count as enqueued and done
+    epoch, forgotten_ids, forgotten_failed = meta[0], int(meta[1] or 0), int(meta[2] or 0)
+    enqueued, done, failed = enqueued + forgotten_ids, done + forgotten_ids, failed + forgotten_failed
     redis_now_ms = secs * 1000 + micros // 1000
     queued = in_flight = 0
     oldest_ms: int | None = None  # enqueue time of the oldest job not yet delivered, any partition

@@ -284,9 +284,15 @@ def run(
     configuration or connection error, unreadable input.
     """
     from producer import exits
+    from producer.redis_errors import check_url
     from producer.runner import RunError, RunOptions, run_file, worker_env
     from worker.preflight import PreflightError, check_run
 
+    if redis_url is not None:
+        try:
+            check_url(redis_url)
+        except ValueError as exc:
+            fail(f"--redis-url {exc}", exits.USAGE)
     mapping = column_mapping(prompt_column, messages_column, id_column, template)
     served = ",".join(served_model_name) if served_model_name else None
     try:  # NOTE: before a Redis starts and jobs go in: what would stop every worker at start
@@ -341,7 +347,9 @@ def run(
     if problem is not None:
         fail(problem, exits.USAGE)
     typer.echo(f"wrote {report.written} results to {output} ({report.resumed} were already there)", err=True)
-    if not report.parsed.jobs:
+    if not report.parsed.jobs and not report.parsed.rejected:
+        typer.echo(f"{input_path} has no rows: nothing to run", err=True)
+    elif not report.parsed.jobs:
         fail(f"no valid jobs in {input_path}", report.exit_code())
     if report.failed:
         typer.echo(

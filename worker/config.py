@@ -60,6 +60,12 @@ class WorkerSection:
             raise ValueError(f"metrics_port={self.metrics_port}: must be a port in [1, 65535], or 0 for none")
         if not self.connect_timeout_s >= 0:
             raise ValueError(f"connect_timeout_s={self.connect_timeout_s}: must be >= 0")
+        from producer.redis_errors import check_url
+
+        try:
+            check_url(self.redis_url)
+        except ValueError as exc:
+            raise ValueError(f"redis_url={exc}") from None
 
     @property
     def served_models(self) -> tuple[str, ...]:
@@ -264,6 +270,7 @@ ENGINE_HELP: dict[str, str] = {
     "triton": "fused Triton kernels on CUDA (false: the torch paths, for ablation)",
     "cache_dir": "where converted models are cached (empty: `~/.cache/radixq/models`)",
     "grammar_timeout_s": "seconds a job's grammar may take to compile (in a child process); a longer compile fails that job only",
+    "grammar_memory_mib": "MiB one grammar compile may add to the compiler process (its size at rest, about 400 MiB, not counted); a compile that needs more fails that job only",
     "step_profile": "record every scheduler step and log a summary at exit (profiling)",
     "fault": "injected failures for the failure tests: `raise-on-token:N`, `exit-on-token:N`, `raise-on-batch:K`, `sleep-per-step:MS`",
 }

@@ -67,7 +67,7 @@ def test_unreachable_redis_is_exit_2_with_one_line(tmp_path: Path) -> None:
         assert_one_line_error(proc, url, "Connection refused", "is redis-server running")
         assert len(proc.stderr.splitlines()) == 1, (command, proc.stderr)
     enqueue = radixq("enqueue", str(source), "--redis-url", url, "--retry-timeout-s", "0")
-    assert "enqueued 0 (0 already enqueued) of 1 valid jobs, then stopped" in enqueue.stderr
+    assert "enqueued 0 (0 already enqueued) of 1 valid jobs read, then stopped" in enqueue.stderr
 
 
 def test_enqueue_codes(redis_url: str, tmp_path: Path) -> None:
@@ -115,11 +115,12 @@ def test_collect_codes(redis_url: str, tmp_path: Path) -> None:
     assert failed.returncode == exits.JOBS_FAILED
     assert "1 job failed" in failed.stderr
     assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == ["c0", "c1", "c2", "c3"]
-    # Those results were trimmed once written: a collect into another file reports them.
+    # Those results were trimmed and their ids forgotten once written: a collect into another
+    # file reports how many.
     other = radixq("collect", "-o", str(tmp_path / "other.jsonl"), "--redis-url", redis_url)
     assert other.returncode == exits.JOBS_FAILED
-    assert "4 jobs were collected earlier and trimmed from Redis" in other.stderr
-    assert client.redis.xlen(KEYS.results) == 0 and client.redis.hlen(KEYS.done) == 4
+    assert "4 jobs were collected earlier by a trimming collect into another output" in other.stderr
+    assert client.redis.xlen(KEYS.results) == 0 and client.redis.hlen(KEYS.done) == 0
     # An output file that is not radixq's is refused in one line.
     junk = tmp_path / "junk.jsonl"
     junk.write_text("not json\n")

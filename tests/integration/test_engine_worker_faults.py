@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -84,9 +85,30 @@ def test_kill_9_of_the_worker_takes_its_scheduler_along(
     worker = start_engine_worker(redis_url, model_dir, log_path)
     wait_for(lambda: registered(client), 120, "the worker's heartbeat", log_path)
     scheduler = scheduler_of(worker)
+    (folder,) = socket_dirs_of(worker.pid)
     worker.kill()
     worker.wait(timeout=10)
     wait_for(lambda: not is_alive(scheduler), 5, "the orphaned scheduler to die")
+    # Its socket folder outlives it (nothing ran to remove it); the next worker to start does.
+    assert folder.exists()
+    log_path = tmp_path / "w2.log"
+    second = start_engine_worker(redis_url, model_dir, log_path, name="second")
+    wait_for(lambda: not folder.exists(), 120, "the next worker to remove the folder", log_path)
+    second.kill()
+    second.wait(timeout=10)
+
+
+def socket_dirs_of(pid: int) -> list[Path]:
+    """The scheduler socket folders whose owner file names ``pid`` (worker.frontend.process)."""
+    from producer.local_redis import OWNER_FILE
+    from worker.frontend.process import SOCKET_DIR_PREFIX
+
+    found = []
+    for folder in Path(tempfile.gettempdir()).glob(f"{SOCKET_DIR_PREFIX}*"):
+        owner = folder / OWNER_FILE
+        if owner.exists() and owner.read_text().split()[0] == str(pid):
+            found.append(folder)
+    return found
 
 
 def test_ctrl_c_mid_run_drains_writes_results_and_gives_the_rest_back(

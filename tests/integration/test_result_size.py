@@ -68,8 +68,9 @@ class _Counting:
     def __init__(self) -> None:
         self.batches: list[list[int]] = []
 
-    def complete(self, writes: list[Write], acks: list[str]) -> None:
+    def complete(self, writes: list[Write], acks: list[str]) -> list[Write]:
         self.batches.append([len(w.data) for w in writes])
+        return []
 
 
 def test_a_flush_writes_at_most_max_batch_bytes_per_transaction(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -17,6 +17,7 @@ from producer.collector import Collector
 from producer.keys import (
     FIELD_ATTEMPTS,
     FIELD_ENTRY,
+    FIELD_EPOCH,
     FIELD_ID,
     FIELD_JOB,
     FIELD_REASON,
@@ -137,8 +138,10 @@ def test_trim_stops_at_the_first_buffered_result(fake_redis: fakeredis.FakeRedis
     assert checks[0] == (4, entries["j6"].encode())
     assert report.missing == [] and [row["id"] for row in rows(out)] == ids
     assert fake_redis.xlen(KEYS.results) == 0
-    # Per-id bookkeeping is never trimmed.
-    assert fake_redis.hlen(KEYS.done) == 10 and fake_redis.llen(KEYS.order) == 10
+    # The per-id records of the written ids are forgotten too (producer.forget); status still counts them.
+    assert [fake_redis.hlen(k) for k in (KEYS.done, KEYS.enqueued)] == [0, 0] and fake_redis.llen(KEYS.order) == 0
+    status = Client(fake_redis).status()
+    assert (status.enqueued, status.done, status.failed) == (10, 10, 0)
 
 
 def test_results_trimmed_by_an_earlier_collect_are_reported_not_awaited(
@@ -149,15 +152,30 @@ def test_results_trimmed_by_an_earlier_collect_are_reported_not_awaited(
         complete(fake_redis, job_id)
     Collector(fake_redis).collect(tmp_path / "first.jsonl", wait=False, trim=True)
     complete(fake_redis, "j4")
-    # A second output file: j0..j3 were written to the first and trimmed; j4 is there; j5 not done.
+    # A second output file: j0..j3 were written to the first, trimmed and forgotten (only their
+    # number is left); j4 is there; j5 not done.
     report = Collector(fake_redis).collect(tmp_path / "second.jsonl", wait=True, timeout_s=1, poll_s=0.01)
-    assert report.trimmed == ids[:4]
-    assert report.missing == ["j0", "j1", "j2", "j3", "j5"]
+    assert report.forgotten_elsewhere == 4 and report.trimmed == []
+    assert report.missing == ["j5"]
     assert [row["id"] for row in rows(tmp_path / "second.jsonl")] == ["j4"]
     # With every job done, the collect ends at once instead of waiting for trimmed results.
     complete(fake_redis, "j5")
     third = Collector(fake_redis).collect(tmp_path / "third.jsonl", wait=True, poll_s=0.01)
-    assert third.trimmed == ids[:4] and third.written == 2
+    assert third.forgotten_elsewhere == 4 and third.written == 2
+
+
+def test_results_trimmed_but_not_forgotten_are_reported_not_awaited(
+    fake_redis: fakeredis.FakeRedis, tmp_path: Path
+) -> None:
+    """Results trimmed while their ids are still recorded (a collect that trimmed the stream
+    and stopped before forgetting them, or a collect of an older version) are named, not awaited."""
+    ids = enqueue(fake_redis, 3)
+    for job_id in ids:
+        complete(fake_redis, job_id)
+    fake_redis.xtrim(KEYS.results, minid=fake_redis.xrange(KEYS.results)[2][0], approximate=False)
+    fake_redis.hset(KEYS.meta, META_RESULTS_TRIMMED, fake_redis.xrange(KEYS.results)[0][0])
+    report = Collector(fake_redis).collect(tmp_path / "out.jsonl", wait=True, timeout_s=5, poll_s=0.01)
+    assert report.trimmed == ids[:2] and report.missing == ids[:2] and report.written == 1
 
 
 def test_requeued_dead_letter_row_is_replaced_in_place(
@@ -249,6 +267,26 @@ def test_resumed_collect_on_a_queue_redis_lost_is_a_loss(
     assert report.lost is not None and "output already holds 2 rows" in report.lost
 
 
+def test_results_of_a_lost_queue_are_never_written(fake_redis: fakeredis.FakeRedis, tmp_path: Path) -> None:
+    """Results tagged with an epoch the queue no longer has (a worker that held jobs when Redis
+    restarted empty, written before workers checked): a fresh collect writes none of them and
+    reports the loss."""
+    enqueue(fake_redis, 3)
+    epoch = fake_redis.hget(KEYS.meta, "epoch")
+    entries = newest_entries(fake_redis)
+    fake_redis.flushall()
+    for job_id in ("j0", "j1"):
+        result = encode(error_result(job_id, "internal", "x"))
+        fields = {FIELD_ID: job_id, FIELD_ENTRY: entries[job_id], FIELD_RESULT: result, FIELD_EPOCH: epoch}
+        fake_redis.xadd(KEYS.results, fields)
+        fake_redis.hset(KEYS.done, job_id, entries[job_id])
+    out = tmp_path / "out.jsonl"
+    report = Collector(fake_redis).collect(out, wait=False)
+    assert report.lost is not None and f"read under epoch {epoch.decode()}" in report.lost
+    assert "the queue has no epoch" in report.lost
+    assert report.written == 0 and out.read_text() == ""
+
+
 def test_rejected_rows_keep_their_place_through_requeue(
     fake_redis: fakeredis.FakeRedis, tmp_path: Path
 ) -> None:
@@ -284,3 +322,39 @@ def test_rejected_rows_keep_their_place_through_requeue(
     assert resumed.replaced == 1 and resumed.failed == 2
     assert [row["id"] for row in rows(out)] == ["a", "bad1", "b", "bad2", "c"]
     assert rows(out)[2]["error"] is None
+
+
+def test_a_trimming_collect_forgets_what_it_wrote_and_keeps_collecting(
+    fake_redis: fakeredis.FakeRedis, tmp_path: Path
+) -> None:
+    """Ids enqueued while a trimming collect forgets the ones before them are still collected,
+    in order and once, with no loss reported (the order list is shorter, the count in meta
+    says why); a resumed collect into the same output goes on from there."""
+    client = Client(fake_redis)
+    first = [f"a{i}" for i in range(5)]
+    client.enqueue([Job(id=i, prompt="p") for i in first])
+    for job_id in first[:4]:
+        complete(fake_redis, job_id)
+    later = [f"b{i}" for i in range(4)]
+    rounds: list[int] = []
+
+    def between_rounds() -> bool:
+        rounds.append(fake_redis.llen(KEYS.order))
+        if len(rounds) == 1:  # after the first round wrote and forgot a0..a3
+            client.enqueue([Job(id=i, prompt="p") for i in later])
+            for job_id in ["a4", *later]:
+                complete(fake_redis, job_id)
+        return False
+
+    out = tmp_path / "out.jsonl"
+    report = Collector(fake_redis).collect(out, poll_s=0.01, timeout_s=10, should_stop=between_rounds, trim=True)
+    assert rounds[0] == 1 and report.lost is None and report.missing == []
+    assert [row["id"] for row in rows(out)] == first + later
+    assert fake_redis.llen(KEYS.order) == 0 and fake_redis.hlen(KEYS.enqueued) == 0
+    client.enqueue([Job(id="c0", prompt="p")])
+    complete(fake_redis, "c0")
+    again = Collector(fake_redis).collect(out, wait=True, timeout_s=10, poll_s=0.01, trim=True)
+    assert (again.written, again.already, again.missing, again.lost) == (1, 9, [], None)
+    assert [row["id"] for row in rows(out)] == [*first, *later, "c0"]
+    status = client.status()
+    assert (status.enqueued, status.done, status.results_kept) == (10, 10, 0)

@@ -265,3 +265,70 @@ def test_served_model_names_refuse_jobs_naming_another_model() -> None:
     assert error is not None and error.code == "model_not_served"
     assert "'gpt-4o'" in error.message and "'smol'" in error.message and "'other'" in error.message
     assert found["other"].metadata == {"row": 1}
+
+
+def _lose_queue(world: World) -> None:
+    """Redis restarted empty: no jobs, no results, no epoch (the memory store forgets its own)."""
+    world.lose_everything()
+    if isinstance(world, MemoryWorld):
+        world.store.epoch = None
+
+
+def test_results_of_jobs_read_before_the_queue_was_lost_are_dropped(
+    world: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Jobs held when Redis lost the queue: their results are not written into the emptied
+    queue (DATA LOSS, counted), and once the same jobs are enqueued again they run again and
+    each gets one result."""
+    jobs = make_jobs(3)
+    world.enqueue(jobs)
+    consumer = world.consumer(FakeGenerator(capacity=3, latency_s=0.2), heartbeat_s=60.0)
+    consumer.step()
+    assert consumer.held == 3
+    _lose_queue(world)
+    with caplog.at_level(logging.ERROR, logger="radixq.worker"):
+        deadline = time.monotonic() + 20
+        while consumer.held or len(consumer.outbox):
+            assert time.monotonic() < deadline
+            consumer.guarded(consumer.step)
+    assert world.results_by_id() == {} and world.done() == 0
+    assert consumer.outbox.dropped == 3
+    assert "DATA LOSS: dropped 3 results" in caplog.text
+    world.enqueue(jobs)
+    step_until([consumer], 3, world)
+    assert {job_id: len(rs) for job_id, rs in world.results_by_id().items()} == {j.id: 1 for j in jobs}
+    assert world.pending() == 0
+
+
+def test_a_job_enqueued_again_after_the_loss_answers_its_new_entry(world: World) -> None:
+    """A job still running when the queue was lost, enqueued again and read again before it
+    finished: its run answers the new entry, once."""
+    jobs = make_jobs(2)
+    world.enqueue(jobs[:1])
+    generator = FakeGenerator(capacity=2, latency_s=0.3)
+    consumer = world.consumer(generator, heartbeat_s=60.0)
+    consumer.step()
+    assert consumer.held == 1
+    _lose_queue(world)
+    world.enqueue(jobs)  # NOTE: two, so that the fair share lets it read j0 while it runs
+    step_until([consumer], 2, world)
+    for job in jobs:
+        (result,) = world.results_by_id()[job.id]
+        assert result.ok and result.choices[0].text == fake_text(job.id)
+    assert generator.submitted == ["j0", "j1"]  # j0 ran once, for both entries
+    assert world.pending() == 0 and consumer.outbox.dropped == 0
+
+
+def test_a_drain_does_not_give_back_jobs_of_a_lost_queue(world: World) -> None:
+    world.enqueue(make_jobs(2))
+    consumer = world.consumer(FakeGenerator(capacity=2, latency_s=30), drain_timeout_s=0.2, heartbeat_s=60.0)
+    consumer.step()
+    assert consumer.held == 2
+    _lose_queue(world)
+    consumer.request_stop()
+    consumer.drain()
+    assert world.pending() == 0
+    staying = world.consumer(FakeGenerator(), "staying")
+    for _ in range(5):
+        staying.guarded(staying.step)
+    assert world.results_by_id() == {}  # nothing was put back to run

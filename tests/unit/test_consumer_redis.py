@@ -18,7 +18,7 @@ from producer.keys import FIELD_ID, FIELD_JOB, QueueKeys
 from producer.schema import Result, decode_result, encode_job
 from producer.status import decode_heartbeat
 from tests.fake_generator import FakeGenerator
-from tests.unit.queue_worlds import config_for
+from tests.unit.queue_worlds import RedisWorld, config_for
 from tests.unit.test_consumer import make_jobs
 from worker.queue.consumer import Consumer
 from worker.queue.streams import RedisJobQueue
@@ -180,3 +180,17 @@ def test_a_corrupt_routing_value_keeps_the_worker_waiting_not_dead(
     fake_redis.hset(KEYS.meta, "partitions", "1")
     step_until([consumer], 3, fake_redis)
     assert all(results[0].ok for results in results_by_id(fake_redis).values())
+
+
+def test_an_entry_without_its_job_field_says_so() -> None:
+    """An entry XADDed with an id and no job: its invalid_job row says the job is missing
+    (msgspec's own words for an empty payload were "Input data was truncated")."""
+    world = RedisWorld()
+    entry = world.redis.xadd(KEYS.jobs, {FIELD_ID: "nojob"}).decode()
+    consumer = world.consumer(FakeGenerator())
+    step_until([consumer], 1, world.redis)
+    (result,) = world.results_by_id()["nojob"]
+    assert result.error is not None and result.error.code == "invalid_job"
+    assert result.error.message == (
+        f"job 'nojob': job: the stream entry {entry} holds no job (its 'job' field is missing or empty)"
+    )

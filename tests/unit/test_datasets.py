@@ -268,3 +268,22 @@ def test_the_cli_template_reads_shell_escapes() -> None:
     mapping = column_mapping(None, None, None, typed)
     assert mapping.template == "Topic: {topic}\nQ: {question}\tA: \\n \\x"
     assert column_mapping(None, None, None, None).template is None
+
+
+def test_a_ragged_csv_row_rejects_that_row_only(tmp_path: Path) -> None:
+    """A row with more cells than the header, and one with fewer, are those rows' errors
+    (their number and both counts named); the other rows, blank lines and a quoted newline
+    around them, keep their places. Before, the whole file was refused ("Expected 2 columns,
+    got 4")."""
+    path = tmp_path / "ragged.csv"
+    path.write_text('id,prompt\na,hello\n\nb,world,extra,cells\n"c","two\nlines"\nd\ne,fine\n')
+    parsed = read_input(path)
+    assert [type(row).__name__ for row in parsed.rows] == ["Job", "Rejected", "Job", "Rejected", "Job"]
+    assert [job.id for job in parsed.jobs] == ["a", "c", "e"] and parsed.jobs[1].prompt == "two\nlines"
+    too_many, too_few = parsed.rejected
+    assert (too_many.line_no, too_few.line_no) == (2, 4)
+    assert too_many.reason == "csv: has 4 cells, the header has 2"
+    assert too_few.reason == "csv: has 1 cell, the header has 2"
+    assert too_many.error_result().error.code == "invalid_job"  # type: ignore[union-attr]
+    columns = input_columns(path, parsed)
+    assert [job_id for job_id, _ in columns][::2] == ["a", "c", "e"] and columns[1][1] == {}

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -267,7 +269,7 @@ def test_a_compiler_that_cannot_start_fails_the_waiting_jobs(
     error, not the scheduler an exception; the next job tries again."""
     from worker.engine import grammar_compiler
 
-    def refused(args: list[str]) -> None:
+    def refused(args: list[str], memory_limit_mib: int) -> None:
         raise OSError(12, "Cannot allocate memory")
 
     monkeypatch.setattr(grammar_compiler, "_Child", refused)
@@ -279,3 +281,73 @@ def test_a_compiler_that_cannot_start_fails_the_waiting_jobs(
     compiler.submit("b", ("regex", "x+"))
     ((uid, _, compiled, error, _),) = _until(compiler, 1)
     assert uid == "b" and compiled is not None
+
+
+# NOTE: issue 21's schema shape: xgrammar's memory for it grows without bound (10 GB in 15 s there)
+HUGE_ANYOF = grammar_key(
+    SamplingParams(
+        json_schema={
+            "anyOf": [
+                {
+                    "type": "object",
+                    "properties": {f"k{i}": {"type": "string", "pattern": "[a-z]{1,8}"}},
+                    "required": [f"k{i}"],
+                }
+                for i in range(2000)
+            ]
+        }
+    )
+)
+assert HUGE_ANYOF is not None
+
+
+@pytest.mark.slow  # about 40 s: the compile takes a while to grow
+def test_a_compile_over_the_memory_limit_fails_that_key_only(smollm2_dir: Path) -> None:  # noqa: F811
+    """A 2,000-branch anyOf with a 256 MiB limit: the child is stopped once it grows past its
+    size at rest plus the limit (its resident size, sampled here from /proc, never goes more
+    than a few MiB past that), the key fails naming the limit and the setting, and the key
+    behind it compiles in a new child."""
+    from worker.engine.grammar_memory import resident_bytes
+
+    compiler = BackgroundCompiler(str(smollm2_dir), 49152, [2], timeout_s=600.0, memory_limit_mib=256)
+    try:
+        compiler.submit("huge", HUGE_ANYOF)
+        compiler.submit("next", ("regex", "[a-z]+"))
+        done: dict[str, tuple[object, str | None]] = {}
+        peak, baseline = 0, None
+        deadline = time.monotonic() + 300
+        while len(done) < 2:
+            done.update((o.uid, (o.compiled, o.error)) for o in compiler.poll())
+            child = compiler._child
+            if child is not None and child.memory is not None and "huge" not in done:
+                baseline = child.memory.baseline_bytes
+                peak = max(peak, resident_bytes(child.proc.pid) or 0)
+            time.sleep(0.01)
+            assert time.monotonic() < deadline
+        assert done["huge"][0] is None
+        assert done["huge"][1] == (
+            f"the grammar compiler went over its memory limit of 256 MiB above its {baseline >> 20} MiB "  # type: ignore[operator]
+            "at rest (grammar_memory_mib) while compiling it"
+        )
+        assert baseline is not None and peak > baseline + (128 << 20)  # it did grow, and then...
+        assert peak <= baseline + (256 << 20) + (64 << 20), (peak >> 20, baseline >> 20)  # ...no further
+        assert done["next"][1] is None and done["next"][0] is not None
+        print(f"child at rest {baseline >> 20} MiB, largest seen {peak >> 20} MiB")
+    finally:
+        compiler.close()
+
+
+def test_the_address_space_cap_refuses_an_allocation_past_it() -> None:
+    """The backstop: in a process capped at its size now plus 64 MiB (and BACKSTOP_MIB), an
+    allocation of 4 GiB fails with MemoryError instead of growing the process."""
+    code = (
+        "from worker.engine.grammar_memory import cap_address_space\n"
+        "cap_address_space(64)\n"
+        "try:\n"
+        "    bytearray(4 << 30)\n"
+        "except MemoryError:\n"
+        "    print('refused')\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "refused", out.stderr

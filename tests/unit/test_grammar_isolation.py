@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -41,6 +42,19 @@ def llm(smollm2_dir: Path) -> LLM:  # noqa: F811
     )
     llm.generate("Hello", SamplingParams(max_tokens=2))  # NOTE: the first pass is slow (warm-up)
     return llm
+
+
+@pytest.fixture(autouse=True)
+def _nothing_left_behind(llm: LLM) -> Iterator[None]:
+    """The module shares one scheduler: what a test leaves in it (a test that failed or timed
+    out mid-run) is aborted and run out, so the next test starts from an idle scheduler."""
+    yield
+    scheduler = llm.scheduler
+    for uid in [*scheduler.groups, *scheduler.compiling.waiting]:
+        llm.io.put(AbortRequest(uid))
+    scheduler.run_until_idle()
+    llm.io.take_all()
+    scheduler.check_integrity()
 
 
 def _run(llm: LLM, plain: GenerateRequest, slow: GenerateRequest, after: GenerateRequest) -> Window:

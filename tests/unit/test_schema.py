@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import msgspec
 import pytest
 
@@ -131,9 +133,13 @@ def deep_msgpack_job(depth: int, field: str = "metadata") -> bytes:
         ({"metadata": {"k": [1.0, float("nan")]}}, "metadata.k[1]", "numbers must be finite"),
         ({"metadata": {"k": b"raw"}}, "metadata.k", "must hold JSON values only"),
         ({"metadata": {"k": msgspec.msgpack.Ext(1, b"x")}}, "metadata.k", "must hold JSON values only"),
-        ({"messages": [{"role": "", "content": "c"}], "prompt": None}, "messages[0].role", "non-empty"),
         (
-            {"messages": [{"role": "u", "content": "c", "name": ""}], "prompt": None},
+            {"messages": [{"role": "", "content": "c"}], "prompt": None},
+            "messages[0].role",
+            "must be one of system, user, assistant",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "c", "name": ""}], "prompt": None},
             "messages[0].name",
             "non-empty string of at most 256",
         ),
@@ -231,3 +237,25 @@ def test_new_optional_fields_round_trip_and_leave_messages_unchanged_without_a_n
         {"role": "user", "content": "hi"}
     )
     assert job.prompt_kind == "prompts" and named.prompt_kind == "messages"
+
+
+def test_a_chat_role_a_template_does_not_know_is_refused_at_enqueue_and_at_intake() -> None:
+    """Roles are system, user, assistant; "wizard" (which ran before, as whatever the chat
+    template made of it) is that job's error, read from a file or from the stream."""
+    from producer.jsonl import parse_line
+    from producer.schema import CHAT_ROLES, decode_job
+
+    assert CHAT_ROLES == ("system", "user", "assistant")
+    for role in CHAT_ROLES:
+        job = parse_line(json.dumps({"id": "ok", "messages": [{"role": role, "content": "x"}]}), 1)
+        assert job.messages is not None and job.messages[0].role == role
+    line = json.dumps(
+        {"id": "w", "messages": [{"role": "user", "content": "x"}, {"role": "wizard", "content": "y"}]}
+    )
+    with pytest.raises(
+        JobError, match=r"^job 'w': messages\[1\]\.role='wizard': must be one of system, user, assistant$"
+    ):
+        parse_line(line, 1)
+    raw = msgspec.msgpack.encode({"id": "w", "messages": [{"role": "wizard", "content": "y"}], "v": 1})
+    with pytest.raises(JobError, match="must be one of system, user, assistant"):
+        decode_job(raw)

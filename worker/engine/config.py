@@ -47,6 +47,7 @@ class EngineConfig:
     triton: bool = True  # fused Triton kernels on CUDA (false: the torch paths, for ablation)
     cache_dir: str = ""  # where converted models are cached ("": ~/.cache/radixq/models)
     grammar_timeout_s: float = 60.0  # a job's grammar that compiles longer fails that job
+    grammar_memory_mib: int = 2048  # what one compile may add to the compiler process; beyond: that job fails
     step_profile: bool = False  # record every scheduler step (profiling runs; logged at exit)
     fault: str = ""  # injected failures, for the failure tests (worker.scheduler.faults)
 
@@ -56,6 +57,7 @@ class EngineConfig:
             (self.num_pages is None or self.num_pages >= 1, "num_pages", self.num_pages, "must be >= 1"),
             (0 < self.mem_fraction <= 1, "mem_fraction", self.mem_fraction, "must be in (0, 1]"),
             (self.grammar_timeout_s > 0, "grammar_timeout_s", self.grammar_timeout_s, "must be > 0"),
+            (self.grammar_memory_mib >= 16, "grammar_memory_mib", self.grammar_memory_mib, "must be >= 16"),
             (self.max_running_reqs >= 1, "max_running_reqs", self.max_running_reqs, "must be >= 1"),
             (self.max_prefill_tokens >= 1, "max_prefill_tokens", self.max_prefill_tokens, "must be >= 1"),
             (

@@ -26,7 +26,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from worker.engine.grammar_compiler import BackgroundCompiler, compile_text, xgrammar_reason
+from worker.engine.grammar_compiler import (
+    DEFAULT_MEMORY_LIMIT_MIB,
+    BackgroundCompiler,
+    compile_text,
+    xgrammar_reason,
+)
 
 if TYPE_CHECKING:
     from producer.schema import SamplingParams
@@ -119,13 +124,18 @@ class Grammars:
 
     @classmethod
     def in_background(
-        cls, model_path: str, vocab_size: int, stop_token_ids: Collection[int], timeout_s: float
+        cls,
+        model_path: str,
+        vocab_size: int,
+        stop_token_ids: Collection[int],
+        timeout_s: float,
+        memory_limit_mib: int = DEFAULT_MEMORY_LIMIT_MIB,
     ) -> Grammars:
         """Compiling in a child process that reads the tokenizer of ``model_path``; a compile
-        stops after ``timeout_s`` and fails its jobs."""
-        return cls(
-            vocab_size, background=BackgroundCompiler(model_path, vocab_size, stop_token_ids, timeout_s)
-        )
+        that runs past ``timeout_s`` or grows the child by more than ``memory_limit_mib`` is
+        stopped and fails its jobs."""
+        background = BackgroundCompiler(model_path, vocab_size, stop_token_ids, timeout_s, memory_limit_mib)
+        return cls(vocab_size, background=background)
 
     def cached(self, sampling: SamplingParams) -> Any | None:
         """The job's compiled grammar when its key is in the cache, else None."""

@@ -8,8 +8,9 @@ at a time in a child process (``python -m worker.engine.grammar_compiler``, star
 use with its parent's death as its own, SIGKILL): the scheduler hands it canonical grammar
 keys and polls for serialized compiled grammars without waiting. A compile that runs longer
 than ``timeout_s`` is stopped by killing the child (the next key gets a fresh one) and fails
-the jobs that wait for that key only; a child that dies while compiling (a C++ crash on a
-hostile grammar) fails that key's jobs the same way.
+the jobs that wait for that key only; so is one that grows more than ``memory_limit_mib``
+above the child's size at rest (worker.engine.grammar_memory); a child that dies while
+compiling (a C++ crash on a hostile grammar) fails that key's jobs the same way.
 
 Wire: ``multiprocessing.connection`` framing over two pipes, JSON payloads (no pickle).
 Parent -> child: ``{"field", "text"}``; child -> parent: ``{"ready": true}`` once, then one
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from producer.lifetime import start_child
+from worker.engine.grammar_memory import MemoryWatch, cap_address_space
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +55,7 @@ class Outcome(NamedTuple):
 
 
 START_TIMEOUT_S = 120.0  # loading the tokenizer in the child
+DEFAULT_MEMORY_LIMIT_MIB = 2048  # what one compile may add to the child (EngineConfig.grammar_memory_mib)
 # NOTE: a compiled grammar's memory in the scheduler process (xgrammar's memory_size_bytes);
 # reading one back costs about 1 s per 15 MB (off the scheduler's thread, but held in memory)
 MAX_GRAMMAR_BYTES = 128 << 20
@@ -89,12 +92,13 @@ class _Child:
     large one takes seconds; xgrammar releases the GIL meanwhile), so the scheduler's thread
     only drains ``replies``. It owns the inbox and closes it at the child's EOF."""
 
-    def __init__(self, args: list[str]) -> None:
+    def __init__(self, args: list[str], memory_limit_mib: int) -> None:
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe()
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_ROOT, env.get("PYTHONPATH", "")]))
         env.setdefault("TQDM_DISABLE", "1")
+        env.setdefault("MALLOC_ARENA_MAX", "2")  # NOTE: per-thread arenas reserve address space
         argv = [sys.executable, "-m", "worker.engine.grammar_compiler", str(to_child_r), str(from_child_w)]
         try:
             self.proc = start_child(
@@ -114,6 +118,8 @@ class _Child:
         self.started_s = time.monotonic()
         self.ready = False
         self.info: Any = None  # xgrammar.TokenizerInfo, from the ready message
+        self.memory_limit_mib = memory_limit_mib
+        self.memory: MemoryWatch | None = None  # started once the child is ready (its size at rest)
         inbox = Connection(from_child_r, writable=False)
         threading.Thread(target=self._read, args=(inbox,), name="grammar-reader", daemon=True).start()
 
@@ -125,6 +131,7 @@ class _Child:
                 header = json.loads(inbox.recv_bytes())
                 if "ready" in header:
                     self.info = xgr.TokenizerInfo.deserialize_json(inbox.recv_bytes().decode())
+                    self.memory = MemoryWatch(self.proc.pid, self.memory_limit_mib, self._kill_now)
                     self._put("ready", self.info)
                 elif "ok" in header:
                     data = inbox.recv_bytes().decode()
@@ -145,13 +152,22 @@ class _Child:
         self.replies.put((kind, payload))
         self.arrived.set()
 
+    def _kill_now(self) -> None:
+        if self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGKILL)
+
     def kill(self) -> None:
+        if self.memory is not None:
+            self.memory.stop()
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
         self.outbox.close()
 
     def exit_reason(self) -> str:
+        if self.memory is not None and self.memory.exceeded is not None:
+            self.proc.wait()
+            return self.memory.reason()
         try:
             code = self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:  # its pipe closed but it lives on: it goes now
@@ -171,7 +187,12 @@ class BackgroundCompiler:
     (also done when the object is collected)."""
 
     def __init__(
-        self, model_path: str, vocab_size: int, stop_token_ids: Collection[int], timeout_s: float
+        self,
+        model_path: str,
+        vocab_size: int,
+        stop_token_ids: Collection[int],
+        timeout_s: float,
+        memory_limit_mib: int = DEFAULT_MEMORY_LIMIT_MIB,
     ) -> None:
         self._args = [
             model_path,
@@ -179,8 +200,10 @@ class BackgroundCompiler:
             json.dumps(sorted(stop_token_ids)),
             str(compile_threads()),
             str(MAX_GRAMMAR_BYTES),
+            str(memory_limit_mib),
         ]
         self.timeout_s = timeout_s
+        self.memory_limit_mib = memory_limit_mib
         self._waiting: OrderedDict[Key, list[str]] = OrderedDict()  # key -> uids, first asked first
         self._running: tuple[Key, float] | None = None  # the key the child compiles, since when
         self._child: _Child | None = None
@@ -259,7 +282,7 @@ class BackgroundCompiler:
         self._finalizer.detach()
 
     def _start(self) -> None:
-        self._child = _Child(self._args)
+        self._child = _Child(self._args, self.memory_limit_mib)
         self._alive.append(self._child)
 
     def _stop_child(self) -> None:
@@ -329,7 +352,7 @@ def _kill_all(children: list[_Child]) -> None:
 
 
 def main(argv: list[str]) -> int:
-    read_fd, write_fd, model_path, vocab_size, stop_ids, threads, max_bytes = argv
+    read_fd, write_fd, model_path, vocab_size, stop_ids, threads, max_bytes, memory_mib = argv
     inbox = Connection(int(read_fd), writable=False)
     outbox = Connection(int(write_fd), readable=False)
     try:
@@ -350,6 +373,7 @@ def main(argv: list[str]) -> int:
         why = f"structured output is unavailable: {type(exc).__name__}: {exc}"
         outbox.send_bytes(json.dumps({"failed": why}).encode())
         return 1
+    cap_address_space(int(memory_mib))
     outbox.send_bytes(b'{"ready": true}')
     outbox.send_bytes(info.serialize_json().encode())
     while True:
@@ -359,6 +383,10 @@ def main(argv: list[str]) -> int:
             return 0
         try:
             compiled = compile_text(compiler, request["field"], request["text"])
+        except MemoryError:
+            why = f"the grammar compiler went over its memory limit of {memory_mib} MiB (grammar_memory_mib)"
+            outbox.send_bytes(json.dumps({"error": why}).encode())
+            continue
         except Exception as exc:  # NOTE: xgrammar raises RuntimeError (C++) and others: the job's error
             outbox.send_bytes(json.dumps({"error": xgrammar_reason(exc)}).encode())
             continue

@@ -15,11 +15,11 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from producer.lifetime import start_child
+from producer.local_redis import owned_dir, remove_stale_dirs
 from worker.engine.config import EngineConfig
 from worker.frontend.channel import FrontendChannel, PeerGone
 from worker.scheduler.messages import (
@@ -31,6 +31,7 @@ from worker.scheduler.messages import (
 )
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+SOCKET_DIR_PREFIX = "radixq-ipc-"  # the ZMQ sockets of one scheduler process, owned by the worker
 
 
 def quiet_loading_env(log_level: str, environ: dict[str, str]) -> dict[str, str]:
@@ -53,7 +54,9 @@ class SchedulerProcess:
         self.ready: SchedulerReady | None = None
         self.failure: SchedulerFailed | None = None
         self.started_at = time.monotonic()
-        self._socket_dir = tempfile.mkdtemp(prefix="radixq-")
+        # NOTE: a worker killed with -9 cannot remove its folder: the next one to start does
+        remove_stale_dirs(prefix=SOCKET_DIR_PREFIX)
+        self._socket_dir = str(owned_dir(SOCKET_DIR_PREFIX))
         self._channel = FrontendChannel(self._socket_dir)
         env = dict(os.environ)
         # NOTE: the child imports this very tree, whatever sys.path the parent was given.

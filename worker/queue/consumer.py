@@ -39,7 +39,7 @@ from producer.status import Heartbeat, now_ms
 from worker.queue.config import ConsumerConfig
 from worker.queue.generator import ENGINE_CRASH, Generator, GeneratorUnavailable
 from worker.queue.guard import Guard
-from worker.queue.jobqueue import Completion, DeadLetter, Delivery, JobQueue, Release, decode_entry
+from worker.queue.jobqueue import Completion, DeadLetter, Delivery, JobQueue, Release, decode_entry, of_epoch
 from worker.queue.outbox import Outbox
 from worker.queue.routing import PrefixTally, Survey
 from worker.queue.watch import QueueWatch
@@ -63,6 +63,7 @@ class _Held:
     data: bytes
     key: str  # prefix key
     started_at_ms: int
+    epoch: str | None  # the queue's epoch it was read under (its result is written only there)
     duplicates: list[str] = field(default_factory=list)
     crashes: int = 0  # times it crashed the engine while it ran alone
     crash: Result | None = None  # the last such crash, until settled
@@ -235,7 +236,7 @@ class Consumer:
                 self._held.pop(entry.job_id, None)
                 message = f"the worker could not take entry {entry.entry_id} in: {type(exc).__name__}: {exc}"
                 result = error_result(entry.job_id, "internal", message, worker=self.name)
-                self._complete(Completion(result, entry.entry_id))
+                self._complete(Completion(result, entry.entry_id, epoch=delivery.epoch))
         return submitted
 
     def _take_in(self, delivery: Delivery, done: bool) -> int:
@@ -248,13 +249,15 @@ class Consumer:
                 f"delivered {delivery.deliveries} times (max_attempts={self.config.max_attempts}); "
                 "the workers holding it stopped responding"
             )
-            self._dead_letter(entry.job_id, entry.entry_id, entry.data, reason, delivery.deliveries)
+            self._dead_letter(
+                entry.job_id, entry.entry_id, entry.data, reason, delivery.deliveries, epoch=delivery.epoch
+            )
             return 0
         try:
             job = decode_entry(entry)
         except JobError as exc:
             result = error_result(entry.job_id, "invalid_job", str(exc), worker=self.name)
-            self._complete(Completion(result, entry.entry_id))
+            self._complete(Completion(result, entry.entry_id, epoch=delivery.epoch))
             return 0
         if self.served_models and job.model is not None and job.model not in self.served_models:
             served = ", ".join(repr(name) for name in self.served_models)
@@ -262,12 +265,23 @@ class Consumer:
             result = error_result(
                 job.id, "model_not_served", message, metadata=job.metadata, worker=self.name
             )
-            self._complete(Completion(result, entry.entry_id))
+            self._complete(Completion(result, entry.entry_id, epoch=delivery.epoch))
             return 0
-        if job.id in self._held:  # enqueued twice, or reclaimed while we run it
-            self._held[job.id].duplicates.append(entry.entry_id)
+        held = self._held.get(job.id)
+        if held is not None and not of_epoch(held.epoch, delivery.epoch):
+            # NOTE: Redis lost the queue it was read from, and the job was enqueued again: the
+            # run under way answers the new entry (its old entries are gone with that queue)
+            held.entry_id, held.data, held.duplicates, held.epoch = (
+                entry.entry_id,
+                entry.data,
+                [],
+                delivery.epoch,
+            )
             return 0
-        self._held[job.id] = _Held(job, entry.entry_id, entry.data, entry.key, now_ms())
+        if held is not None:  # enqueued twice, or reclaimed while we run it
+            held.duplicates.append(entry.entry_id)
+            return 0
+        self._held[job.id] = _Held(job, entry.entry_id, entry.data, entry.key, now_ms(), delivery.epoch)
         try:
             self.generator.submit(job)
         except Exception as exc:  # the contract says submit never raises; one job must not stop others
@@ -276,7 +290,7 @@ class Consumer:
             result = error_result(
                 job.id, "internal", f"the generator rejected the job: {exc}", worker=self.name
             )
-            self._complete(Completion(result, entry.entry_id))
+            self._complete(Completion(result, entry.entry_id, epoch=delivery.epoch))
             return 0
         if self.metrics is not None:
             self.metrics.started(job, self._held[job.id].started_at_ms)
@@ -296,9 +310,11 @@ class Consumer:
         reason: str,
         attempts: int,
         also_ack: tuple[str, ...] = (),
+        epoch: str | None = None,
     ) -> None:
         result = error_result(job_id, "dead_letter", reason, worker=self.name)
-        self._complete(Completion(result, entry_id, also_ack, dead=DeadLetter(data, reason, attempts)))
+        letter = DeadLetter(data, reason, attempts)
+        self._complete(Completion(result, entry_id, also_ack, dead=letter, epoch=epoch))
         log.warning("job %s dead-lettered: %s", job_id, reason)
 
     def _take_results(self, results: list[Result]) -> None:
@@ -329,7 +345,7 @@ class Consumer:
                 model=self._reply_model(job, result),
                 timings=timings,
             )
-            self._complete(Completion(filled, held.entry_id, tuple(held.duplicates)))
+            self._complete(Completion(filled, held.entry_id, tuple(held.duplicates), epoch=held.epoch))
             self.completed += 1
 
     def _reply_model(self, job: Job, result: Result) -> str:
@@ -356,7 +372,13 @@ class Consumer:
                     f"(max_attempts={self.config.max_attempts}); last: {why}"
                 )
                 self._dead_letter(
-                    held.job.id, held.entry_id, held.data, reason, attempts, tuple(held.duplicates)
+                    held.job.id,
+                    held.entry_id,
+                    held.data,
+                    reason,
+                    attempts,
+                    tuple(held.duplicates),
+                    held.epoch,
                 )
             else:
                 log.warning(
@@ -433,10 +455,19 @@ class Consumer:
     def _release_and_leave(self) -> None:
         self.outbox.flush(self.queue)
         if self._held:
-            self.queue.release(
-                [Release(h.job.id, h.data, (h.entry_id, *h.duplicates), h.key) for h in self._held.values()]
+            dropped = self.queue.release(
+                [
+                    Release(h.job.id, h.data, (h.entry_id, *h.duplicates), h.key, h.epoch)
+                    for h in self._held.values()
+                ]
             )
-            log.info("released %d unfinished jobs back to the queue", len(self._held))
+            log.info("released %d unfinished jobs back to the queue", len(self._held) - len(dropped))
+            if dropped:
+                log.error(
+                    "DATA LOSS: %d unfinished jobs were read before Redis lost the queue; not given back "
+                    "to the queue it has now",
+                    len(dropped),
+                )
             self._held.clear()
             self._crashed.clear()
         self.queue.leave()

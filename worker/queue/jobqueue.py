@@ -9,6 +9,11 @@ Errors: an implementation raises QueueUnavailable (nothing was done; try again l
 QueueLost (the queue's state is gone: its consumer group no longer exists), QueueRefused
 (retrying cannot help: a wrong password, an ACL denial; ``str()`` is the one line to show),
 or anything else for a bug. ``complete`` and ``release`` are all or nothing.
+
+Epochs: each delivery carries the queue's epoch as read with it (producer.epoch; None: the
+queue has none). A completion or release of a job read under one epoch is not written once
+the queue has another one, or none: Redis lost the queue since (restarted empty, then maybe
+enqueued again), and the result or job would land in a queue that never had it.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from producer.keys import FIELD_JOB
 from producer.routing import split_id
 from producer.schema import Job, JobError, Result, decode_job
 from producer.status import Heartbeat
@@ -50,6 +56,7 @@ class Entry:
 class Delivery:
     entry: Entry
     deliveries: int  # times the queue has handed this entry out, this time included
+    epoch: str | None = None  # the queue's epoch when it was read (None: it had none)
 
 
 @dataclass(frozen=True)
@@ -65,6 +72,7 @@ class Completion:
     entry_id: str  # the entry this result answers
     also_ack: tuple[str, ...] = ()  # further entries of the same job id (duplicates)
     dead: DeadLetter | None = None
+    epoch: str | None = None  # of the delivery it answers: written only while the queue has it
 
 
 @dataclass(frozen=True)
@@ -84,12 +92,16 @@ class Release:
     data: bytes
     entry_ids: tuple[str, ...]
     key: str = ""
+    epoch: str | None = None  # of its delivery: given back only while the queue has it
 
 
 def decode_entry(entry: Entry) -> Job:
     """The entry's job; JobError when the entry, its payload or the job is not valid."""
     if entry.problem is not None:
         raise JobError("id", None, entry.problem)
+    if not entry.data:
+        why = f"the stream entry {entry.entry_id} holds no job (its {FIELD_JOB!r} field is missing or empty)"
+        raise JobError("job", None, why, entry.job_id)
     job = decode_job(entry.data)
     if job.id != entry.job_id:
         raise JobError(
@@ -113,12 +125,14 @@ class JobQueue(Protocol):
     - ``completed(job_ids)``: which of these jobs already have a result that counts.
     - ``complete(writes, acks)``: for each write, its result, the job's done mark (the first
       one wins), its error code, its dead letter if any, and the acknowledgement of its
-      entries; plus ``acks`` (entries of jobs already done). All or nothing.
+      entries; plus ``acks`` (entries of jobs already done). All or nothing. Returns the
+      writes it dropped: those of another epoch than the queue's now (see Epochs).
     - ``renew(entry_ids)``: keep held entries from being reclaimed; returns those no longer
       held by this consumer.
     - ``count_attempt(entry_id)``: count one more delivery of a held entry (a job that crashed
       the engine); its delivery count, or None if it is no longer held by this consumer.
-    - ``release(jobs)``: give unfinished jobs back to every worker at once. All or nothing.
+    - ``release(jobs)``: give unfinished jobs back to every worker at once. All or nothing;
+      returns the jobs it dropped, of another epoch than the queue's now.
     - ``leave()``: forget this consumer if it holds nothing, and its heartbeat.
     - ``heartbeat(beat)``: publish the heartbeat; returns the queue's epoch (None: it has none).
     - ``newest_entry()``: the id of the newest entry ever added ((0, 0) when none).
@@ -139,13 +153,13 @@ class JobQueue(Protocol):
 
     def completed(self, job_ids: list[str]) -> list[bool]: ...
 
-    def complete(self, writes: list[Write], acks: list[str]) -> None: ...
+    def complete(self, writes: list[Write], acks: list[str]) -> list[Write]: ...
 
     def renew(self, entry_ids: list[str]) -> set[str]: ...
 
     def count_attempt(self, entry_id: str) -> int | None: ...
 
-    def release(self, jobs: list[Release]) -> None: ...
+    def release(self, jobs: list[Release]) -> list[Release]: ...
 
     def leave(self) -> None: ...
 
@@ -154,6 +168,12 @@ class JobQueue(Protocol):
     def newest_entry(self) -> tuple[int, int]: ...
 
     def housekeeping(self, trim: bool) -> list[str]: ...
+
+
+def of_epoch(epoch: str | None, current: str | None) -> bool:
+    """Whether something read under ``epoch`` belongs to the queue whose epoch is ``current``
+    (a delivery read before the queue had an epoch belongs to it whatever came since)."""
+    return epoch is None or epoch == current
 
 
 def entry_key(entry_id: str) -> tuple[int, int]:

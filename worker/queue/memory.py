@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from producer.routing import DEFAULT_PREFIX_CHARS, partition_of, prefix_key, qualify, split_id
 from producer.schema import Job, Result, decode_result, encode_job
 from producer.status import Heartbeat, now_ms
-from worker.queue.jobqueue import Delivery, Entry, Release, Write, entry_key
+from worker.queue.jobqueue import Delivery, Entry, Release, Write, entry_key, of_epoch
 from worker.queue.routing import Router, Survey, live_workers, read_routed
 
 
@@ -68,7 +68,7 @@ class InMemoryJobQueue:
             fresh += taken
         for entry in fresh:
             store.pending[entry.entry_id] = _Pending(self.name, 1, store.clock())
-        return [Delivery(entry, 1) for entry in fresh]
+        return [Delivery(entry, 1, store.epoch) for entry in fresh]
 
     def read(self, count: int, block_s: float | None) -> list[Delivery]:
         self._check()
@@ -85,17 +85,18 @@ class InMemoryJobQueue:
                 break
             if now - held.touched_s >= self.min_idle_s and entry_id in store.by_id:
                 store.pending[entry_id] = _Pending(self.name, held.deliveries + 1, now)
-                taken.append(Delivery(store.by_id[entry_id], held.deliveries + 1))
+                taken.append(Delivery(store.by_id[entry_id], held.deliveries + 1, store.epoch))
         return taken
 
     def completed(self, job_ids: list[str]) -> list[bool]:
         self._check()
         return [job_id in self.store.done for job_id in job_ids]
 
-    def complete(self, writes: list[Write], acks: list[str]) -> None:
+    def complete(self, writes: list[Write], acks: list[str]) -> list[Write]:
         self._check()
         store = self.store
-        for write in writes:
+        dropped = [w for w in writes if not of_epoch(w.completion.epoch, store.epoch)]
+        for write in [w for w in writes if of_epoch(w.completion.epoch, store.epoch)]:
             completion, result = write.completion, write.completion.result
             store.results.append((completion.entry_id, write.data))
             store.done.setdefault(result.id, completion.entry_id)
@@ -106,6 +107,7 @@ class InMemoryJobQueue:
             acks = [*acks, completion.entry_id, *completion.also_ack]
         for entry_id in acks:
             store.pending.pop(entry_id, None)
+        return dropped
 
     def renew(self, entry_ids: list[str]) -> set[str]:
         self._check()
@@ -127,12 +129,14 @@ class InMemoryJobQueue:
         held.touched_s = self.store.clock()
         return held.deliveries
 
-    def release(self, jobs: list[Release]) -> None:
+    def release(self, jobs: list[Release]) -> list[Release]:
         self._check()
-        for job in jobs:
+        dropped = [job for job in jobs if not of_epoch(job.epoch, self.store.epoch)]
+        for job in [j for j in jobs if of_epoch(j.epoch, self.store.epoch)]:
             self.store.add_raw(job.job_id, job.data, partition=split_id(job.entry_ids[0])[0], key=job.key)
             for entry_id in job.entry_ids:
                 self.store.pending.pop(entry_id, None)
+        return dropped
 
     def leave(self) -> None:
         self._check()

@@ -10,7 +10,9 @@ error, and one larger than MAX_RESULT_BYTES (many long choices with top_logprobs
 drops the connection on a value over its ``proto-max-bulk-len`` (512 MB by default), which
 reads as a transient error, and the batch holding it would be retried for ever. A flush
 writes at most MAX_BATCH_BYTES of results per transaction (Redis holds a MULTI's commands
-in memory until EXEC).
+in memory until EXEC). A result whose job was read before Redis lost the queue (another
+epoch: worker.queue.jobqueue) is dropped by the queue, not written: it is logged as DATA LOSS
+and counted in ``dropped``.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ class Outbox:
     def __init__(self) -> None:
         self._writes: list[Write] = []
         self._acks: list[str] = []  # entries to acknowledge with no result (job already done)
+        self.dropped = 0  # results the queue refused: their job came from a queue Redis lost
 
     def __len__(self) -> int:
         return len(self._writes) + len(self._acks)
@@ -84,8 +87,18 @@ class Outbox:
                     break
                 count, size = count + 1, size + len(write.data)
             writes, acks = self._writes[:count], self._acks[:max_batch]
-            queue.complete(writes, acks)
+            dropped = queue.complete(writes, acks)
             del self._writes[: len(writes)]
             del self._acks[: len(acks)]
-            written += len(writes)
+            written += len(writes) - len(dropped)
+            if dropped:
+                self.dropped += len(dropped)
+                ids = ", ".join(w.completion.result.id for w in dropped[:3])
+                log.error(
+                    "DATA LOSS: dropped %d results (e.g. %s) of jobs read before Redis lost the queue "
+                    "(epoch %s is gone): they are not written into the queue it has now",
+                    len(dropped),
+                    ids,
+                    dropped[0].completion.epoch,
+                )
         return written

@@ -59,6 +59,9 @@ class PrefillManager:
         max_overtakes = _OVERTAKES_PER_SLOT * tables.max_running_reqs
         self.waiting = WaitQueue(policy, self.probe, max_overtakes, cache.prefix)
         self.chunked: PendingReq | None = None  # its ``chunk`` holds a slot and pages
+        # NOTE: an n > 1 job takes at most half the slots while other jobs wait for one (an
+        # n=64 job took all 32 of a CPU worker's, and short jobs waited minutes behind it)
+        self.group_slots = max(1, tables.max_running_reqs // 2)
 
     @property
     def runnable(self) -> bool:
@@ -122,6 +125,8 @@ class PrefillManager:
             for bucket in buckets:
                 while bucket.reqs and token_budget > 0:
                     pending = bucket.reqs[0]
+                    if pending.group.slots >= self.group_slots and self._others_wait():
+                        break  # its siblings wait while another job takes a slot
                     admitted = self._admit(pending, token_budget, reserved_tokens, shared)
                     if admitted is _DEFER:
                         break  # its prefix is being computed by this batch: next bucket
@@ -139,6 +144,10 @@ class PrefillManager:
                 if token_budget <= 0:
                     break
         return batch
+
+    def _others_wait(self) -> bool:
+        """Whether a request other than the requeued ones (siblings, retracted) waits."""
+        return len(self.waiting) > len(self.waiting.requeued.reqs)
 
     def _future_tokens(self, req: Req) -> int:
         """KV tokens ``req`` may still take beyond its pages: the rest of its prompt, its
@@ -206,6 +215,7 @@ class PrefillManager:
             self.cache.unlock(match)
             return None
         slot = self.tables.allocate()
+        pending.group.slots += 1
         self.tables.write_locations(slot, 0, match.locations)
         # NOTE: penalties read a request's whole history from the token pool (worker.engine.penalties)
         written = 0 if needs_token_history(pending.sampling) else match.length

@@ -40,6 +40,7 @@ class RequestGroup:
     cached_tokens: int | None = None  # prefix-cache hit of the first admission
     first_token_at_ms: int = 0  # wall clock when the first token of any choice reached the host
     held_back: list[PendingReq] = field(default_factory=list)  # siblings waiting for the prompt KV
+    slots: int = 0  # its choices holding a table slot now (admitted, not yet released)
 
     @property
     def done(self) -> bool:

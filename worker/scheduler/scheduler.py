@@ -89,9 +89,15 @@ class Scheduler:
         self.shutdown = False
         self.fault: Fault | None = None  # injected failures (tests only)
         self.hooks: StepHooks | None = None  # step observer (profiling), worker.scheduler.hooks
-        self.compiling = GrammarWaits(engine, config.grammar_timeout_s)  # structured output's waiting room
+        self.compiling = GrammarWaits(  # structured output's waiting room
+            engine, config.grammar_timeout_s, config.grammar_memory_mib
+        )
         self._launching: list[Req] = []  # NOTE: the requests of the step under way, named if it fails
         self._processing: list[Req] = []
+        # NOTE: the step returned by the last call, kept here too: a caller that drops it (a loop
+        # given up, a test that timed out) would leak the pages of the requests that finished in
+        # it, which only its processing frees; the next call processes it instead
+        self._in_flight: Step | None = None
 
     # ---- the loop -------------------------------------------------------------------------
 
@@ -109,10 +115,15 @@ class Scheduler:
             if last is None and self.idle and not self.retracting:
                 return
 
-    def step(self, last: Step | None, block: bool = True) -> Step | None:
+    def step(self, last: Step | None = None, block: bool = True) -> Step | None:
         """One iteration; returns the step still to be processed (overlap) or None.
 
-        Blocks for messages only when ``block`` and nothing is running or waiting."""
+        ``last``: what the previous call returned (None: that step all the same; the scheduler
+        keeps it). Blocks for messages only when ``block`` and nothing is running or waiting."""
+        if last is None:
+            last = self._in_flight
+        assert last is self._in_flight, "step() was given a step other than the one it returned last"
+        self._in_flight = None  # NOTE: from here on ``last`` is this call's to process
         busy = last is not None or self.prefill.runnable or self.decode.runnable
         for message in self.io.receive(block=block and not (busy or self.compiling) and not self.shutdown):
             self._handle(message)
@@ -136,6 +147,7 @@ class Scheduler:
             self.outbox = []
         if current is None and not self.prefill.runnable and not self.decode.runnable:
             self.cache.check_integrity([])
+        self._in_flight = current
         return current
 
     def _with_load(self, messages: list[Outbound], step_s: float) -> list[Outbound]:
@@ -151,7 +163,9 @@ class Scheduler:
 
     @property
     def idle(self) -> bool:
-        return not (self.prefill.runnable or self.decode.runnable or self.groups or self.compiling)
+        return not (
+            self.prefill.runnable or self.decode.runnable or self.groups or self.compiling or self._in_flight
+        )
 
     def failing_uids(self) -> list[str]:
         """The requests of the step under way: the suspects when a step raises."""
@@ -380,6 +394,7 @@ class Scheduler:
         req.released = True
         self.cache.cache_req(req, finished=True)
         self.tables.free(req.slot)
+        req.pending.group.slots -= 1
 
     # ---- results --------------------------------------------------------------------------
 
@@ -438,8 +453,10 @@ class Scheduler:
     def check_integrity(self, in_flight: Step | None = None) -> None:
         """Pages: free + cached + private == total, no page in two places (tests, idle).
 
-        ``in_flight``: the step returned by ``step`` under overlap, whose requests may have
-        left the running set (length reached) but still hold pages until processed."""
+        ``in_flight``: the step returned by ``step`` under overlap (default: the one the
+        scheduler keeps), whose requests may have left the running set (length reached) but
+        still hold pages until processed."""
+        in_flight = in_flight or self._in_flight
         holders = list(self.decode.running)
         holders += in_flight.reqs if in_flight is not None else []
         unique = {id(r): r for r in holders if not r.released and not isinstance(r, ChunkedReq)}

@@ -22,9 +22,10 @@ class GrammarWaits:
     """``grammars`` is built with the first constrained request (the compiler's child starts
     then); ``waiting`` maps uid -> the requests whose grammar is being compiled."""
 
-    def __init__(self, engine: Engine, timeout_s: float) -> None:
+    def __init__(self, engine: Engine, timeout_s: float, memory_limit_mib: int) -> None:
         self.engine = engine
         self.timeout_s = timeout_s
+        self.memory_limit_mib = memory_limit_mib
         self.grammars: Grammars | None = None
         self.waiting: dict[str, GenerateRequest] = {}
 
@@ -42,7 +43,11 @@ class GrammarWaits:
         if self.grammars is None:
             engine = self.engine
             self.grammars = Grammars.in_background(
-                str(engine.loaded.path), engine.model_config.vocab_size, engine.eos_token_ids, self.timeout_s
+                str(engine.loaded.path),
+                engine.model_config.vocab_size,
+                engine.eos_token_ids,
+                self.timeout_s,
+                self.memory_limit_mib,
             )
         try:
             compiled = self.grammars.submit(msg.uid, msg.sampling)

@@ -5,11 +5,15 @@ command below runs on the partitions concerned (worker.queue.routing says which 
 All of a queue's keys share one hash tag, so it works on a Redis Cluster too.
 
     survey       XINFO GROUPS per partition, HGETALL workers, HGET meta partitions
-    read         XREADGROUP >                       complete  one MULTI: XADD result, HSETNX done,
+    read         XREADGROUP > + HGET meta epoch     complete  one MULTI: XADD result, HSETNX done,
     reclaim      XAUTOCLAIM (min idle)                        HSET failed, XADD dead, XACK
     renew        XCLAIM ... JUSTID (own entries)    release   one MULTI: XADD the job again, XACK
+                                                    (both under WATCH: streams.writes)
     count        a script: XCLAIM (counts a delivery) if still ours
     heartbeat    HSET workers + HGET meta epoch     housekeeping  XTRIM MINID, forget dead consumers
+
+A lag Redis cannot tell (nil after an AOF restart) is counted by the survey
+(worker.queue.streams.lag).
 
 Redis errors leave as the contract's: transient ones (producer.redis_errors) as
 QueueUnavailable, a missing group as QueueLost, fatal ones as QueueRefused (one line).
@@ -26,13 +30,9 @@ import redis
 
 from producer.client import ensure_groups
 from producer.keys import (
-    FIELD_ATTEMPTS,
-    FIELD_ENTRY,
     FIELD_ID,
     FIELD_JOB,
     FIELD_KEY,
-    FIELD_REASON,
-    FIELD_RESULT,
     META_EPOCH,
     QueueKeys,
 )
@@ -50,6 +50,8 @@ from worker.queue.jobqueue import (
     entry_key,
 )
 from worker.queue.routing import Router, Survey, live_workers, read_routed
+from worker.queue.streams import writes as streams_writes
+from worker.queue.streams.lag import LagCount
 from worker.queue.streams.leases import Leases
 from worker.queue.streams.retention import ConsumerJanitor, trim_acked_jobs
 
@@ -73,6 +75,10 @@ def read_entry(entry_id: bytes | str, fields: dict[bytes, bytes], partition: int
     if not job_id:
         return Entry(entry_id, entry_id, data, f"entry {entry_id} has an empty {FIELD_ID!r} field", key)
     return Entry(entry_id, job_id, data, key=key)
+
+
+def _text(value: Any) -> str | None:
+    return value.decode() if value is not None else None
 
 
 def _translated(method: Callable[..., T]) -> Callable[..., T]:
@@ -117,17 +123,10 @@ class RedisJobQueue:
         self.janitor = ConsumerJanitor(self.keys, name, dead_after_ms)
         self.router = Router(name, steal_after_s)
         self.partitions = 1
+        self._count_lag = LagCount()
 
     def _streams(self) -> list[str]:
         return self.keys.partitions(self.partitions)
-
-    def _by_partition(self, entry_ids: list[str]) -> dict[int, list[str]]:
-        """Qualified entry ids grouped by partition, as that partition stream's own ids."""
-        grouped: dict[int, list[str]] = {}
-        for entry_id in entry_ids:
-            partition, raw = split_id(entry_id)
-            grouped.setdefault(partition, []).append(raw)
-        return grouped
 
     @_translated
     def prepare(self) -> None:
@@ -146,12 +145,14 @@ class RedisJobQueue:
                 pipe.xinfo_groups(stream)
             reply: Any = pipe.execute(raise_on_error=False)
         lag, in_flight = [], 0
-        for groups in reply[1:]:
+        for stream, groups in zip(self._streams(), reply[1:], strict=True):
             group: dict[str, Any] = (
                 {}
                 if isinstance(groups, Exception)
                 else next((g for g in groups if g["name"].decode() == self.keys.group), {})
             )
+            if group and group.get("lag") is None:  # NOTE: Redis lost the count (an AOF restart)
+                group["lag"] = self._count_lag(self.redis, stream, group["last-delivered-id"].decode())
             lag.append(int(group.get("lag") or 0))
             in_flight += int(group.get("pending") or 0)
         if isinstance(reply[0], Exception):
@@ -163,10 +164,13 @@ class RedisJobQueue:
     def _read(self, partitions: list[int], count: int, block_s: float | None) -> list[Delivery]:
         block_ms = None if block_s is None else int(block_s * 1000)
         streams: dict[Any, Any] = {self.keys.partition(p): ">" for p in partitions}
-        reply: Any = self.redis.xreadgroup(self.keys.group, self.name, streams, count=count, block=block_ms)
+        with self.redis.pipeline(transaction=False) as pipe:
+            pipe.xreadgroup(self.keys.group, self.name, streams, count=count, block=block_ms)
+            pipe.hget(self.keys.meta, META_EPOCH)  # NOTE: after the read: the epoch it was read under
+            reply, epoch = pipe.execute()
         index = {self.keys.partition(p): p for p in partitions}
         return [
-            Delivery(read_entry(entry_id, fields, index[stream.decode()]), 1)
+            Delivery(read_entry(entry_id, fields, index[stream.decode()]), 1, _text(epoch))
             for stream, entries in reply or []
             for entry_id, fields in entries
         ]
@@ -184,9 +188,12 @@ class RedisJobQueue:
             if len(taken) >= count:
                 break
             stream = self.keys.partition(partition)
+            claimed = self.leases.claim(self.redis, stream, count - len(taken))
+            if not claimed:
+                continue
+            epoch = _text(self.redis.hget(self.keys.meta, META_EPOCH))
             taken += [
-                Delivery(read_entry(c.entry_id, c.fields, partition), c.deliveries)
-                for c in self.leases.claim(self.redis, stream, count - len(taken))
+                Delivery(read_entry(c.entry_id, c.fields, partition), c.deliveries, epoch) for c in claimed
             ]
         return taken
 
@@ -196,35 +203,13 @@ class RedisJobQueue:
         return [mark is not None for mark in marks]
 
     @_translated
-    def complete(self, writes: list[Write], acks: list[str]) -> None:
-        keys = self.keys
-        to_ack = list(acks)
-        with self.redis.pipeline(transaction=True) as pipe:
-            for write in writes:
-                completion, result = write.completion, write.completion.result
-                pipe.xadd(
-                    keys.results,
-                    {FIELD_ID: result.id, FIELD_ENTRY: completion.entry_id, FIELD_RESULT: write.data},
-                )
-                pipe.hsetnx(keys.done, result.id, completion.entry_id)
-                if result.error is not None:
-                    pipe.hset(keys.failed, result.id, result.error.code)
-                if completion.dead is not None:
-                    dead = completion.dead
-                    fields: dict[Any, Any] = {FIELD_ID: result.id, FIELD_ENTRY: completion.entry_id}
-                    fields.update(
-                        {FIELD_JOB: dead.job, FIELD_REASON: dead.reason, FIELD_ATTEMPTS: dead.attempts}
-                    )
-                    pipe.xadd(keys.dead, fields)
-                to_ack += [completion.entry_id, *completion.also_ack]
-            for partition, raw_ids in self._by_partition(to_ack).items():
-                pipe.xack(keys.partition(partition), keys.group, *raw_ids)
-            pipe.execute()
+    def complete(self, writes: list[Write], acks: list[str]) -> list[Write]:
+        return streams_writes.complete(self.redis, self.keys, writes, acks)
 
     @_translated
     def renew(self, entry_ids: list[str]) -> set[str]:
         lost: set[str] = set()
-        for partition, raw_ids in self._by_partition(entry_ids).items():
+        for partition, raw_ids in streams_writes.by_partition(entry_ids).items():
             stream = self.keys.partition(partition)
             lost |= {qualify(partition, raw) for raw in self.leases.renew(self.redis, stream, raw_ids)}
         return lost
@@ -235,16 +220,8 @@ class RedisJobQueue:
         return self.leases.count_attempt(self.redis, self.keys.partition(partition), raw)
 
     @_translated
-    def release(self, jobs: list[Release]) -> None:
-        # NOTE: given back as new entries of the same partition (the old ones acknowledged in
-        # the same transaction), so other workers get them now instead of after min_idle.
-        with self.redis.pipeline(transaction=True) as pipe:
-            for job in jobs:
-                stream = self.keys.partition(split_id(job.entry_ids[0])[0])
-                pipe.xadd(stream, {FIELD_ID: job.job_id, FIELD_JOB: job.data, FIELD_KEY: job.key})
-                for partition, raw_ids in self._by_partition(list(job.entry_ids)).items():
-                    pipe.xack(self.keys.partition(partition), self.keys.group, *raw_ids)
-            pipe.execute()
+    def release(self, jobs: list[Release]) -> list[Release]:
+        return streams_writes.release(self.redis, self.keys, jobs)
 
     @_translated
     def leave(self) -> None:
