@@ -143,7 +143,7 @@ def staged(
     if source is not None and not is_url(source):
         path = Path(source)
         if not path.exists() or path.is_dir():
-            fail(f"{source}: {'is a folder, not a file' if path.is_dir() else 'no such file'}", exits.USAGE)
+            fail(f"{source}: {'is a folder, not an input file' if path.is_dir() else 'no such file'}", exits.USAGE)
     companions = (".rows.jsonl",) if output is not None and is_parquet(output) else ()
     try:
         with (
@@ -332,9 +332,10 @@ def enqueue_file(
 ) -> None:
     """The enqueue command on a local file (``shown``: the name the user gave, a path or URL).
 
-    The file is read as it goes, one batch in memory. Without --rerun-changed it is read twice:
-    first for the ids whose content changed since they were enqueued (the command stops before
-    anything is written when there are any), then for the enqueue."""
+    The file is read as it goes, one batch in memory. Without --rerun-changed a regular file is
+    read twice: first for the ids whose content changed since they were enqueued (the command
+    stops before anything is written when there are any), then for the enqueue; an input read
+    once only (a pipe) stops before the batch that holds such an id."""
     from producer.client import ContentChanged, EnqueueStopped
     from producer.digest import changed_line
     from producer.jsonl import InputFile
@@ -349,20 +350,24 @@ def enqueue_file(
         partitions=partitions,
         prefix_chars=prefix_chars,
     )
-    parsed = InputFile(keep_rows=False)
+    parsed, scanned = InputFile(keep_rows=False), InputFile(keep_rows=False)  # the enqueue's, the check's
     try:
         with expected_errors(url):
-            if not rerun_changed:
-                first_pass = queued_rows(source, mapping, InputFile(keep_rows=False), errors_file, say=False)
+            once = not source.is_file()
+            if not rerun_changed and not once:
+                first_pass = queued_rows(source, mapping, scanned, errors_file, say=False)
                 changed = client.find_changed(first_pass)
                 if changed:
                     raise ContentChanged(changed)
             rows = queued_rows(source, mapping, parsed, errors_file, shown=shown)
-            report = client.enqueue(rows, rerun_changed=rerun_changed, keep_ids=False)
+            report = client.enqueue(
+                rows, rerun_changed=rerun_changed, stop_on_changed=once and not rerun_changed, keep_ids=False
+            )
     except ContentChanged as exc:
+        before = exc.report.jobs_enqueued if exc.report is not None else 0
+        what = f"the {before} jobs read before them were enqueued, none after" if before else "nothing was enqueued"
         fail(
-            f"{exc}; nothing was enqueued: --rerun-changed runs them again (collect replaces their rows), "
-            "or give them new ids",
+            f"{exc}; {what}: --rerun-changed runs them again (collect replaces their rows), or give them new ids",
             exits.USAGE,
         )
     except EnqueueStopped as stop:
@@ -374,7 +379,8 @@ def enqueue_file(
             else "fix that, then run it again"
         )
         fail(
-            f"enqueued {done.jobs_enqueued} ({done.jobs_skipped} already enqueued) of {parsed.num_jobs} "
+            f"enqueued {done.jobs_enqueued} ({done.jobs_skipped} already enqueued) of "
+            f"{parsed.num_jobs or scanned.num_jobs} "
             f"valid jobs read{maybe}, then stopped: {describe(stop.cause, url)}; {then} to continue "
             "(ids already enqueued are skipped)",
             exits.USAGE,

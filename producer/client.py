@@ -48,7 +48,7 @@ class EnqueueReport:
     skipped: list[str]  # already enqueued earlier with the same content (idempotent by job id)
     changed: list[str] = field(default_factory=list)  # enqueued earlier with other content: kept
     rerun: list[str] = field(default_factory=list)  # changed and done: enqueued again (rerun_changed)
-    jobs_enqueued: int = 0  # jobs (not rows rejected before, written as their error results), reruns too
+    jobs_enqueued: int = 0  # new jobs (not reruns, nor rows rejected before, written as their error results)
     jobs_skipped: int = 0
 
 
@@ -76,6 +76,7 @@ class ContentChanged(ValueError):
     def __init__(self, ids: list[str], since: str = "they were enqueued", then: str = "") -> None:
         super().__init__(changed_line(ids, since) + then)
         self.ids = ids
+        self.report: EnqueueReport | None = None  # what was enqueued before it stopped, if anything
 
 
 class UnknownQueueError(Exception):
@@ -212,6 +213,7 @@ class Client:
         *,
         rerun_changed: bool = False,
         refuse_changed: bool = False,
+        stop_on_changed: bool = False,
         keep_ids: bool = True,
     ) -> EnqueueReport:
         """Add the jobs whose ids are new, in batches of one MULTI/EXEC each, taking one batch
@@ -227,7 +229,9 @@ class Client:
         was, unless ``rerun_changed`` and its job is done, then it is enqueued again with the
         new content (``rerun``: its result stops counting, so collect waits for the new one
         and replaces its row). With ``refuse_changed`` (and not ``rerun_changed``) such ids
-        raise ContentChanged before anything is written.
+        raise ContentChanged before anything is written; with ``stop_on_changed`` (an input that
+        can be read once only: a pipe) before the batch holding them is written, the report of
+        the batches written before it on the exception (``report``).
 
         Raises EnqueueStopped (carrying the partial report) when Redis stays unavailable
         longer than the retry timeout or answers with another error.
@@ -246,10 +250,13 @@ class Client:
             for job in jobs:
                 batch.append(job)
                 if len(batch) == batch_size:
-                    self._enqueue_batch(batch, report, uncertain, rerun_changed, keep_ids)
+                    self._enqueue_batch(batch, report, uncertain, rerun_changed, keep_ids, stop_on_changed)
                     batch = []
             if batch:
-                self._enqueue_batch(batch, report, uncertain, rerun_changed, keep_ids)
+                self._enqueue_batch(batch, report, uncertain, rerun_changed, keep_ids, stop_on_changed)
+        except ContentChanged as exc:
+            exc.report = report
+            raise
         except RedisUnavailable as exc:
             raise EnqueueStopped(report, exc.cause, len(uncertain), exc.waited_s) from exc
         except redis.RedisError as exc:
@@ -305,6 +312,7 @@ class Client:
         uncertain: dict[str, str],
         rerun_changed: bool,
         keep_ids: bool,
+        stop_on_changed: bool = False,
     ) -> None:
         # WATCH the id hash so that two producers racing on the same ids cannot both add them:
         # the check and the XADDs commit together or retry. ``uncertain`` holds the ids of an
@@ -329,6 +337,11 @@ class Client:
                                 jobs, seen, stored, digests, marks, strict=True
                             )
                         ]
+                        if stop_on_changed and "changed" in fates:
+                            pipe.unwatch()
+                            raise ContentChanged(
+                                [job.id for job, fate in zip(jobs, fates, strict=True) if fate == "changed"]
+                            )
                         enqueued_at_ms = now_ms()
                         pipe.multi()
                         new = [
@@ -372,7 +385,7 @@ class Client:
             if fate in ("changed", "rerun") or keep_ids:
                 getattr(report, fate).append(job.id)
             if isinstance(job, Job):
-                report.jobs_enqueued += fate in ("enqueued", "rerun")
+                report.jobs_enqueued += fate == "enqueued"
                 report.jobs_skipped += fate == "skipped"
         uncertain.clear()
 

@@ -60,10 +60,12 @@ def test_run_refuses_a_changed_prompt_then_reruns_it_on_request(tmp_path: Path) 
 
 
 def test_enqueue_refuses_changed_content_and_reruns_it_on_request(redis_url: str, tmp_path: Path) -> None:
+    """While Redis holds a job's records (a collect with --keep-results), an id enqueued again
+    with other content is refused, then run again with --rerun-changed."""
     source, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     write(source, {"a": "one", "b": "two words"})
     enqueue = ["enqueue", str(source), "--redis-url", redis_url]
-    collect = ["collect", "-o", str(out), "--redis-url", redis_url, "--timeout", "60"]
+    collect = ["collect", "-o", str(out), "--redis-url", redis_url, "--timeout", "60", "--keep-results"]
     worker = start_worker(redis_url, "w", tmp_path / "w.log")
     try:
         assert radixq(*enqueue).returncode == 0
@@ -83,3 +85,31 @@ def test_enqueue_refuses_changed_content_and_reruns_it_on_request(redis_url: str
         assert worker.wait(timeout=30) == 0
     after = rows(out)
     assert list(after) == ["a", "b"] and after["a"]["usage"]["prompt_tokens"] == 4
+
+
+def test_after_a_trimming_collect_a_changed_job_runs_again_and_replaces_its_row(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """A trimming collect (the default) forgets the jobs it wrote (producer.forget), their
+    digests too: enqueueing the file again runs every job again, nothing to refuse. The row of
+    the changed one is replaced (its digest differs from its row's), the others kept."""
+    source, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    write(source, {"a": "one", "b": "two words"})
+    enqueue = ["enqueue", str(source), "--redis-url", redis_url]
+    collect = ["collect", "-o", str(out), "--redis-url", redis_url, "--timeout", "60"]
+    worker = start_worker(redis_url, "w", tmp_path / "w.log")
+    try:
+        assert radixq(*enqueue).returncode == 0
+        assert radixq(*collect).returncode == 0
+        lines = write(source, {"a": "one now has more", "b": "two words"})
+        again = radixq(*enqueue)
+        assert again.returncode == 0 and "enqueued 2, skipped 0" in again.stdout, again.stderr
+        resumed = radixq(*collect)
+        assert resumed.returncode == 0, resumed.stderr
+        assert "replaced 1 row with new results" in resumed.stdout
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=30) == 0
+    after = rows(out)
+    assert list(after) == ["a", "b"] and after["a"]["usage"]["prompt_tokens"] == 4
+    assert after["a"]["job_digest"] == job_digest(parse_line(lines[0], 1))
