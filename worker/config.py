@@ -249,7 +249,7 @@ ENGINE_HELP: dict[str, str] = {
     "schedule_policy": "`lpm`: waiting requests whose prefix is cached first, siblings together (age-bounded); `fcfs`: arrival order",
     "overlap": "overlap scheduling (false: plain loop, for debugging)",
     "mixed_batches": "while a long prompt is chunked, its steps decode the running requests too (false: a prefill step holds prefills only)",
-    "attention": "`auto`, `flashinfer`, `torch`",
+    "attention": "`auto` (`flashinfer` on CUDA, else `sdpa`), `flashinfer`, `sdpa` (torch SDPA, decode rows batched), `torch` (the per-request reference)",
     "cuda_graph": "CUDA graphs for decode batches up to `cuda_graph_max_bs`",
     "cuda_graph_max_bs": "largest decode batch captured as a CUDA graph",
     "cascade_attention": "shared-prefix (cascade) attention: requests sharing cached prefix pages read them once per group (decode steps with groups run without CUDA graphs)",
