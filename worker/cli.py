@@ -75,6 +75,12 @@ def worker(
     metrics_port: Annotated[
         int | None, typer.Option("--metrics-port", help="Serve Prometheus /metrics on this port (0: off).")
     ] = None,
+    cpu_threads: Annotated[
+        int | None,
+        typer.Option(
+            "--cpu-threads", min=0, help="Torch threads of a CPU engine (0: every core it may use)."
+        ),
+    ] = None,
 ) -> None:
     """Consume jobs until SIGINT/SIGTERM, then drain (within the drain timeout) and exit 0.
 
@@ -102,6 +108,7 @@ def worker(
         "worker.metrics_port": metrics_port,
         "engine.model": model,
         "engine.device": device,
+        "engine.cpu_threads": cpu_threads,
         "queue.min_idle_s": min_idle_s,
         "queue.max_attempts": max_attempts,
         "queue.drain_timeout_s": drain_timeout_s,
@@ -249,6 +256,7 @@ def run(
         worker_args += ["--model", model]
     if config:
         worker_args += ["--config", str(config)]
+    worker_args += _cpu_threads_args(workers, config)
     options = RunOptions(
         input_path=input_path,
         output_path=output,
@@ -287,6 +295,22 @@ def run(
             err=True,
         )
     raise typer.Exit(report.exit_code())
+
+
+def _cpu_threads_args(workers: int, config: Path | None) -> list[str]:
+    """``--cpu-threads`` for each of ``workers`` (> 1) workers on this host: its cores shared
+    out, so no two engines' threads contend for a core; none when the file or the environment
+    sets ``cpu_threads`` (the workers report a bad file themselves)."""
+    from worker.config import ConfigError, load_worker_config
+    from worker.engine.threads import share_per_worker
+
+    if workers == 1:
+        return []
+    try:
+        given = load_worker_config(config, os.environ).given
+    except ConfigError:
+        return []
+    return [] if "engine.cpu_threads" in given else ["--cpu-threads", str(share_per_worker(workers))]
 
 
 def build_app() -> typer.Typer:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -14,6 +15,8 @@ from worker.engine.logprobs import pack_with_tokens, raw_logprobs, unpack
 
 if TYPE_CHECKING:
     from worker.engine.graph import GraphRunner
+
+log = logging.getLogger(__name__)
 
 
 class Engine:
@@ -44,6 +47,12 @@ class Engine:
         from worker.kernels.ops import use_triton
 
         use_triton(config.triton)
+        self.cpu_threads: int | None = None  # torch threads of a CPU engine (worker.engine.threads)
+        if self.device.type == "cpu":
+            from worker.engine.threads import apply_cpu_threads
+
+            self.cpu_threads = apply_cpu_threads(config.cpu_threads)
+            log.info("CPU engine: torch threads %d (cpu_threads %d)", self.cpu_threads, config.cpu_threads)
         self.loaded = load_model(
             config.model,
             load_format=config.load_format,
