@@ -257,6 +257,7 @@ ENGINE_HELP: dict[str, str] = {
     "cascade_min_saved_mib": "cascade runs in a step only when it saves at least this many MiB of KV reads per layer (0: whenever a group exists)",
     "output_reserve_ratio": "share of remaining output reserved in the KV pool at admission",
     "triton": "fused Triton kernels on CUDA (false: the torch paths, for ablation)",
+    "onednn": "float32 linear layers on CPU through oneDNN, about twice MKL's speed here (false: torch's default, MKL, for ablation)",
     "cache_dir": "where converted models are cached (empty: `~/.cache/radixq/models`)",
     "grammar_timeout_s": "seconds a job's grammar may take to compile (in a child process); a longer compile fails that job only",
     "step_profile": "record every scheduler step and log a summary at exit (profiling)",

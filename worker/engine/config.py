@@ -44,6 +44,7 @@ class EngineConfig:
     cascade_min_saved_mib: float = 32.0  # the cost rule: KV MiB a step must save per layer (groups.py)
     output_reserve_ratio: float = 0.5
     triton: bool = True  # fused Triton kernels on CUDA (false: the torch paths, for ablation)
+    onednn: bool = True  # float32 linear layers on CPU through oneDNN (false: torch's MKL, for ablation)
     cache_dir: str = ""  # where converted models are cached ("": ~/.cache/radixq/models)
     grammar_timeout_s: float = 60.0  # a job's grammar that compiles longer fails that job
     step_profile: bool = False  # record every scheduler step (profiling runs; logged at exit)

@@ -60,6 +60,11 @@ class Engine:
             device=self.device,
             cache_dir=config.cache_dir or None,
         )
+        from worker.kernels.cpu_linear import onednn_linears, use_onednn
+
+        use_onednn(config.onednn)
+        if self.device.type == "cpu" and config.onednn:
+            onednn_linears(self.loaded.model)
         model_config = self.loaded.config
         self.model_config = model_config
         self.eos_token_ids = frozenset(model_config.eos_token_ids)
