@@ -77,3 +77,9 @@ def test_a_cpu_engine_runs_the_threads_it_was_given() -> None:
         assert llm.engine.cpu_threads == 1 and torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_engine_processes_sleep_idle_openmp_threads_unless_told_otherwise() -> None:
+    assert threads.openmp_env({}) == {"OMP_WAIT_POLICY": "PASSIVE"}
+    assert threads.openmp_env({"OMP_WAIT_POLICY": "ACTIVE"}) == {}
+    assert threads.openmp_env({"GOMP_SPINCOUNT": "10000"}) == {}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -52,7 +53,10 @@ class Engine:
             from worker.engine.threads import apply_cpu_threads
 
             self.cpu_threads = apply_cpu_threads(config.cpu_threads)
-            log.info("CPU engine: torch threads %d (cpu_threads %d)", self.cpu_threads, config.cpu_threads)
+            log.info(
+                "CPU engine: torch threads %d (cpu_threads %d), OMP_WAIT_POLICY %s",
+                self.cpu_threads, config.cpu_threads, os.environ.get("OMP_WAIT_POLICY", "unset"),
+            )  # fmt: skip
         self.loaded = load_model(
             config.model,
             load_format=config.load_format,
