@@ -300,17 +300,17 @@ def run(
 def _cpu_threads_args(workers: int, config: Path | None) -> list[str]:
     """``--cpu-threads`` for each of ``workers`` (> 1) workers on this host: its cores shared
     out, so no two engines' threads contend for a core; none when the file or the environment
-    sets ``cpu_threads`` (the workers report a bad file themselves)."""
+    sets ``cpu_threads`` to a count (0 is "auto": the share; the workers report a bad file)."""
     from worker.config import ConfigError, load_worker_config
     from worker.engine.threads import share_per_worker
 
     if workers == 1:
         return []
     try:
-        given = load_worker_config(config, os.environ).given
+        asked = load_worker_config(config, os.environ).engine.cpu_threads
     except ConfigError:
         return []
-    return [] if "engine.cpu_threads" in given else ["--cpu-threads", str(share_per_worker(workers))]
+    return [] if asked else ["--cpu-threads", str(share_per_worker(workers))]
 
 
 def build_app() -> typer.Typer:

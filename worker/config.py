@@ -240,7 +240,7 @@ ENGINE_HELP: dict[str, str] = {
     "num_pages": "KV pool size; empty: from `mem_fraction` of free GPU memory, or `cpu_kv_gib` on CPU",
     "mem_fraction": "share of free GPU memory for the KV pool",
     "cpu_kv_gib": "KV pool size on CPU (resident only as its pages are first written)",
-    "cpu_threads": "torch threads of a CPU engine (0: every core the process may use, within a container's CPU quota); `radixq run --workers N` gives each worker cores / N unless this is set",
+    "cpu_threads": "torch threads of a CPU engine (0: every core the process may use, within a container's CPU quota); `radixq run --workers N` gives each worker cores / N unless this is a count",
     "max_running_reqs": "requests decoding at once",
     "max_prefill_tokens": "token budget of one prefill step (longer prompts are chunked)",
     "max_seq_len": "context length; empty: the model's",

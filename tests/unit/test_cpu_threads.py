@@ -58,7 +58,7 @@ def test_run_shares_the_cores_out_among_its_workers(
     two_cores: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """``--workers 2`` on 2 cores: one thread each; one worker: left to its own (all cores);
-    a cpu_threads from the environment or the file: left alone."""
+    a cpu_threads count from the environment or the file: left alone; 0 there is "auto"."""
     monkeypatch.delenv("RADIXQ_CPU_THREADS", raising=False)
     assert cli._cpu_threads_args(2, None) == ["--cpu-threads", "1"]
     assert cli._cpu_threads_args(3, None) == ["--cpu-threads", "1"]  # more workers than cores
@@ -66,6 +66,8 @@ def test_run_shares_the_cores_out_among_its_workers(
     file = tmp_path / "w.toml"
     file.write_text("[engine]\ncpu_threads = 2\n")
     assert cli._cpu_threads_args(2, file) == []
+    file.write_text("[engine]\ncpu_threads = 0\n")  # as configs/smollm2-cpu.toml has it
+    assert cli._cpu_threads_args(2, file) == ["--cpu-threads", "1"]
     monkeypatch.setenv("RADIXQ_CPU_THREADS", "2")
     assert cli._cpu_threads_args(2, None) == []
 
