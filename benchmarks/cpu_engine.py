@@ -8,7 +8,10 @@ cache holds only what real traffic would share (the chat template's system promp
 ``--cache naive`` turns even that off. Reports every run (wall time, and this process's CPU
 time, which a loaded machine inflates less), the medians, the load average before and after,
 and whether both sides produced the same tokens for every prompt. ``--threads`` sets the torch
-threads of both sides (default: radixq's ``cpu_threads`` default, every available core).
+threads of both sides (default: radixq's ``cpu_threads`` default, every available core). Both
+sides run with ``OMP_WAIT_POLICY=PASSIVE``, as a worker's engine process does
+(worker.engine.threads), unless the environment sets a policy (``OMP_WAIT_POLICY=ACTIVE``:
+spinning idle threads, OpenMP's default, which a loaded machine punishes: docs/performance.md).
 
     python benchmarks/cpu_engine.py --prompts 16 --max-tokens 32 --repeat 5
 """
@@ -25,6 +28,10 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
+
+from worker.engine.threads import openmp_env  # noqa: E402
+
+os.environ.update(openmp_env(dict(os.environ)))  # NOTE: before torch loads its OpenMP runtime
 
 import torch  # noqa: E402
 
@@ -141,6 +148,7 @@ def main() -> None:
         "attention": type(llm.engine.backend).__name__,
         "cache": args.cache,
         "onednn": args.onednn,
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "unset"),
         "prompts": args.prompts,
         "max_tokens": args.max_tokens,
         "load_avg_before": [round(x, 2) for x in load_before],
