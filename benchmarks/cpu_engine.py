@@ -5,13 +5,15 @@ Both sides run the same weights (SmolLM2-135M-Instruct by default), greedy, exac
 padding), in this one process. ``--repeat`` rounds alternate the two sides (radixq first in
 even rounds, HF first in odd ones); each round has prompts of its own, so radixq's prefix
 cache holds only what real traffic would share (the chat template's system prompt), and
-``--cache naive`` turns even that off. Reports every run (wall time, and this process's CPU
-time, which a loaded machine inflates less), the medians, the load average before and after,
+``--cache naive`` turns even that off. Reports every run (wall time, this process's CPU
+time, which a loaded machine inflates less, and the median decode step of each side: radixq's
+StepProfiler, gaps between generate's calls to its logits processors), the medians, the load average before and after,
 and whether both sides produced the same tokens for every prompt. ``--threads`` sets the torch
 threads of both sides (default: radixq's ``cpu_threads`` default, every available core). Both
-sides run with ``OMP_WAIT_POLICY=PASSIVE``, as a worker's engine process does
-(worker.engine.threads), unless the environment sets a policy (``OMP_WAIT_POLICY=ACTIVE``:
-spinning idle threads, OpenMP's default, which a loaded machine punishes: docs/performance.md).
+sides run with ``GOMP_SPINCOUNT=10000``, as a worker's engine process does
+(worker.engine.threads), unless the environment sets ``GOMP_SPINCOUNT`` or ``OMP_WAIT_POLICY``
+(``GOMP_SPINCOUNT=300000`` is libgomp's default, which a loaded machine punishes:
+docs/performance.md).
 
     python benchmarks/cpu_engine.py --prompts 16 --max-tokens 32 --repeat 5
 """
@@ -34,10 +36,12 @@ from worker.engine.threads import openmp_env  # noqa: E402
 os.environ.update(openmp_env(dict(os.environ)))  # NOTE: before torch loads its OpenMP runtime
 
 import torch  # noqa: E402
+from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorList  # noqa: E402
 
 from producer.schema import SamplingParams  # noqa: E402
 from worker.llm import LLM  # noqa: E402
 from worker.models.registry import DEFAULT_MODEL  # noqa: E402
+from worker.scheduler.profile import StepProfiler  # noqa: E402
 
 TOPICS = ["the ocean", "a robot", "bread", "the moon", "trains", "music", "winter", "a library"]
 
@@ -51,7 +55,9 @@ def make_prompts(count: int, round_index: int = 0) -> list[str]:
 
 
 class Timer:
-    """Wall and process CPU seconds of a ``with`` block."""
+    """Wall and process CPU seconds of a ``with`` block, and its median decode step."""
+
+    decode_step_ms = 0.0
 
     def __enter__(self) -> Timer:
         self.wall, self.cpu = time.perf_counter(), time.process_time()
@@ -64,8 +70,11 @@ class Timer:
 def run_radixq(llm: LLM, prompt_ids: list[list[int]], max_tokens: int) -> tuple[Timer, list[list[int]], int]:
     """(timer, tokens per prompt, prompt tokens served from the prefix cache)."""
     sampling = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    steps = StepProfiler.install(llm.scheduler)  # on CPU a step's launch is its whole forward pass
     with Timer() as timer:
         results = llm.generate(prompt_ids, sampling)
+    llm.scheduler.hooks = None
+    timer.decode_step_ms = 1e3 * statistics.median(r.launch_s for r in steps.records if not r.is_prefill)
     return timer, [r.choices[0].token_ids for r in results], sum(r.usage.cached_tokens for r in results)
 
 
@@ -79,9 +88,23 @@ def run_hf(
         ids[i, width - len(p) :] = torch.tensor(p)
         mask[i, width - len(p) :] = 1
     kwargs = dict(do_sample=False, max_new_tokens=max_tokens, min_new_tokens=max_tokens, pad_token_id=0)
+    stamps = StepStamps()
     with torch.no_grad(), Timer() as timer:
-        out = hf.generate(ids, attention_mask=mask, **kwargs)
+        out = hf.generate(ids, attention_mask=mask, logits_processor=LogitsProcessorList([stamps]), **kwargs)
+    gaps = [b - a for a, b in zip(stamps.at_s, stamps.at_s[1:], strict=False)]  # one decode step each
+    timer.decode_step_ms = 1e3 * statistics.median(gaps) if gaps else 0.0
     return timer, out[:, width:].tolist()
+
+
+class StepStamps(LogitsProcessor):
+    """Records when each of generate's steps reaches its logits processors (changes nothing)."""
+
+    def __init__(self) -> None:
+        self.at_s: list[float] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        self.at_s.append(time.perf_counter())
+        return scores
 
 
 def main() -> None:
@@ -99,8 +122,6 @@ def main() -> None:
         "--onednn", action=argparse.BooleanOptionalAction, default=True, help="radixq's oneDNN linears"
     )
     args = parser.parse_args()
-
-    from transformers import AutoModelForCausalLM
 
     load_before = os.getloadavg()
     llm = LLM(
@@ -130,6 +151,8 @@ def main() -> None:
                 "speedup": round(hf_t.wall / radixq_t.wall, 2),
                 "radixq_cpu_s": round(radixq_t.cpu, 3),
                 "hf_cpu_s": round(hf_t.cpu, 3),
+                "radixq_decode_step_ms": round(radixq_t.decode_step_ms, 1),
+                "hf_decode_step_ms": round(hf_t.decode_step_ms, 1),
                 "load_avg_1m": round(os.getloadavg()[0], 2),
                 "prompt_tokens": sum(len(p) for p in prompt_ids),
                 "cached_tokens": cached,
@@ -149,6 +172,7 @@ def main() -> None:
         "cache": args.cache,
         "onednn": args.onednn,
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "unset"),
+        "gomp_spincount": os.environ.get("GOMP_SPINCOUNT", "unset"),
         "prompts": args.prompts,
         "max_tokens": args.max_tokens,
         "load_avg_before": [round(x, 2) for x in load_before],

@@ -1,5 +1,6 @@
 """`radixq run --workers 2` with real CPU engines: each engine runs its share of the host's
-cores (one thread each on 2 cores), not every core each, and its idle OpenMP threads sleep."""
+cores (one thread each on 2 cores), not every core each, and its idle OpenMP threads spin
+only briefly."""
 
 from __future__ import annotations
 
@@ -13,12 +14,14 @@ from tests.integration.procs import REPO_ROOT, radixq, subprocess_env
 from worker.engine.threads import share_per_worker
 
 pytestmark = pytest.mark.integration
-THREADS_LINE = re.compile(r"CPU engine: torch threads (\d+) \(cpu_threads (\d+)\), OMP_WAIT_POLICY (\w+)")
+THREADS_LINE = re.compile(
+    r"CPU engine: torch threads (\d+) \(cpu_threads (\d+)\), OMP_WAIT_POLICY (\w+), GOMP_SPINCOUNT (\w+)"
+)
 
 
-def _run(tmp_path: Path, workers: int, **env: str) -> list[tuple[int, int, str]]:
-    """Run 4 token-id jobs on dummy tiny-llama engines; (threads, setting, OpenMP wait policy)
-    each engine logged."""
+def _run(tmp_path: Path, workers: int, **env: str) -> list[tuple[int, int, str, str]]:
+    """Run 4 token-id jobs on dummy tiny-llama engines; (threads, setting, OpenMP wait policy,
+    spin count) each engine logged."""
     config = tmp_path / "worker.toml"
     config.write_text(
         f'[engine]\nmodel = "{REPO_ROOT / "configs" / "tiny-llama.json"}"\nload_format = "dummy"\ndevice = "cpu"\n'
@@ -39,15 +42,15 @@ def _run(tmp_path: Path, workers: int, **env: str) -> list[tuple[int, int, str]]
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == [f"j{i}" for i in range(4)]
-    return [(int(a), int(b), policy) for a, b, policy in THREADS_LINE.findall(done.stderr)]
+    return [(int(a), int(b), policy, spin) for a, b, policy, spin in THREADS_LINE.findall(done.stderr)]
 
 
 def test_run_gives_each_worker_its_share_of_the_cores(tmp_path: Path) -> None:
     share = share_per_worker(2)
-    assert _run(tmp_path, 2) == [(share, share, "PASSIVE")] * 2
+    assert _run(tmp_path, 2) == [(share, share, "unset", "10000")] * 2
 
 
 def test_the_users_settings_are_left_alone(tmp_path: Path) -> None:
     asked = share_per_worker(2) + 1  # not what run would have chosen
-    got = _run(tmp_path, 2, RADIXQ_CPU_THREADS=str(asked), OMP_WAIT_POLICY="ACTIVE")
-    assert got == [(asked, asked, "ACTIVE")] * 2  # the user's policy too
+    got = _run(tmp_path, 2, RADIXQ_CPU_THREADS=str(asked), OMP_WAIT_POLICY="PASSIVE")
+    assert got == [(asked, asked, "PASSIVE", "unset")] * 2  # the user's policy too

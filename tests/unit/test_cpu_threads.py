@@ -81,7 +81,8 @@ def test_a_cpu_engine_runs_the_threads_it_was_given() -> None:
         torch.set_num_threads(before)
 
 
-def test_engine_processes_sleep_idle_openmp_threads_unless_told_otherwise() -> None:
-    assert threads.openmp_env({}) == {"OMP_WAIT_POLICY": "PASSIVE"}
+def test_engine_processes_spin_idle_openmp_threads_briefly_unless_told_otherwise() -> None:
+    assert threads.openmp_env({}) == {"GOMP_SPINCOUNT": "10000"}
+    assert threads.openmp_env({"OMP_WAIT_POLICY": "PASSIVE"}) == {}
     assert threads.openmp_env({"OMP_WAIT_POLICY": "ACTIVE"}) == {}
     assert threads.openmp_env({"GOMP_SPINCOUNT": "10000"}) == {}

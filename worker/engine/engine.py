@@ -54,8 +54,9 @@ class Engine:
 
             self.cpu_threads = apply_cpu_threads(config.cpu_threads)
             log.info(
-                "CPU engine: torch threads %d (cpu_threads %d), OMP_WAIT_POLICY %s",
-                self.cpu_threads, config.cpu_threads, os.environ.get("OMP_WAIT_POLICY", "unset"),
+                "CPU engine: torch threads %d (cpu_threads %d), OMP_WAIT_POLICY %s, GOMP_SPINCOUNT %s",
+                self.cpu_threads, config.cpu_threads,
+                os.environ.get("OMP_WAIT_POLICY", "unset"), os.environ.get("GOMP_SPINCOUNT", "unset"),
             )  # fmt: skip
         self.loaded = load_model(
             config.model,
