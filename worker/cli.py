@@ -92,6 +92,12 @@ def worker(
         typer.Option("--connect-timeout-s", help="At start-up, wait this long for Redis before exiting 2."),
     ] = None,
     served_model_name: ServedModelOption = None,
+    cpu_threads: Annotated[
+        int | None,
+        typer.Option(
+            "--cpu-threads", min=0, help="Torch threads of a CPU engine (0: every core it may use)."
+        ),
+    ] = None,
 ) -> None:
     """Consume jobs until SIGINT/SIGTERM, then drain (within the drain timeout) and exit 0.
 
@@ -124,6 +130,7 @@ def worker(
         "worker.served_model_names": ",".join(served_model_name) if served_model_name else None,
         "engine.model": model,
         "engine.device": device,
+        "engine.cpu_threads": cpu_threads,
         "queue.min_idle_s": min_idle_s,
         "queue.max_attempts": max_attempts,
         "queue.drain_timeout_s": drain_timeout_s,
@@ -318,6 +325,7 @@ def run(
         worker_args += ["--model", model]
     if config:
         worker_args += ["--config", str(config)]
+    worker_args += _cpu_threads_args(workers, config)
     problem = None
     with staged(input_path, output, errors) as (source, local_out, errors_file):
         assert source is not None and local_out is not None
@@ -375,6 +383,22 @@ def run(
             err=True,
         )
     raise typer.Exit(report.exit_code())
+
+
+def _cpu_threads_args(workers: int, config: Path | None) -> list[str]:
+    """``--cpu-threads`` for each of ``workers`` (> 1) workers on this host: its cores shared
+    out, so no two engines' threads contend for a core; none when the file or the environment
+    sets ``cpu_threads`` to a count (0 is "auto": the share; the workers report a bad file)."""
+    from worker.config import ConfigError, load_worker_config
+    from worker.engine.threads import share_per_worker
+
+    if workers == 1:
+        return []
+    try:
+        asked = load_worker_config(config, os.environ).engine.cpu_threads
+    except ConfigError:
+        return []
+    return [] if asked else ["--cpu-threads", str(share_per_worker(workers))]
 
 
 def build_app() -> typer.Typer:

@@ -42,14 +42,15 @@ def test_a_backend_without_graph_hooks_says_so_and_refuses_them():
             call()
 
 
-def test_torch_reference_backend_does_not_support_cuda_graphs():
+@pytest.mark.parametrize(("name", "cls"), [("torch", "TorchRefBackend"), ("auto", "TorchSdpaBackend")])
+def test_torch_backends_do_not_support_cuda_graphs(name: str, cls: str):
     config = SimpleNamespace(num_q_heads=4, head_dim=8)
     kv = KVPool(1, 4, 4, 2, 8, torch.float32, "cpu")
     page_table = torch.zeros(3, 16, dtype=torch.int32)
     backend = create_backend(
-        "auto", kv=kv, page_table=page_table, model_config=config, page_size=4, device="cpu"
+        name, kv=kv, page_table=page_table, model_config=config, page_size=4, device="cpu"
     )
-    assert type(backend).__name__ == "TorchRefBackend"
+    assert type(backend).__name__ == cls
     assert backend.supports_cuda_graphs is False
-    with pytest.raises(NotImplementedError, match="TorchRefBackend does not support CUDA graphs"):
+    with pytest.raises(NotImplementedError, match=f"{cls} does not support CUDA graphs"):
         backend.capture_meta(1)

@@ -13,6 +13,8 @@ from worker.attention.torch_ref import TorchRefBackend
 from worker.engine.kv_pool import KVPool
 from worker.models.config import ModelConfig
 
+HEAD_DIM, NUM_LAYERS, LAYER, MAX_LEN = 16, 2, 1, 48
+
 
 def _dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cached_len: int) -> torch.Tensor:
     """float64 oracle: q [E, Hq, D] at positions cached_len.., k/v [S, Hkv, D]."""
@@ -26,17 +28,13 @@ def _dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cached_l
     return out
 
 
-@pytest.mark.parametrize("page_size", [1, 4, 16])
-@pytest.mark.parametrize(("num_q_heads", "num_kv_heads"), [(4, 4), (8, 2), (6, 1)])
-def test_mixed_batch_matches_dense(page_size, num_q_heads, num_kv_heads):
-    """Fresh prefill, prefill over a cached prefix and decodes in one batch, on shuffled pages."""
-    gen = torch.Generator().manual_seed(page_size * 100 + num_q_heads)
-    head_dim, num_layers, layer = 16, 2, 1
-    requests = [(3, 0, 9), (0, 7, 5), (5, 20, 1), (1, 1, 1), (2, 0, 1)]  # (slot, cached_len, extend_len)
-    max_len = 32
-    num_pages = 6 * (max_len // page_size) + 1
-    kv = KVPool(num_layers, num_pages, page_size, num_kv_heads, head_dim, torch.float32, "cpu")
-    page_table = torch.zeros(6, max_len, dtype=torch.int32)
+def paged_scenario(requests, page_size, num_q_heads, num_kv_heads, seed, cache_dtype=None):
+    """Random K/V of each (slot, cached_len, extend_len) request at shuffled pages of a pool's
+    layer LAYER: (pool, page table, queries [T, Hq, D], layout, float64 dense output)."""
+    gen = torch.Generator().manual_seed(seed)
+    num_pages = 8 * (MAX_LEN // page_size) + 1
+    kv = KVPool(NUM_LAYERS, num_pages, page_size, num_kv_heads, HEAD_DIM, torch.float32, "cpu", cache_dtype)
+    page_table = torch.zeros(8, MAX_LEN, dtype=torch.int32)
     free_pages = torch.randperm(num_pages, generator=gen).tolist()
     keys, values, queries = [], [], []
     for slot, cached_len, extend_len in requests:
@@ -44,21 +42,35 @@ def test_mixed_batch_matches_dense(page_size, num_q_heads, num_kv_heads):
         pages = [free_pages.pop() for _ in range(-(-seq_len // page_size))]
         locs = torch.tensor([pages[i // page_size] * page_size + i % page_size for i in range(seq_len)])
         page_table[slot, :seq_len] = locs.int()
-        k = torch.randn(seq_len, num_kv_heads, head_dim, generator=gen)
-        v = torch.randn(seq_len, num_kv_heads, head_dim, generator=gen)
-        kv.store(layer, locs, k, v)
+        # stale locations past the row's end, as a reused slot holds: the mask must hide them
+        page_table[slot, seq_len:] = torch.randint(0, num_pages * page_size, (1,), generator=gen).int()
+        k = torch.randn(seq_len, num_kv_heads, HEAD_DIM, generator=gen)
+        v = torch.randn(seq_len, num_kv_heads, HEAD_DIM, generator=gen)
+        kv.store(LAYER, locs, k, v)
+        k, v = kv.gather(LAYER, locs)  # what the pages hold (FP8: the rounded values)
         keys.append(k), values.append(v)
-        queries.append(torch.randn(extend_len, num_q_heads, head_dim, generator=gen))
-    backend = TorchRefBackend(kv, page_table, num_q_heads, head_dim, page_size)
+        queries.append(torch.randn(extend_len, num_q_heads, HEAD_DIM, generator=gen))
     layout = BatchLayout(
         slots_cpu=torch.tensor([r[0] for r in requests], dtype=torch.int32),
         cached_lens_cpu=torch.tensor([r[1] for r in requests], dtype=torch.int32),
         extend_lens_cpu=torch.tensor([r[2] for r in requests], dtype=torch.int32),
     )
-    out = backend.forward(torch.cat(queries), layer, backend.plan(layout))
     expected = torch.cat(
         [_dense_attention(q, k, v, r[1]) for q, k, v, r in zip(queries, keys, values, requests, strict=True)]
     )
+    return kv, page_table, torch.cat(queries), layout, expected
+
+
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+@pytest.mark.parametrize(("num_q_heads", "num_kv_heads"), [(4, 4), (8, 2), (6, 1)])
+def test_mixed_batch_matches_dense(page_size, num_q_heads, num_kv_heads):
+    """Fresh prefill, prefill over a cached prefix and decodes in one batch, on shuffled pages."""
+    requests = [(3, 0, 9), (0, 7, 5), (5, 20, 1), (1, 1, 1), (2, 0, 1)]  # (slot, cached_len, extend_len)
+    kv, page_table, q, layout, expected = paged_scenario(
+        requests, page_size, num_q_heads, num_kv_heads, seed=page_size * 100 + num_q_heads
+    )
+    backend = TorchRefBackend(kv, page_table, num_q_heads, HEAD_DIM, page_size)
+    out = backend.forward(q, LAYER, backend.plan(layout))
     torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
 
 
@@ -81,8 +93,9 @@ def test_bfloat16_pool_and_queries_keep_dtype():
 
 
 def test_registry_resolves_names():
-    """ "auto" is torch on CPU and flashinfer on CUDA; unknown names are refused."""
-    assert resolve_backend_name("auto", "cpu") == "torch"
+    """ "auto" is sdpa on CPU and flashinfer on CUDA; unknown names are refused."""
+    assert resolve_backend_name("auto", "cpu") == "sdpa"
+    assert resolve_backend_name("torch", "cpu") == "torch"
     assert resolve_backend_name("auto", "cuda") == "flashinfer"
     with pytest.raises(ValueError, match="unknown attention backend"):
         resolve_backend_name("xformers", "cpu")
@@ -107,7 +120,7 @@ def test_registry_resolves_names():
     kv = KVPool(1, 4, 2, 2, 4, torch.float32, "cpu")
     page_table = torch.zeros(2, 8, dtype=torch.int32)
     backend = create_backend(
-        "auto", kv=kv, page_table=page_table, model_config=config, page_size=2, device="cpu"
+        "torch", kv=kv, page_table=page_table, model_config=config, page_size=2, device="cpu"
     )
     assert isinstance(backend, TorchRefBackend) and backend.num_q_heads == 4
 

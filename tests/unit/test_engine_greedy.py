@@ -2,7 +2,8 @@
 
 Small random Llama / Qwen2 / Qwen3 models are saved with save_pretrained and loaded by both
 sides; every scenario (mixed lengths, chunked prefill, page sizes 1 and 16, prefix-cache
-hits, forced retraction, overlap on and off, n > 1, stop conditions) is checked against HF.
+hits, forced retraction, overlap on and off, n > 1, stop conditions) is checked against HF,
+the main ones with both CPU attention backends (the reference ``torch`` and ``sdpa``).
 """
 
 from __future__ import annotations
@@ -65,6 +66,9 @@ def llama(tmp_path_factory) -> Oracle:
     return Oracle("llama", tmp_path_factory.mktemp("llama-only"))
 
 
+BACKENDS = pytest.mark.parametrize("attention", ["torch", "sdpa"])
+
+
 def _llm(path: Path, **options) -> LLM:
     options = {"device": "cpu", "attention": "torch", **options}
     return LLM(str(path), **options)
@@ -92,9 +96,10 @@ def _assert_matches(oracle: Oracle, llm: LLM, prompts: list[list[int]], sampling
     ],
     ids=["page1-overlap", "page16-chunked", "page16-chunked-overlap"],
 )
-def test_mixed_batch_matches_hf(oracle: Oracle, options: dict) -> None:
+@BACKENDS
+def test_mixed_batch_matches_hf(oracle: Oracle, options: dict, attention: str) -> None:
     """Mixed prompt lengths in one batch, with and without chunking, paging and overlap."""
-    llm = _llm(oracle.path, **options)
+    llm = _llm(oracle.path, attention=attention, **options)
     _assert_matches(oracle, llm, PROMPTS, GREEDY)
     if options.get("max_prefill_tokens") == 8:
         assert llm.scheduler.stats.steps > 40 // 8, "the 40-token prompt must have been chunked"
@@ -102,9 +107,10 @@ def test_mixed_batch_matches_hf(oracle: Oracle, options: dict) -> None:
 
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("overlap", [True, False])
-def test_prefix_cache_hits_match_hf(llama: Oracle, page_size: int, overlap: bool) -> None:
+@BACKENDS
+def test_prefix_cache_hits_match_hf(llama: Oracle, page_size: int, overlap: bool, attention: str) -> None:
     """Shared prefixes and repeated prompts are served from the radix cache, same tokens."""
-    llm = _llm(llama.path, page_size=page_size, overlap=overlap)
+    llm = _llm(llama.path, page_size=page_size, overlap=overlap, attention=attention)
     _assert_matches(llama, llm, [PROMPTS[3]], GREEDY)
     again = [PROMPTS[3], PROMPTS[5], PROMPTS[3] + [11, 12]]
     results = _assert_matches(llama, llm, again, GREEDY)
@@ -122,11 +128,15 @@ def test_naive_cache_matches_hf_without_hits(llama: Oracle) -> None:
 
 @pytest.mark.parametrize("page_size", [1, 4])
 @pytest.mark.parametrize("overlap", [True, False])
-def test_retraction_under_tiny_pool_matches_hf(llama: Oracle, page_size: int, overlap: bool) -> None:
+@BACKENDS
+def test_retraction_under_tiny_pool_matches_hf(
+    llama: Oracle, page_size: int, overlap: bool, attention: str
+) -> None:
     """A KV pool far smaller than the work forces retraction; outputs are unchanged."""
     sampling = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     llm = _llm(
         llama.path,
+        attention=attention,
         page_size=page_size,
         overlap=overlap,
         num_pages=64 // page_size,

@@ -23,7 +23,7 @@ def setup(smollm2_dir: Path):  # noqa: F811
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(str(smollm2_dir), dtype=torch.float32).eval()
-    llm = LLM(str(smollm2_dir), device="cpu", attention="torch", page_size=16, max_seq_len=2048)
+    llm = LLM(str(smollm2_dir), device="cpu", page_size=16, max_seq_len=2048)  # the CPU default: sdpa
     return hf, llm
 
 

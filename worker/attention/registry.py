@@ -16,12 +16,14 @@ if TYPE_CHECKING:
 
 # name -> "module:factory"; the factory is called with the keyword arguments of create_backend.
 ATTENTION_BACKENDS: dict[str, str] = {
-    "torch": "worker.attention.torch_ref:create",
+    "torch": "worker.attention.torch_ref:create",  # the per-request reference (the oracle)
+    "sdpa": "worker.attention.torch_sdpa:create",  # batched torch SDPA: the default off CUDA
     "flashinfer": "worker.attention.flashinfer:create",
 }
 # The same backends with cascade (shared-prefix) attention: EngineConfig.cascade_attention.
 CASCADE_BACKENDS: dict[str, str] = {
     "torch": "worker.attention.torch_cascade:create",
+    "sdpa": "worker.attention.torch_cascade:create",  # the reference's cascade: off CUDA it is for tests
     "flashinfer": "worker.attention.flashinfer_cascade:FlashInferCascadeBackend",  # takes the same keywords
 }
 
@@ -31,9 +33,9 @@ def available_backends() -> list[str]:
 
 
 def resolve_backend_name(name: str, device: torch.device | str) -> str:
-    """ "auto" -> "flashinfer" on CUDA, "torch" elsewhere; other names pass through checked."""
+    """ "auto" -> "flashinfer" on CUDA, "sdpa" elsewhere; other names pass through checked."""
     if name == "auto":
-        return "flashinfer" if torch.device(device).type == "cuda" else "torch"
+        return "flashinfer" if torch.device(device).type == "cuda" else "sdpa"
     if name not in ATTENTION_BACKENDS:
         raise ValueError(f"unknown attention backend {name!r}; choose from {['auto', *available_backends()]}")
     return name
@@ -50,7 +52,7 @@ def create_backend(
     cascade: bool = False,
     **kw: Any,
 ) -> AttentionBackend:
-    """Build the backend ``name`` ("torch", "flashinfer" or "auto") for this KV pool; with
+    """Build the backend ``name`` ("torch", "sdpa", "flashinfer" or "auto") for this KV pool; with
     ``cascade``, its variant that attends to shared prefixes once (CASCADE_BACKENDS).
 
     Each backend module exposes ``create(*, kv, page_table, model_config, page_size, device, **kw)``.

@@ -18,12 +18,8 @@ class _RequestPlan:
     mask: torch.Tensor  # bool [extend_len, seq_len], True where the query may attend
 
 
-class TorchRefBackend(AttentionBackend):
-    """Per request: gather K/V at page_table[slot, :seq_len], causal attention with offset
-    cached_len (query j sits at position cached_len + j), GQA by repeating KV heads.
-
-    Simple and exact rather than fast: plan and forward loop over requests in Python.
-    """
+class PagedTorchBackend(AttentionBackend):
+    """What the torch backends share: the pool, its page table and the head shape."""
 
     def __init__(
         self, kv: KVPool, page_table: torch.Tensor, num_q_heads: int, head_dim: int, page_size: int
@@ -36,6 +32,14 @@ class TorchRefBackend(AttentionBackend):
         self.head_dim = head_dim
         self.page_size = page_size
         self.scale = head_dim**-0.5
+
+
+class TorchRefBackend(PagedTorchBackend):
+    """Per request: gather K/V at page_table[slot, :seq_len], causal attention with offset
+    cached_len (query j sits at position cached_len + j), GQA by repeating KV heads.
+
+    Simple and exact rather than fast: plan and forward loop over requests in Python.
+    """
 
     def plan(self, layout: BatchLayout) -> list[_RequestPlan]:
         device = self.page_table.device

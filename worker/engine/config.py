@@ -27,6 +27,7 @@ class EngineConfig:
     num_pages: int | None = None
     mem_fraction: float = 0.85
     cpu_kv_gib: float = 1.0
+    cpu_threads: int = 0  # torch threads of a CPU engine (0: every core it may use; worker.engine.threads)
     max_running_reqs: int = 256
     max_prefill_tokens: int = 8192
     max_seq_len: int | None = None
@@ -45,6 +46,7 @@ class EngineConfig:
     cascade_min_saved_mib: float = 32.0  # the cost rule: KV MiB a step must save per layer (groups.py)
     output_reserve_ratio: float = 0.5
     triton: bool = True  # fused Triton kernels on CUDA (false: the torch paths, for ablation)
+    onednn: bool = True  # float32 linear layers on CPU through oneDNN (false: torch's MKL, for ablation)
     cache_dir: str = ""  # where converted models are cached ("": ~/.cache/radixq/models)
     grammar_timeout_s: float = 60.0  # a job's grammar that compiles longer fails that job
     grammar_memory_mib: int = 2048  # what one compile may add to the compiler process; beyond: that job fails
@@ -56,6 +58,7 @@ class EngineConfig:
             (self.page_size >= 1, "page_size", self.page_size, "must be >= 1"),
             (self.num_pages is None or self.num_pages >= 1, "num_pages", self.num_pages, "must be >= 1"),
             (0 < self.mem_fraction <= 1, "mem_fraction", self.mem_fraction, "must be in (0, 1]"),
+            (self.cpu_threads >= 0, "cpu_threads", self.cpu_threads, "must be >= 0 (0: every core)"),
             (self.grammar_timeout_s > 0, "grammar_timeout_s", self.grammar_timeout_s, "must be > 0"),
             (self.grammar_memory_mib >= 16, "grammar_memory_mib", self.grammar_memory_mib, "must be >= 16"),
             (self.max_running_reqs >= 1, "max_running_reqs", self.max_running_reqs, "must be >= 1"),

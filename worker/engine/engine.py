@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import logging
+import os
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -15,6 +17,8 @@ from worker.engine.logprobs import pack_with_tokens, raw_logprobs, unpack
 
 if TYPE_CHECKING:
     from worker.engine.graph import GraphRunner
+
+log = logging.getLogger(__name__)
 
 
 class StartupError(ValueError):
@@ -51,6 +55,16 @@ class Engine:
         # NOTE: every pass of this engine (eager, captured, calibration) runs inside this scope,
         # so another engine of the process with the other setting never changes this one's kernels.
         self.kernels = functools.partial(triton_scope, config.triton)
+        self.cpu_threads: int | None = None  # torch threads of a CPU engine (worker.engine.threads)
+        if self.device.type == "cpu":
+            from worker.engine.threads import apply_cpu_threads
+
+            self.cpu_threads = apply_cpu_threads(config.cpu_threads)
+            log.info(
+                "CPU engine: torch threads %d (cpu_threads %d), OMP_WAIT_POLICY %s, GOMP_SPINCOUNT %s",
+                self.cpu_threads, config.cpu_threads,
+                os.environ.get("OMP_WAIT_POLICY", "unset"), os.environ.get("GOMP_SPINCOUNT", "unset"),
+            )  # fmt: skip
         self.loaded = load_model(
             config.model,
             load_format=config.load_format,
@@ -59,6 +73,11 @@ class Engine:
             cache_dir=config.cache_dir or None,
             quantization=config.quantization,
         )
+        from worker.kernels.cpu_linear import onednn_linears, use_onednn
+
+        use_onednn(config.onednn)
+        if self.device.type == "cpu" and config.onednn:
+            onednn_linears(self.loaded.model)
         model_config = self.loaded.config
         self.model_config = model_config
         self.eos_token_ids = frozenset(model_config.eos_token_ids)

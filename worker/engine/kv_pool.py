@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from worker.engine.lazy_zeros import lazy_zeros
+
 FP8_E4M3_MAX = 448.0  # the largest finite float8_e4m3fn value
 # Calibrated scales map the largest |k| or |v| seen at load to FP8_E4M3_MAX / HEADROOM, so
 # later values up to HEADROOM times larger still fit before saturating.
@@ -52,8 +54,8 @@ class KVPool:
         self.k_scale = [1.0] * num_layers
         self.v_scale = [1.0] * num_layers
         shape = (num_layers, num_pages, num_kv_heads, page_size, head_dim)
-        self._k = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        self._v = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self._k = lazy_zeros(shape, self.dtype, self.device)  # CPU: resident as pages are written
+        self._v = lazy_zeros(shape, self.dtype, self.device)
 
     def k_buffer(self, layer_id: int) -> torch.Tensor:
         """The layer's K pages, [num_pages, num_kv_heads, page_size, head_dim]."""

@@ -21,6 +21,7 @@ from pathlib import Path
 from producer.lifetime import start_child
 from producer.local_redis import owned_dir, remove_stale_dirs
 from worker.engine.config import EngineConfig
+from worker.engine.threads import openmp_env
 from worker.frontend.channel import FrontendChannel, PeerGone
 from worker.scheduler.messages import (
     Inbound,
@@ -62,6 +63,7 @@ class SchedulerProcess:
         # NOTE: the child imports this very tree, whatever sys.path the parent was given.
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_ROOT, env.get("PYTHONPATH", "")]))
         env.update(quiet_loading_env(log_level, env))
+        env.update(openmp_env(env))
         args = [
             sys.executable,
             "-m",

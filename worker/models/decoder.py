@@ -11,9 +11,9 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from worker.kernels.cpu_linear import linear
 from worker.kernels.ops import add_rms_norm, norm_rope, qk_norm_rope_store, rms_norm, silu_and_mul
 from worker.models.config import ModelConfig
 from worker.models.fp8 import takes_fp8
@@ -168,7 +168,7 @@ class CausalLM(nn.Module):
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         if logits_out is not None:
             return torch.mm(h, weight.t(), out=logits_out)
-        return F.linear(h, weight)
+        return linear(h, weight)  # oneDNN on CPU (worker.kernels.cpu_linear)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Copy HF-named tensors into the parameters (concatenating fused shards).
