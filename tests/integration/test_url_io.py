@@ -205,5 +205,5 @@ def test_unreadable_urls_are_one_line_errors(http_folder: tuple[str, Path], tmp_
     folder_input = radixq("enqueue", str(tmp_path), "--redis-url", f"redis://127.0.0.1:{free_port()}/0")
     assert (
         folder_input.returncode == 2
-        and folder_input.stderr.strip() == f"error: {tmp_path}: is a folder, not a file"
+        and folder_input.stderr.strip() == f"error: {tmp_path}: is a folder, not an input file"
     )
