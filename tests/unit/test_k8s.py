@@ -101,6 +101,8 @@ def test_scale_to_zero_and_one_gpu_per_worker() -> None:
     assert spec["scaleTargetRef"] == {"name": "radixq-worker"}  # kind Deployment by default
     deployment = the("Deployment", "radixq-worker")
     assert "replicas" not in deployment["spec"]  # KEDA's: an apply must not reset it
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items()  # the API server's rule
     assert deployment["spec"]["strategy"]["rollingUpdate"]["maxSurge"] == 0
     resources = container(deployment, "worker")["resources"]
     assert resources["limits"]["nvidia.com/gpu"] == 1
