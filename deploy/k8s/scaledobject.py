@@ -23,7 +23,7 @@ Deployment from zero when the sum exceeds ``activationTarget`` and puts it back 
     Streams the queue does not have (partitions past its count) read 0, so covering more
     partitions than the queue has is harmless; covering fewer leaves jobs unseen.
 
-The stream names come from producer.keys, the target (jobs per worker) from the worker's own
+The stream names come from wire.keys, the target (jobs per worker) from the worker's own
 window: HELD_PER_SLOT jobs per running slot, what one worker holds when all of them are busy.
 """
 
@@ -40,9 +40,10 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 if str(REPO_ROOT) not in sys.path:  # run from a checkout: producer and worker import from it
     sys.path.insert(0, str(REPO_ROOT))
 
-from producer.keys import DEFAULT_QUEUE, QueueKeys  # noqa: E402
-from producer.routing import MAX_PARTITIONS  # noqa: E402
-from worker.engine.config import DEFAULT_MODEL, EngineConfig  # noqa: E402
+from wire.keys import DEFAULT_QUEUE, QueueKeys  # noqa: E402
+from wire.routing import MAX_PARTITIONS  # noqa: E402
+from worker.engine.config import EngineConfig  # noqa: E402
+from worker.models.registry import DEFAULT_MODEL  # noqa: E402
 from worker.queue.consumer import HELD_PER_SLOT  # noqa: E402
 
 DEFAULT_OUTPUT = REPO_ROOT / "deploy" / "k8s" / "scaledobject.yaml"

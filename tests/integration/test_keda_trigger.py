@@ -18,11 +18,11 @@ import pytest
 import redis
 
 from producer.client import Client
-from producer.keys import QueueKeys
 from tests.fake_generator import FakeGenerator
 from tests.unit.k8s_files import the, worker_config
 from tests.unit.queue_worlds import config_for
 from tests.unit.test_routing import group_jobs
+from wire.keys import QueueKeys
 from worker.queue.consumer import Consumer
 from worker.queue.streams import RedisJobQueue
 

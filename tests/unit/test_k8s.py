@@ -13,8 +13,6 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from producer.keys import GROUP, QueueKeys
-from producer.routing import DEFAULT_PARTITIONS
 from tests.unit.docker_files import BASE_FILE, GPU_DOCKERFILE, load_project, parse_dockerfile
 from tests.unit.k8s_files import (
     GENERATOR,
@@ -28,6 +26,8 @@ from tests.unit.k8s_files import (
     worker_config,
     worker_environment,
 )
+from wire.keys import GROUP, QueueKeys
+from wire.routing import DEFAULT_PARTITIONS
 from worker.config import settings
 from worker.queue.consumer import HELD_PER_SLOT
 
@@ -49,7 +49,7 @@ def test_kustomize_applies_every_manifest_into_one_namespace() -> None:
 
 
 def test_the_triggers_read_every_partition_stream_of_the_workers_queue() -> None:
-    """The names come from the code (producer.keys); the queue from the workers' own settings."""
+    """The names come from the code (wire.keys); the queue from the workers' own settings."""
     queue = worker_config().worker.queue
     streams = [metadata["stream"] for metadata in triggers()]
     assert streams == QueueKeys(queue).partitions(len(streams))
