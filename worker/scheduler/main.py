@@ -26,7 +26,7 @@ def main(argv: list[str]) -> int:
 
     io = ZmqSchedulerIO(inbound_addr, outbound_addr)
     try:
-        run_scheduler(EngineConfig(**json.loads(config_json)), io)
+        run_scheduler(EngineConfig(**json.loads(config_json)), io, log_level=log_level)
     except LoadError:
         return 2  # reported to the front end, which says it in one line
     except BaseException:
