@@ -49,7 +49,9 @@ def peak_rss_mb(args: list[str], code: Path) -> tuple[float, float, int]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--lines", type=int, nargs="+", default=[50_000, 200_000, 800_000])
     parser.add_argument("--code", type=Path, default=REPO_ROOT, help="checkout whose radixq to measure")
     options = parser.parse_args()

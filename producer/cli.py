@@ -143,7 +143,10 @@ def staged(
     if source is not None and not is_url(source):
         path = Path(source)
         if not path.exists() or path.is_dir():
-            fail(f"{source}: {'is a folder, not an input file' if path.is_dir() else 'no such file'}", exits.USAGE)
+            fail(
+                f"{source}: {'is a folder, not an input file' if path.is_dir() else 'no such file'}",
+                exits.USAGE,
+            )
     companions = (".rows.jsonl",) if output is not None and is_parquet(output) else ()
     try:
         with (
@@ -365,7 +368,11 @@ def enqueue_file(
             )
     except ContentChanged as exc:
         before = exc.report.jobs_enqueued if exc.report is not None else 0
-        what = f"the {before} jobs read before them were enqueued, none after" if before else "nothing was enqueued"
+        what = (
+            f"the {before} jobs read before them were enqueued, none after"
+            if before
+            else "nothing was enqueued"
+        )
         fail(
             f"{exc}; {what}: --rerun-changed runs them again (collect replaces their rows), or give them new ids",
             exits.USAGE,

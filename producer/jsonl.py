@@ -135,7 +135,10 @@ class InputFile:
         else an id derived from its position and reason (``unnamed``: derived in any case, an
         OpenAI line whose custom_id could not be read). Returns it."""
         own_id = (
-            not unnamed and job_id is not None and _bounded_id(job_id) is not None and job_id not in self._first_row_of
+            not unnamed
+            and job_id is not None
+            and _bounded_id(job_id) is not None
+            and job_id not in self._first_row_of
         )
         if not own_id:
             job_id = derive_id(reason, line_no)
@@ -152,6 +155,7 @@ class InputFile:
         prefix = f"L{line_no}-"
         if not (job_id.startswith(prefix) and len(job_id) == len(prefix) + _DERIVED_DIGITS):
             self._first_row_of[job_id] = line_no  # NOTE: a derived id is unique by its line
+
 
 def derive_id(text: str, line_no: int) -> str:
     digest = hashlib.sha256(f"{line_no}\n{text.strip()}".encode()).hexdigest()[:_DERIVED_DIGITS]

@@ -183,7 +183,11 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
         return self.top_k if 0 < self.top_k < vocab_size else 0
 
 
-CHAT_ROLES = ("system", "user", "assistant")  # what a chat template renders (OpenAI's "developer" maps to system)
+CHAT_ROLES = (
+    "system",
+    "user",
+    "assistant",
+)  # what a chat template renders (OpenAI's "developer" maps to system)
 
 
 class ChatMessage(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):

@@ -157,7 +157,9 @@ class FlashInferBackend(AttentionBackend):
             decode_kernel == "auto" and kv.quantized and xqa_supported(kv, self.device)
         )
         if use_xqa and not xqa_supported(kv, self.device):
-            raise ValueError(f"decode_kernel='xqa' needs sm90 and page_size in (16, 32, 64, 128), got {page_size}")
+            raise ValueError(
+                f"decode_kernel='xqa' needs sm90 and page_size in (16, 32, 64, 128), got {page_size}"
+            )
         self._xqa = XqaDecode(kv, page_table, self.num_qo_heads, sm_scale) if use_xqa else None
         self._range_host: dict[int, torch.Tensor] = {}
         self.graph_batch_sizes: list[int] = []

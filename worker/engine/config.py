@@ -39,7 +39,9 @@ class EngineConfig:
     overlap: bool = True
     mixed_batches: bool = True  # while a long prompt is chunked, its steps decode the running requests too
     attention: str = "auto"
-    decode_kernel: str = "auto"  # flashinfer decode: "auto" (XQA over FP8 pages on sm90, else FA2), "fa2", "xqa"
+    decode_kernel: str = (
+        "auto"  # flashinfer decode: "auto" (XQA over FP8 pages on sm90, else FA2), "fa2", "xqa"
+    )
     cuda_graph: bool = True
     cuda_graph_max_bs: int = 256
     cascade_attention: bool = False  # attend to prefixes that running requests share once per group

@@ -1,6 +1,6 @@
 """A tensor-parallel group of scheduler processes: rank 0 leads, the others follow its batches.
 
-    front end --ZMQ--> rank 0: Scheduler (real I/O) --PUSH frames--> rank r: Scheduler (FollowerIO)
+    front end --ZMQ--> rank 0: Scheduler (real I/O) --PUSH, one per rank--> rank r: Scheduler (FollowerIO)
                           |  every receive()'s messages, one frame        | same messages, same
                           +---- gloo / NCCL collectives in each pass -----+ order: same batches
 
@@ -37,11 +37,10 @@ import zmq
 from producer.lifetime import start_child
 from worker.engine.config import EngineConfig
 from worker.engine.distributed import NVLS_OFF_ENV, free_loopback_address
-from worker.scheduler.messages import Inbound, Outbound, SchedulerIO, encoder
+from worker.scheduler.messages import RANK_LOST_EXIT, Inbound, Outbound, SchedulerIO, encoder
 
 log = logging.getLogger(__name__)
 
-RANK_LOST_EXIT = 3  # the leader's exit status when a follower died
 _WATCH_S = 0.1
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 frames_decoder = msgspec.msgpack.Decoder(list[Inbound])
@@ -68,16 +67,18 @@ class TPGroup:
         self.size = config.tensor_parallel_size
         self.init_method = free_loopback_address()
         self._ctx = zmq.Context()
-        self._push = self._ctx.socket(zmq.PUSH)
-        self._push.setsockopt(zmq.SNDHWM, 0)  # NOTE: never blocks; a dead follower is the watchdog's
-        port = self._push.bind_to_random_port("tcp://127.0.0.1")
-        frames_addr = f"tcp://127.0.0.1:{port}"
+        # NOTE: one PUSH socket per follower: a PUSH with several peers deals frames out round-robin
+        self._pushes: list[zmq.Socket] = []
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_ROOT, env.get("PYTHONPATH", "")]))
         env.update({k: v for k, v in NVLS_OFF_ENV.items() if k not in env})
         config_json = json.dumps(dataclasses.asdict(config))
         self.followers: dict[int, subprocess.Popen[bytes]] = {}
         for rank in range(1, self.size):
+            push = self._ctx.socket(zmq.PUSH)
+            push.setsockopt(zmq.SNDHWM, 0)  # NOTE: never blocks; a dead follower is the watchdog's
+            frames_addr = f"tcp://127.0.0.1:{push.bind_to_random_port('tcp://127.0.0.1')}"
+            self._pushes.append(push)
             args = [sys.executable, "-m", "worker.scheduler.follower", str(rank), str(self.size)]
             args += [self.init_method, frames_addr, config_json, log_level]
             # NOTE: started from the main thread: the parent-death signal follows the thread that forked
@@ -93,7 +94,9 @@ class TPGroup:
         return [p.pid for p in self.followers.values()]
 
     def forward(self, messages: list[Inbound]) -> None:
-        self._push.send(encoder.encode(messages))
+        frame = encoder.encode(messages)
+        for push in self._pushes:
+            push.send(frame)
 
     def _watch(self) -> None:
         while not self._stopping.wait(_WATCH_S):
@@ -123,7 +126,8 @@ class TPGroup:
             except subprocess.TimeoutExpired:
                 pass
         self.kill()
-        self._push.close(linger=0)
+        for push in self._pushes:
+            push.close(linger=0)
         self._ctx.term()
 
 
