@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.model_fixtures import tiny_hf_model
+from tests.model_fixtures import smollm2_dir, tiny_hf_model  # noqa: F401  (a fixture)
 from tests.tp_harness import assert_same_generation, greedy, run_workload
 from worker.engine.config import EngineConfig
 from worker.models.config import ModelConfig
@@ -146,3 +146,32 @@ def test_compose_places_a_tp_group_on_consecutive_gpus() -> None:
     assert worker["command"][-2:] == ["--tensor-parallel-size", "2"]
     with pytest.raises(ValueError, match="do not split into groups of 3"):
         module.compose_override([0, 1, 2, 3], tp=3)
+
+
+@pytest.mark.slow
+def test_smollm2_tp3_generates_what_tp1_generates(smollm2_dir: Path) -> None:  # noqa: F811
+    """SmolLM2-135M (9 query heads, 3 KV heads, intermediate 1536) split over 3 ranks: same
+    greedy tokens, logprobs within 1e-3 (30 layers of reordered float32 sums), through chunked
+    prefill, shared prefixes and retraction."""
+    gen = torch.Generator().manual_seed(3)
+    prefix = torch.randint(1000, 20000, (20,), generator=gen).tolist()
+    requests = [
+        GenerateRequest(
+            uid=f"s{i}",
+            input_ids=prefix + torch.randint(1000, 20000, (24 if i % 2 else 4,), generator=gen).tolist(),
+            sampling=greedy(16),
+        )
+        for i in range(4)
+    ]
+
+    def config(tp: int) -> EngineConfig:
+        return EngineConfig(
+            model=str(smollm2_dir), device="cpu", tensor_parallel_size=tp, page_size=4, num_pages=24,
+            max_running_reqs=4, max_prefill_tokens=32, output_reserve_ratio=0.0, cpu_threads=1,
+        )  # fmt: skip
+
+    want = run_workload(config(1), requests)
+    assert want.retractions > 0 and want.cached_tokens > 0 and want.chunked
+    got = run_workload(config(3), requests)
+    assert_same_generation(got, want, logprob_atol=1e-3)
+    assert (got.retractions, got.cached_tokens) == (want.retractions, want.cached_tokens)

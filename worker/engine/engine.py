@@ -68,7 +68,8 @@ class Engine:
         if self.tp.size != config.tensor_parallel_size:
             raise ValueError(
                 f"tensor_parallel_size={config.tensor_parallel_size} but this process is in a group of "
-                f"{self.tp.size} (worker.scheduler.tp starts the group)"
+                f"{self.tp.size}: a tensor-parallel group runs in a worker's scheduler processes "
+                "(radixq worker / run; worker.scheduler.tp), not in this process"
             )
         self.device = rank_device(config.device, self.tp.rank, self.tp.size)
         if self.device.type == "cuda":
