@@ -175,3 +175,23 @@ def test_smollm2_tp3_generates_what_tp1_generates(smollm2_dir: Path) -> None:  #
     got = run_workload(config(3), requests)
     assert_same_generation(got, want, logprob_atol=1e-3)
     assert (got.retractions, got.cached_tokens) == (want.retractions, want.cached_tokens)
+
+
+def test_fp8_weights_quantize_each_ranks_share(tp_model_dir: Path) -> None:
+    """quantization="fp8" after sharding: every projection of rank 1 is an Fp8Linear whose
+    dequantized weight is rank 1's slice of the float weight, within e4m3's rounding (3
+    mantissa bits: 1/16 of the channel's largest magnitude at most, per element)."""
+    from worker.models.fp8 import Fp8Linear
+    from worker.models.loader import load_model
+
+    whole = dict(load_model(str(tp_model_dir)).model.named_parameters())
+    share = load_model(str(tp_model_dir), quantization="fp8", tp_rank=1, tp_size=2).model
+    attn, mlp = share.model.layers[0].self_attn, share.model.layers[0].mlp
+    for module, name, dim in [(attn.o_proj, "self_attn.o_proj", 1), (mlp.down_proj, "mlp.down_proj", 1)]:
+        assert isinstance(module, Fp8Linear)
+        want = whole[f"model.layers.0.{name}.weight"].chunk(2, dim=dim)[1]
+        got = module.weight.float() * module.weight_scale[:, None]
+        bound = want.abs().amax(dim=1, keepdim=True) / 16
+        assert ((got - want).abs() <= bound).all()
+    assert isinstance(attn.qkv_proj, Fp8Linear) and attn.qkv_proj.out_features == (6 + 3 + 3) * 8
+    assert isinstance(mlp.gate_up_proj, Fp8Linear) and mlp.gate_up_proj.out_features == 2 * 96
