@@ -285,9 +285,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if args.num_requests:
         preset = Preset(**{**preset.__dict__, "num_requests": args.num_requests})
     variants = [
-        Variant.parse(t, args.kv_cache_dtype, args.quantization)
-        for t in args.variants.split(",")
-        if t.strip()
+        Variant.parse(t, args.kv_cache_dtype, args.quantization) for t in args.variants.split(",") if t.strip()
     ]
     if len({v.name for v in variants}) != len(variants):
         raise SystemExit(f"--variants {args.variants!r} names a variant twice")

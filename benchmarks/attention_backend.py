@@ -28,9 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from worker.attention.base import BatchLayout  # noqa: E402
 from worker.attention.registry import create_backend  # noqa: E402
-from worker.engine.kv_pool import KVPool  # noqa: E402
+from worker.forward import BatchLayout  # noqa: E402
+from worker.kvcache.pool import KVPool  # noqa: E402
 
 HEAD_DIM = 128
 POOL_LAYERS = 4
@@ -135,9 +135,7 @@ def bench_decode(
 ) -> dict:  # fmt: skip
     gen = torch.Generator().manual_seed(1)
     spread = max(1, length // 10)
-    specs = [
-        (int(n) - 1, 1) for n in torch.randint(length - spread, length + spread + 1, (batch,), generator=gen)
-    ]
+    specs = [(int(n) - 1, 1) for n in torch.randint(length - spread, length + spread + 1, (batch,), generator=gen)]
     cache_dtype = torch.float8_e4m3fn if kv_dtype == "fp8" else None
     decode_kernel, use_tc = KERNELS[kernel]
     backend, layout = build(
@@ -230,9 +228,7 @@ def main() -> None:
                     for graph in (False, True) if not args.no_eager else (True,):
                         try:
                             rows.append(
-                                bench_decode(
-                                    q_heads, kv_heads, args.page_size, kernel, graph, batch, length, kv_dtype
-                                )
+                                bench_decode(q_heads, kv_heads, args.page_size, kernel, graph, batch, length, kv_dtype)
                             )
                         except Exception as exc:  # noqa: BLE001  # NOTE: one failing kernel must not hide the rest
                             rows.append({"kind": "decode", "kv": kv_dtype, "heads": heads, "kernel": kernel,
@@ -247,20 +243,7 @@ def main() -> None:
             print(json.dumps(rows[-1]), flush=True)
     with open(args.out, "w") as f:
         json.dump(rows, f, indent=1)
-    cols = [
-        "kind",
-        "mode",
-        "kv",
-        "heads",
-        "batch",
-        "kernel",
-        "plan_us",
-        "gpu_us_per_layer",
-        "kv_TBps",
-        "rel_err",
-        "TFLOPs",
-        "error",
-    ]
+    cols = ["kind", "mode", "kv", "heads", "batch", "kernel", "plan_us", "gpu_us_per_layer", "kv_TBps", "rel_err", "TFLOPs", "error"]
     print(" | ".join(cols))
     for r in rows:
         cells = [f"{r[c]:.4g}" if isinstance(r.get(c), float) else str(r.get(c, "")) for c in cols]

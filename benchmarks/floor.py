@@ -174,9 +174,7 @@ def shape_floor(
     compute_bound = 0
     for batch, context in steps:
         memory = (weight_bytes + context * kv_bytes_per_token) / bandwidth
-        compute = (
-            2 * shape.body_params * batch / body_peak + (2 * head_params * batch + attn * context) / peak
-        )
+        compute = 2 * shape.body_params * batch / body_peak + (2 * head_params * batch + attn * context) / peak
         decode_compute_s += compute
         decode_s += max(memory, compute)
         kv_s += context * kv_bytes_per_token / bandwidth
@@ -227,9 +225,7 @@ def main() -> None:
     parser.add_argument("configs", nargs="*", help="config.json files: the standard workload's floor")
     parser.add_argument("--preset", default=None, help="an at_scale.py preset: its model and shape")
     parser.add_argument("--kv-cache-dtype", default="auto", choices=sorted(KV_BYTES))
-    parser.add_argument(
-        "--fp8-weights", action="store_true", help="the projections in FP8 (quantization fp8)"
-    )
+    parser.add_argument("--fp8-weights", action="store_true", help="the projections in FP8 (quantization fp8)")
     parser.add_argument("--max-running", type=int, default=None, help="running requests (default: all)")
     parser.add_argument("--kv-capacity-tokens", type=int, default=None, help="KV pool size in tokens")
     parser.add_argument("--bandwidth", type=float, default=H200_BANDWIDTH)
@@ -251,9 +247,7 @@ def main() -> None:
             peak=args.peak,
         )
         weights = "fp8" if args.fp8_weights else "bf16"
-        print(
-            f"{args.preset} ({preset.describe()}, KV {args.kv_cache_dtype}, weights {weights}): {describe(f)}"
-        )
+        print(f"{args.preset} ({preset.describe()}, KV {args.kv_cache_dtype}, weights {weights}): {describe(f)}")
     w = standard_workload()
     for path in args.configs:
         f = shape_floor(

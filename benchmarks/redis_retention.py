@@ -27,14 +27,18 @@ import redis
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
-from producer.keys import QueueKeys  # noqa: E402
 from producer.local_redis import LocalRedis  # noqa: E402
+from wire.keys import QueueKeys  # noqa: E402
 
 
 def radixq(code: Path, *args: str) -> None:
     env = {**os.environ, "PYTHONPATH": str(code)}
     subprocess.run(
-        [sys.executable, "-m", "worker.cli", *args], cwd=code, env=env, check=True, capture_output=True
+        [sys.executable, "-m", "radixq" if (code / "radixq").is_dir() else "worker.cli", *args],
+        cwd=code,
+        env=env,
+        check=True,
+        capture_output=True,
     )
 
 
@@ -51,7 +55,16 @@ def run_jobs(code: Path, url: str, source: Path, out: Path, count: int) -> None:
     }
     workers = [
         subprocess.Popen(
-            [sys.executable, "-m", "worker.cli", "worker", "--redis-url", url, "--name", f"w{i}"]
+            [
+                sys.executable,
+                "-m",
+                "radixq" if (code / "radixq").is_dir() else "worker.cli",
+                "worker",
+                "--redis-url",
+                url,
+                "--name",
+                f"w{i}",
+            ]
             + ["--backend", "tests.fake_generator:create_generator"],
             cwd=code,
             env=env,

@@ -1,7 +1,7 @@
 """The radixq command line (typer): the client commands (enqueue, collect, status, dlq) and
 what every command shares (the app, the queue and Redis options, one-line errors).
 
-The console script is worker.cli:main, which adds the worker-side commands (worker, run) to
+The console script is radixq.cli:main (the composition root), which adds the worker-side commands (worker, run) to
 this app: producer never imports worker (the layering tests check it).
 """
 
@@ -11,18 +11,19 @@ import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from producer import exits
+from wire import exits
+from wire.exits import fail
 
 if TYPE_CHECKING:
     from producer.client import Client
     from producer.datasets import ColumnMapping
     from producer.jsonl import InputFile
-    from producer.schema import Job, Result
-    from producer.status import ConsumerStatus, Heartbeat
+    from wire.schema import Job, Result
+    from wire.status import ConsumerStatus, Heartbeat
 
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 
@@ -143,10 +144,7 @@ def staged(
     if source is not None and not is_url(source):
         path = Path(source)
         if not path.exists() or path.is_dir():
-            fail(
-                f"{source}: {'is a folder, not an input file' if path.is_dir() else 'no such file'}",
-                exits.USAGE,
-            )
+            fail(f"{source}: {'is a folder, not an input file' if path.is_dir() else 'no such file'}", exits.USAGE)
     companions = (".rows.jsonl",) if output is not None and is_parquet(output) else ()
     try:
         with (
@@ -223,11 +221,6 @@ def resolve_redis_url(url: str | None) -> str:
     return url or DEFAULT_REDIS_URL
 
 
-def fail(message: str, code: int = 1) -> NoReturn:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code)
-
-
 def counted(count: int, noun: str = "job") -> str:
     """``count`` and the noun in the number it takes: "1 job", "2 jobs", "1 row", "3 rows"."""
     return f"{count} {noun}" + ("" if count == 1 else "s")
@@ -245,9 +238,9 @@ def expected_errors(url: str) -> Iterator[None]:
     from producer.client import UnknownQueueError
     from producer.outfile import OutputFileError, os_error_line
     from producer.outlock import OutputBusy
-    from producer.redis_errors import describe
-    from producer.retry import RedisUnavailable
-    from producer.routing import RoutingCorrupt
+    from wire.redis_errors import describe
+    from wire.retry import RedisUnavailable
+    from wire.routing import RoutingCorrupt
 
     try:
         yield
@@ -270,7 +263,7 @@ def open_client(url: str, queue: str, **options: Any) -> Client:
     try:
         return Client.from_url(url, queue, **options)
     except ValueError as exc:  # a malformed URL
-        from producer.redis_errors import redact
+        from wire.redis_errors import redact
 
         fail(f"--redis-url {redact(url)!r}: {exc}", exits.USAGE)
 
@@ -343,7 +336,7 @@ def enqueue_file(
     from producer.digest import changed_line
     from producer.jsonl import InputFile
     from producer.outfile import write_rejected
-    from producer.redis_errors import classify, describe
+    from wire.redis_errors import classify, describe
 
     client = open_client(
         url,
@@ -368,11 +361,7 @@ def enqueue_file(
             )
     except ContentChanged as exc:
         before = exc.report.jobs_enqueued if exc.report is not None else 0
-        what = (
-            f"the {before} jobs read before them were enqueued, none after"
-            if before
-            else "nothing was enqueued"
-        )
+        what = f"the {before} jobs read before them were enqueued, none after" if before else "nothing was enqueued"
         fail(
             f"{exc}; {what}: --rerun-changed runs them again (collect replaces their rows), or give them new ids",
             exits.USAGE,
@@ -559,7 +548,7 @@ def status(
         typer.echo(json.dumps(snapshot.to_dict(), indent=2))
         return
     if prometheus:
-        from producer.status import exposition
+        from wire.status import exposition
 
         typer.echo(exposition(snapshot), nl=False)
         return

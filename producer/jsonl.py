@@ -30,8 +30,8 @@ from typing import Any, BinaryIO, cast
 import msgspec
 
 from producer import openai_batch
-from producer.nesting import json_outline
-from producer.schema import (
+from wire.nesting import json_outline
+from wire.schema import (
     MAX_ID_CHARS,
     MAX_JOB_BYTES,
     Choice,
@@ -135,10 +135,7 @@ class InputFile:
         else an id derived from its position and reason (``unnamed``: derived in any case, an
         OpenAI line whose custom_id could not be read). Returns it."""
         own_id = (
-            not unnamed
-            and job_id is not None
-            and _bounded_id(job_id) is not None
-            and job_id not in self._first_row_of
+            not unnamed and job_id is not None and _bounded_id(job_id) is not None and job_id not in self._first_row_of
         )
         if not own_id:
             job_id = derive_id(reason, line_no)
@@ -155,7 +152,6 @@ class InputFile:
         prefix = f"L{line_no}-"
         if not (job_id.startswith(prefix) and len(job_id) == len(prefix) + _DERIVED_DIGITS):
             self._first_row_of[job_id] = line_no  # NOTE: a derived id is unique by its line
-
 
 def derive_id(text: str, line_no: int) -> str:
     digest = hashlib.sha256(f"{line_no}\n{text.strip()}".encode()).hexdigest()[:_DERIVED_DIGITS]

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from producer.schema import SamplingParams
+from wire.schema import SamplingParams
+from worker.distributed import close_tp
 from worker.engine.config import EngineConfig
-from worker.engine.distributed import close_tp
 from worker.scheduler.io import InMemoryIO
 from worker.scheduler.messages import GenerateRequest, RequestFinished, ShutdownRequest
 from worker.scheduler.run import _lead_group, build_scheduler

@@ -96,9 +96,7 @@ def pack(out_dir: Path) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     for index, start in enumerate(range(0, len(data), PART_BYTES)):
         (out_dir / f"flashinfer_cache.tgz.part{index:02d}").write_bytes(data[start : start + PART_BYTES])
-    print(
-        f"packed {len(libraries)} modules, {len(data) / 2**20:.1f} MiB, into {out_dir}/flashinfer_cache.tgz.part*"
-    )
+    print(f"packed {len(libraries)} modules, {len(data) / 2**20:.1f} MiB, into {out_dir}/flashinfer_cache.tgz.part*")
 
 
 def main() -> None:

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from producer.client import Client
-from producer.keys import FIELD_RESULT, QueueKeys
-from producer.schema import Job, SamplingParams, decode_result
 from tests.integration.procs import children, descendants, start_engine_worker, still_running
 from tests.model_fixtures import hf_from_dir, hf_greedy, tiny_hf_model
+from wire.keys import FIELD_RESULT, QueueKeys
+from wire.schema import Job, SamplingParams, decode_result
 
 pytestmark = pytest.mark.integration
 
@@ -68,7 +68,7 @@ def test_kill_9_of_a_follower_rank_restarts_the_group_and_loses_nothing(
     )
     try:
         wait_for(lambda: client.redis.hlen(KEYS.done) >= 1, 300, "a first job done", log_path)
-        (leader,) = children(worker.pid, "worker.scheduler.main")
+        (leader,) = children(worker.pid, "worker.frontend.scheduler_main")
         (follower,) = children(leader, "worker.scheduler.follower")
         group = descendants(leader) | {leader: descendants(worker.pid)[leader]}
         assert client.redis.hlen(KEYS.done) < len(work), "every job finished before the kill"
@@ -79,7 +79,7 @@ def test_kill_9_of_a_follower_rank_restarts_the_group_and_loses_nothing(
         results = [decode_result(f[FIELD_RESULT.encode()]) for _, f in client.redis.xrange(KEYS.results)]
         assert sorted(r.id for r in results) == sorted(j.id for j in work)  # every job answered, exactly once
         assert client.redis.xlen(KEYS.dead) == 0
-        (new_leader,) = children(worker.pid, "worker.scheduler.main")
+        (new_leader,) = children(worker.pid, "worker.frontend.scheduler_main")
         assert new_leader != leader and len(children(new_leader, "worker.scheduler.follower")) == 1
         # the leader killed in turn: its follower dies with it (parent-death signal), no orphan
         (new_follower,) = children(new_leader, "worker.scheduler.follower")

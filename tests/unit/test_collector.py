@@ -14,7 +14,7 @@ import pytest
 
 from producer.client import Client, UnknownQueueError
 from producer.collector import Collector
-from producer.keys import (
+from wire.keys import (
     FIELD_ATTEMPTS,
     FIELD_ENTRY,
     FIELD_EPOCH,
@@ -25,7 +25,7 @@ from producer.keys import (
     META_RESULTS_TRIMMED,
     QueueKeys,
 )
-from producer.schema import Choice, Job, Result, encode, error_result
+from wire.schema import Choice, Job, Result, encode, error_result
 
 KEYS = QueueKeys()
 
@@ -139,9 +139,7 @@ def test_trim_stops_at_the_first_buffered_result(fake_redis: fakeredis.FakeRedis
     assert report.missing == [] and [row["id"] for row in rows(out)] == ids
     assert fake_redis.xlen(KEYS.results) == 0
     # The per-id records of the written ids are forgotten too (producer.forget); status still counts them.
-    assert [fake_redis.hlen(k) for k in (KEYS.done, KEYS.enqueued)] == [0, 0] and fake_redis.llen(
-        KEYS.order
-    ) == 0
+    assert [fake_redis.hlen(k) for k in (KEYS.done, KEYS.enqueued)] == [0, 0] and fake_redis.llen(KEYS.order) == 0
     status = Client(fake_redis).status()
     assert (status.enqueued, status.done, status.failed) == (10, 10, 0)
 
@@ -349,9 +347,7 @@ def test_a_trimming_collect_forgets_what_it_wrote_and_keeps_collecting(
         return False
 
     out = tmp_path / "out.jsonl"
-    report = Collector(fake_redis).collect(
-        out, poll_s=0.01, timeout_s=10, should_stop=between_rounds, trim=True
-    )
+    report = Collector(fake_redis).collect(out, poll_s=0.01, timeout_s=10, should_stop=between_rounds, trim=True)
     assert rounds[0] == 1 and report.lost is None and report.missing == []
     assert [row["id"] for row in rows(out)] == first + later
     assert fake_redis.llen(KEYS.order) == 0 and fake_redis.hlen(KEYS.enqueued) == 0

@@ -106,7 +106,7 @@ def test_rank_shards_put_back_together_are_the_tensor() -> None:
 
 def test_structured_output_is_refused_with_tp(tp_model_dir: Path) -> None:
     """A grammar is admitted when its compile is done, which differs between ranks: refused."""
-    from producer.schema import SamplingParams
+    from wire.schema import SamplingParams
 
     sampling = SamplingParams(max_tokens=4, regex="[ab]+")
     outcome = run_workload(engine_config(tp_model_dir, 2), [GenerateRequest("g", [1, 2, 3], sampling)])

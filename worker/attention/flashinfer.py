@@ -54,9 +54,10 @@ from typing import Any
 import torch
 from flashinfer import BatchDecodeWithPagedKVCacheWrapper, BatchPrefillWithPagedKVCacheWrapper
 
-from worker.attention.base import AttentionBackend, BatchLayout
+from worker.attention.base import AttentionBackend
 from worker.attention.xqa import XqaDecode, XqaMeta, xqa_supported
-from worker.engine.kv_pool import KVPool
+from worker.forward import BatchLayout
+from worker.kvcache.pool import KVPool
 
 _INT_WORKSPACE_BYTES = 8 * 1024 * 1024  # FlashInfer's own default for plan data
 # Measured on an H200 (benchmarks/decode_breakdown.py attention, 16/8 heads, bf16, page 16):
@@ -157,9 +158,7 @@ class FlashInferBackend(AttentionBackend):
             decode_kernel == "auto" and kv.quantized and xqa_supported(kv, self.device)
         )
         if use_xqa and not xqa_supported(kv, self.device):
-            raise ValueError(
-                f"decode_kernel='xqa' needs sm90 and page_size in (16, 32, 64, 128), got {page_size}"
-            )
+            raise ValueError(f"decode_kernel='xqa' needs sm90 and page_size in (16, 32, 64, 128), got {page_size}")
         self._xqa = XqaDecode(kv, page_table, self.num_qo_heads, sm_scale) if use_xqa else None
         self._range_host: dict[int, torch.Tensor] = {}
         self.graph_batch_sizes: list[int] = []

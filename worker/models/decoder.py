@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from worker.engine.distributed import all_reduce
+from worker.distributed import all_reduce
 from worker.kernels.cpu_linear import linear
 from worker.kernels.ops import add_rms_norm, norm_rope, qk_norm_rope_store, rms_norm, silu_and_mul
 from worker.models.config import ModelConfig
@@ -21,7 +21,7 @@ from worker.models.fp8 import takes_fp8
 from worker.models.rope import RotaryEmbedding
 
 if TYPE_CHECKING:
-    from worker.engine.forward import ForwardBatch
+    from worker.forward import ForwardBatch
 
 # HF checkpoint name fragment -> (fused parameter fragment, shard index)
 _FUSED_SHARDS = {

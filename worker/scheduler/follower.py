@@ -3,7 +3,7 @@
 Started by its group's leader (worker.scheduler.tp.TPGroup) with SIGKILL as parent-death
 signal. It joins the group, builds the same engine and scheduler as rank 0 on its share of
 the model, and runs the leader's inbound messages until the leader forwards a ShutdownRequest.
-Exit codes as worker.scheduler.main's.
+Exit codes as worker.frontend.scheduler_main's.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def main(argv: list[str]) -> int:
         level=log_level.upper(),
         format=f"%(asctime)s %(levelname)s %(name)s[rank {rank}]: %(message)s",
     )
-    from worker.engine.distributed import init_tp
+    from worker.distributed import init_tp
     from worker.engine.engine import rank_device
     from worker.scheduler.run import LoadError, run_scheduler
     from worker.scheduler.tp import FollowerIO

@@ -8,10 +8,10 @@ import logging
 
 import torch
 
+from worker.distributed import init_tp, tp_info
 from worker.engine.config import EngineConfig
-from worker.engine.distributed import init_tp, tp_info
 from worker.engine.engine import Engine, rank_device
-from worker.scheduler.faults import Fault
+from worker.engine.faults import Fault
 from worker.scheduler.messages import SchedulerFailed, SchedulerIO, SchedulerReady
 from worker.scheduler.scheduler import Scheduler
 from worker.scheduler.stop import Detokenize

@@ -34,9 +34,9 @@ from pathlib import Path
 import msgspec
 import zmq
 
-from producer.lifetime import start_child
+from wire.lifetime import start_child
+from worker.distributed import NVLS_OFF_ENV, free_loopback_address
 from worker.engine.config import EngineConfig
-from worker.engine.distributed import NVLS_OFF_ENV, free_loopback_address
 from worker.scheduler.messages import RANK_LOST_EXIT, Inbound, Outbound, SchedulerIO, encoder
 
 log = logging.getLogger(__name__)

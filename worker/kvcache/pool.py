@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from worker.engine.lazy_zeros import lazy_zeros
+from worker.kvcache.lazy_zeros import lazy_zeros
 
 FP8_E4M3_MAX = 448.0  # the largest finite float8_e4m3fn value
 # Calibrated scales map the largest |k| or |v| seen at load to FP8_E4M3_MAX / HEADROOM, so
