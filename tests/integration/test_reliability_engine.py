@@ -44,7 +44,6 @@ def innocent_rows_match_transformers(model_dir: Path, source: Path, out: Path) -
     return checked
 
 
-@pytest.mark.slow
 def test_poison_job_under_run_is_dead_lettered_within_the_run(model_dir: Path, tmp_path: Path) -> None:
     with Lab("poison-run", tmp_path / "lab") as lab:
         row = BY_NAME["poison-run"](lab, model_dir, jobs=6, max_attempts=1)
@@ -57,7 +56,6 @@ def test_poison_job_under_run_is_dead_lettered_within_the_run(model_dir: Path, t
     assert innocent_rows_match_transformers(model_dir, lab.dir / "in.jsonl", row.observed.output) == 6
 
 
-@pytest.mark.slow
 def test_bad_stream_entries_get_their_own_error_rows_and_the_rest_completes(
     model_dir: Path, tmp_path: Path
 ) -> None:

@@ -16,6 +16,7 @@ from producer.client import Client
 from producer.keys import FIELD_ID, FIELD_JOB, QueueKeys
 from producer.schema import Job, Result, decode_result
 from tests.fake_generator import FakeGenerator
+from tests.waiting import LIVENESS_S
 from worker.queue.config import ConsumerConfig
 from worker.queue.consumer import Consumer
 from worker.queue.jobqueue import QueueUnavailable
@@ -134,7 +135,7 @@ def make_world(kind: str, partitions: int = 1) -> World:
     return MemoryWorld(partitions) if kind == "memory" else RedisWorld(partitions)
 
 
-def step_until(consumers: list[Consumer], done: int, world: World, timeout_s: float = 20) -> None:
+def step_until(consumers: list[Consumer], done: int, world: World, timeout_s: float = LIVENESS_S) -> None:
     deadline = time.monotonic() + timeout_s
     while world.done() < done:
         assert time.monotonic() < deadline, f"only {world.done()} of {done} done"
