@@ -1,7 +1,7 @@
 """Reliability scenarios of docs/reliability.md that had no regression test, with the real
 engine (a tiny random Llama on CPU): a job that crashes the engine under `radixq run`, and
 the bad stream entries of issue 8 under `radixq worker`. Each runs the table's own scenario
-(tests/chaos); completions are checked against transformers' greedy tokens.
+(benchmarks/chaos); completions are checked against transformers' greedy tokens.
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos.engine_faults import BAD_ID_SHOWN, save_tiny_model
-from tests.chaos.lab import Lab
-from tests.chaos.row import read_rows
-from tests.chaos.scenarios import BY_NAME
+from benchmarks.chaos.engine_faults import BAD_ID_SHOWN, save_tiny_model
+from benchmarks.chaos.lab import Lab
+from benchmarks.chaos.row import read_rows
+from benchmarks.chaos.scenarios import BY_NAME
 from tests.conftest import require_redis_server
 from tests.model_fixtures import hf_from_dir, hf_greedy
 

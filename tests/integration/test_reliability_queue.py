@@ -1,6 +1,6 @@
 """Reliability scenarios of docs/reliability.md that had no regression test, with the fake
 backend: repeated kill -9 of workers, a frozen (SIGSTOP) worker, and Redis losing its last
-writes. Each runs the table's own scenario (tests/chaos) at a smaller size against private
+writes. Each runs the table's own scenario (benchmarks/chaos) at a smaller size against private
 redis-servers and real `radixq` processes; the oracle is the list of ids the scenario gave.
 
 Every row must meet the table's targets (Row.misses): no id without a row after the
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos.lab import Lab
-from tests.chaos.row import Row
-from tests.chaos.scenarios import BY_NAME
+from benchmarks.chaos.lab import Lab
+from benchmarks.chaos.row import Row
+from benchmarks.chaos.scenarios import BY_NAME
 from tests.conftest import require_redis_server
 
 pytestmark = pytest.mark.integration

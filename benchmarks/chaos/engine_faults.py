@@ -1,7 +1,7 @@
 """Engine scenarios: `radixq worker` with the real engine on CPU (a tiny random Llama saved by
 tests.model_fixtures) against a private redis-server, faults injected into its scheduler
 process with RADIXQ_FAULT (worker/scheduler/faults.py) or written straight into the jobs
-stream. Each returns what it observed (tests.chaos.lab.Observed).
+stream. Each returns what it observed (benchmarks.chaos.lab.Observed).
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from typing import Any
 import msgspec
 import redis
 
+from benchmarks.chaos.lab import KEYS, Lab
+from benchmarks.chaos.row import Observed
 from producer.client import Client
 from producer.keys import FIELD_ID, FIELD_JOB
 from producer.schema import Job, SamplingParams
 from producer.status import Heartbeat, now_ms
-from tests.chaos.lab import KEYS, Lab
-from tests.chaos.row import Observed
 
 POISON_TOKEN = 77  # the token id RADIXQ_FAULT's raise-on-token rule reacts to
 LOAD_TIMEOUT_S = 240  # an engine worker loads in ~10 s alone on 2 cores; more beside others
