@@ -89,7 +89,7 @@ def test_kill_9_of_the_worker_takes_its_scheduler_along(
     (folder,) = socket_dirs_of(worker.pid)
     worker.kill()
     worker.wait(timeout=10)
-    wait_for(lambda: not is_alive(scheduler), 5, "the orphaned scheduler to die")
+    wait_for(lambda: not is_alive(scheduler), LIVENESS_S, "the orphaned scheduler to die")
     # Its socket folder outlives it (nothing ran to remove it); the next worker to start does.
     assert folder.exists()
     log_path = tmp_path / "w2.log"
@@ -141,7 +141,7 @@ def test_ctrl_c_mid_run_drains_writes_results_and_gives_the_rest_back(
     scheduler = scheduler_of(worker)
     os.killpg(worker.pid, signal.SIGINT)
     assert worker.wait(timeout=30) == 0, log_path.read_text()[-3000:]
-    wait_for(lambda: not is_alive(scheduler), 5, "the scheduler to exit")
+    wait_for(lambda: not is_alive(scheduler), LIVENESS_S, "the scheduler to exit")
     assert "Traceback" not in log_path.read_text()
     done = client.redis.hlen(KEYS.done)
     status = client.status()

@@ -256,7 +256,9 @@ def test_kill_9_of_run_takes_its_children_and_a_later_run_removes_the_folder(
     (folder,) = run_folders(run.pid)
     os.kill(run.pid, signal.SIGKILL)
     run.wait()
-    wait_for(lambda: not still_running(children), 5, "the run's redis-server and workers to die with it")
+    wait_for(
+        lambda: not still_running(children), LIVENESS_S, "the run's redis-server and workers to die with it"
+    )
     assert folder.is_dir()  # nobody was left to remove it
 
     again = radixq("run", str(source), "-o", str(out), "--backend", FAKE_GENERATOR, "--timeout", "60")
@@ -316,7 +318,9 @@ def test_local_redis_failing_to_start_leaves_nothing_behind(monkeypatch: pytest.
 
     def fail_when_ready(self: LocalRedis) -> None:
         assert self.pid is not None
-        wait_for(lambda: redis.Redis(port=self.port, password=self.password).ping(), 10, "redis-server")
+        wait_for(
+            lambda: redis.Redis(port=self.port, password=self.password).ping(), LIVENESS_S, "redis-server"
+        )
         stat = proc_stat(self.pid)
         assert stat is not None
         started[self.pid] = stat[2]

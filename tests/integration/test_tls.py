@@ -15,6 +15,7 @@ import redis
 from producer.local_redis import free_port
 from tests.conftest import require_redis_server
 from tests.integration.procs import radixq, start_worker, subprocess_env
+from tests.waiting import LIVENESS_S
 
 pytestmark = pytest.mark.integration
 
@@ -41,7 +42,7 @@ def tls_redis(tmp_path: Path) -> Iterator[tuple[int, Path]]:
         stderr=subprocess.DEVNULL,
     )
     trusted = redis.Redis(host="localhost", port=port, ssl=True, ssl_ca_certs=str(cert))
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + LIVENESS_S
     while True:
         try:
             trusted.ping()

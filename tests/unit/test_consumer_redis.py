@@ -20,6 +20,7 @@ from producer.status import decode_heartbeat
 from tests.fake_generator import FakeGenerator
 from tests.unit.queue_worlds import RedisWorld, config_for
 from tests.unit.test_consumer import make_jobs
+from tests.waiting import LIVENESS_S
 from worker.queue.consumer import Consumer
 from worker.queue.streams import RedisJobQueue
 
@@ -36,7 +37,7 @@ def consumer_for(
 
 
 def step_until(
-    consumers: list[Consumer], done: int, client: fakeredis.FakeRedis, timeout_s: float = 20
+    consumers: list[Consumer], done: int, client: fakeredis.FakeRedis, timeout_s: float = LIVENESS_S
 ) -> None:
     deadline = time.monotonic() + timeout_s
     while client.hlen(KEYS.done) < done:

@@ -21,6 +21,7 @@ import pytest
 
 from producer.schema import SamplingParams
 from tests.model_fixtures import smollm2_dir  # noqa: F401  (fixture)
+from tests.waiting import LIVENESS_S
 from worker.engine.grammar import GrammarError, Grammars, grammar_key, load_grammars
 from worker.engine.grammar_compiler import BackgroundCompiler, Outcome
 
@@ -184,7 +185,7 @@ time.sleep(600)
         assert _alive(child_pid)
         parent.kill()
         parent.wait()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + LIVENESS_S
         while _alive(child_pid):
             assert time.monotonic() < deadline, "the compiler outlived its parent"
             time.sleep(0.05)
