@@ -29,7 +29,7 @@ def penalties(repeat: int) -> tuple[float, float, str]:
     """Milliseconds to build one batch's penalties (was tests/unit/test_penalties.py: < 8 ms)."""
     import torch
 
-    from producer.schema import MAX_LOGIT_BIAS, SamplingParams
+    from wire.schema import MAX_LOGIT_BIAS, SamplingParams
     from worker.engine.penalties import build_penalties, penalty_row
 
     eos = (5, 7)
@@ -70,7 +70,7 @@ def model_load(model: str, dummy: bool, device: str) -> tuple[float, float, str]
 def grammar_readback() -> tuple[float, float, str]:
     """The longest poll of the background compiler while it reads back a 57 MB grammar (was
     test_grammar_compiler.py: < 0.5 s)."""
-    from producer.schema import SamplingParams
+    from wire.schema import SamplingParams
     from worker.engine.grammar import Grammars
     from worker.models.gguf import ensure_converted
     from worker.models.registry import ALIASES
@@ -95,8 +95,8 @@ def grammar_readback() -> tuple[float, float, str]:
 def grammar_step() -> tuple[float, float, str]:
     """The longest scheduler step while another job's slow grammar compiles (was
     test_grammar_isolation.py: < 0.8 x its 5 s grammar_timeout_s)."""
-    from producer.schema import SamplingParams
     from tests.unit.test_grammar_isolation import SLOW_SCHEMA, TIMEOUT_S, _run
+    from wire.schema import SamplingParams
     from worker.llm import LLM
     from worker.models.gguf import ensure_converted
     from worker.models.registry import ALIASES

@@ -21,10 +21,10 @@ import redis
 
 from benchmarks.chaos.lab import KEYS, Lab, line_count
 from benchmarks.chaos.row import Observed
-from producer.keys import FIELD_ID
+from wire.keys import FIELD_ID
 
 COLLECT_TIMEOUT_S = 600  # far above any run here: a timeout means the scenario stalled
-# What collect says when Redis lost the queue's data (producer.epoch, producer.collector).
+# What collect says when Redis lost the queue's data (wire.epoch, producer.collector).
 LOSS_PHRASES = (
     "Redis no longer knows this queue",
     "Redis lost this queue's data",

@@ -24,7 +24,6 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from producer.keys import QueueKeys
 from producer.local_redis import LocalRedis
 from tests.conftest import require_redis_server
 from tests.fake_generator import fake_text
@@ -42,6 +41,7 @@ from tests.integration.procs import (
     subprocess_env,
 )
 from tests.waiting import LIVENESS_S
+from wire.keys import QueueKeys
 
 pytestmark = pytest.mark.integration
 

@@ -13,10 +13,10 @@ from typing import Any, Protocol
 import fakeredis
 
 from producer.client import Client
-from producer.keys import FIELD_ID, FIELD_JOB, QueueKeys
-from producer.schema import Job, Result, decode_result
 from tests.fake_generator import FakeGenerator
 from tests.waiting import LIVENESS_S
+from wire.keys import FIELD_ID, FIELD_JOB, QueueKeys
+from wire.schema import Job, Result, decode_result
 from worker.queue.config import ConsumerConfig
 from worker.queue.consumer import Consumer
 from worker.queue.jobqueue import QueueUnavailable
