@@ -24,7 +24,10 @@ from wire.schema import SamplingParams
 from worker.llm import LLM
 from worker.scheduler.messages import AbortRequest, GenerateRequest, RequestFinished
 
-pytestmark = pytest.mark.model
+# NOTE: no deadline inside the loops: under a load average of 20-28 on 2 cores the first test
+# took more than 300 s (every CPU step oversubscribed; a penalties build measured 45x slower).
+# pytest-timeout's 1,800 s is the hang guard.
+pytestmark = [pytest.mark.model, pytest.mark.timeout(1800)]
 TIMEOUT_S = 5.0
 # xgrammar expands each `pattern` repetition into a rule per copy: seconds per pattern
 SLOW_SCHEMA = {
@@ -68,7 +71,6 @@ def _run(llm: LLM, plain: GenerateRequest, slow: GenerateRequest, after: Generat
     last = llm.scheduler.step(None, block=False)
     window = Window(answers)
     stats = llm.scheduler.stats
-    started = time.perf_counter()
     while len(answers) < 3 or last is not None:
         if stats.decode_tokens >= 2 and window.put_at_tokens is None:
             llm.io.put(slow)
@@ -85,7 +87,6 @@ def _run(llm: LLM, plain: GenerateRequest, slow: GenerateRequest, after: Generat
             window.longest_step_s = max(window.longest_step_s, step_s)
             if "slow" in answers:
                 window.decode_tokens = stats.decode_tokens - window.put_at_tokens
-        assert time.perf_counter() - started < LIVENESS_S, "requests not answered (a hang)"
     return window
 
 
