@@ -148,7 +148,7 @@ def test_compose_places_a_tp_group_on_consecutive_gpus() -> None:
         module.compose_override([0, 1, 2, 3], tp=3)
 
 
-@pytest.mark.slow
+@pytest.mark.model
 def test_smollm2_tp3_generates_what_tp1_generates(smollm2_dir: Path) -> None:  # noqa: F811
     """SmolLM2-135M (9 query heads, 3 KV heads, intermediate 1536) split over 3 ranks: same
     greedy tokens, logprobs within 1e-3 (30 layers of reordered float32 sums), through chunked
