@@ -23,8 +23,7 @@ import sys
 
 import redis
 
-from producer.cli import DEFAULT_REDIS_URL
-from producer.keys import DEFAULT_QUEUE, QueueKeys
+from producer.keys import DEFAULT_QUEUE, DEFAULT_REDIS_URL, QueueKeys
 from producer.redis_errors import describe
 from producer.status import DEAD_AFTER_BEATS, Heartbeat, decode_heartbeat, now_ms
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import typer
 
 from producer import exits
+from producer.keys import DEFAULT_QUEUE, DEFAULT_REDIS_URL
 
 if TYPE_CHECKING:
     from producer.client import Client
@@ -23,8 +24,6 @@ if TYPE_CHECKING:
     from producer.jsonl import InputFile
     from producer.schema import Job, Result
     from producer.status import ConsumerStatus, Heartbeat
-
-DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 
 app = typer.Typer(
     name="radixq",
@@ -275,7 +274,7 @@ def open_client(url: str, queue: str, **options: Any) -> Client:
 @app.command()
 def enqueue(
     input_path: InputArgument,
-    queue: QueueOption = "default",
+    queue: QueueOption = DEFAULT_QUEUE,
     redis_url: RedisUrlOption = None,
     retry_timeout_s: RetryTimeoutOption = 60.0,
     partitions: Annotated[
@@ -419,7 +418,7 @@ def collect(
             "a path or a URL (s3://, gs://, https:// with PUT).",
         ),
     ],
-    queue: QueueOption = "default",
+    queue: QueueOption = DEFAULT_QUEUE,
     redis_url: RedisUrlOption = None,
     wait: Annotated[
         bool, typer.Option("--wait/--no-wait", help="Wait until every enqueued job has a result.")
@@ -530,7 +529,7 @@ def collect(
 
 @app.command()
 def status(
-    queue: QueueOption = "default",
+    queue: QueueOption = DEFAULT_QUEUE,
     redis_url: RedisUrlOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     prometheus: Annotated[
@@ -607,7 +606,7 @@ def describe_cache(beat: Heartbeat | None) -> str:
 
 @dlq_app.command("list")
 def dlq_list(
-    queue: QueueOption = "default",
+    queue: QueueOption = DEFAULT_QUEUE,
     redis_url: RedisUrlOption = None,
     count: Annotated[int, typer.Option("--count", "-n")] = 100,
 ) -> None:
@@ -632,7 +631,7 @@ def dlq_list(
 @dlq_app.command("requeue")
 def dlq_requeue(
     job_ids: Annotated[list[str] | None, typer.Argument(help="Job ids to requeue (default: all).")] = None,
-    queue: QueueOption = "default",
+    queue: QueueOption = DEFAULT_QUEUE,
     redis_url: RedisUrlOption = None,
     retry_timeout_s: RetryTimeoutOption = 60.0,
 ) -> None:

@@ -36,6 +36,7 @@ from producer.collector import Collector
 from producer.datasets import NATIVE_COLUMNS, ColumnMapping, input_columns, read_input
 from producer.digest import changed_ids, changed_line
 from producer.jsonl import InputFile, Rejected, written_ids
+from producer.keys import DEFAULT_QUEUE
 from producer.lifetime import start_child
 from producer.local_redis import LocalRedis
 from producer.outfile import OutputFileError, os_error_line, row_keys
@@ -54,7 +55,7 @@ POLL_S = 0.2  # how soon collecting notices a signal or an exited worker
 class RunOptions:
     input_path: Path
     output_path: Path
-    queue: str = "default"
+    queue: str = DEFAULT_QUEUE
     redis_url: str | None = None  # None: a private Redis for this run
     num_workers: int = 1
     worker_args: list[str] = field(default_factory=list)  # passed to each `radixq worker`

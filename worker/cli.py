@@ -33,6 +33,7 @@ from producer.cli import (
     fail,
     staged,
 )
+from producer.keys import DEFAULT_QUEUE
 
 ModelOption = Annotated[
     str | None, typer.Option("--model", "-m", help="Model: alias, directory, .gguf file or hub id.")
@@ -244,7 +245,7 @@ def run(
     ],
     model: ModelOption = None,
     workers: Annotated[int, typer.Option("--workers", "-w", min=1, help="Worker processes.")] = 1,
-    queue: QueueOption = "default",
+    queue: QueueOption = DEFAULT_QUEUE,
     redis_url: RedisUrlOption = None,
     device: DeviceOption = None,
     config: ConfigOption = None,

@@ -31,11 +31,9 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from producer.keys import DEFAULT_QUEUE
+from producer.keys import DEFAULT_QUEUE, DEFAULT_REDIS_URL
 from worker.engine.config import DEFAULT_MODEL, EngineConfig
 from worker.queue.config import ConsumerConfig, default_worker_name
-
-DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 
 
 class ConfigError(ValueError):

@@ -7,6 +7,7 @@ import socket
 from dataclasses import dataclass, field
 
 from producer.keys import DEFAULT_QUEUE
+from worker.queue.routing import STEAL_AFTER_S
 
 
 def default_worker_name() -> str:
@@ -21,7 +22,7 @@ class ConsumerConfig:
     poll_s: float = 0.02  # longest wait for backend results while jobs are held
     read_batch: int = 256  # most entries one XREADGROUP returns
     read_window: int = 0  # most jobs held at once; 0: two per slot of the generator (and a fair share)
-    steal_after_s: float = 2.0  # a partition's backlog this old may be stolen by a dry worker
+    steal_after_s: float = STEAL_AFTER_S
     survey_s: float = 0.5  # how often to read the queue's backlog and live workers (worker.queue.routing)
     min_idle_s: float = 60.0  # an entry pending this long without renewal is reclaimed
     max_attempts: int = 3  # deliveries (or crashes when run alone) before the dead-letter stream
