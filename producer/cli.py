@@ -17,6 +17,7 @@ import typer
 
 from producer import exits
 from producer.keys import DEFAULT_QUEUE, DEFAULT_REDIS_URL
+from producer.routing import MAX_PARTITIONS
 
 if TYPE_CHECKING:
     from producer.client import Client
@@ -44,7 +45,15 @@ RedisUrlOption = Annotated[
         help=f"Redis URL (env RADIXQ_REDIS_URL or REDIS_URL; default {DEFAULT_REDIS_URL}).",
     ),
 ]
-
+PartitionsOption = Annotated[
+    int,
+    typer.Option(
+        "--partitions",
+        min=1,
+        max=MAX_PARTITIONS,
+        help="Partition streams of a new queue: jobs sharing a prefix go to one worker (README Routing).",
+    ),
+]
 
 RetryTimeoutOption = Annotated[
     float,
@@ -277,15 +286,7 @@ def enqueue(
     queue: QueueOption = DEFAULT_QUEUE,
     redis_url: RedisUrlOption = None,
     retry_timeout_s: RetryTimeoutOption = 60.0,
-    partitions: Annotated[
-        int,
-        typer.Option(
-            "--partitions",
-            min=1,
-            max=1024,
-            help="Partition streams of a new queue: jobs sharing a prefix go to one worker (README Routing).",
-        ),
-    ] = 1,
+    partitions: PartitionsOption = 1,
     prefix_chars: Annotated[
         int,
         typer.Option(

@@ -20,6 +20,7 @@ from producer.cli import (
     IdColumnOption,
     InputArgument,
     MessagesColumnOption,
+    PartitionsOption,
     ProgressIntervalOption,
     PromptColumnOption,
     QueueOption,
@@ -265,12 +266,7 @@ def run(
             help="Worker i serves Prometheus /metrics on this port + i (0: none).",
         ),
     ] = 0,
-    partitions: Annotated[
-        int,
-        typer.Option(
-            "--partitions", min=1, max=1024, help="Partition streams of a new queue (README Routing)."
-        ),
-    ] = 1,
+    partitions: PartitionsOption = 1,
     prompt_column: PromptColumnOption = None,
     messages_column: MessagesColumnOption = None,
     id_column: IdColumnOption = None,

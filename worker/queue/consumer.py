@@ -212,11 +212,16 @@ class Consumer:
         elif not self._held and room <= 0:
             self._wait(self.config.poll_s)
 
+    @property
+    def read_window(self) -> int:
+        """The most jobs this worker holds: ``read_window``, or 0 for HELD_PER_SLOT per slot of
+        the generator (its heartbeat's capacity; a survey's fair share may hold it lower)."""
+        return self.config.read_window or HELD_PER_SLOT * self.generator.slots
+
     def _room(self) -> int:
         """How many entries to take now: never more than the generator takes, nor beyond the
-        window: ``read_window`` (0: HELD_PER_SLOT per slot) and the fair share of the last
-        survey, at least 1."""
-        window = self.config.read_window or HELD_PER_SLOT * self.generator.slots
+        read window and the fair share of the last survey, at least 1."""
+        window = self.read_window
         if self._survey is not None:
             window = max(1, min(window, self._survey.fair_share()))
         return min(window - len(self._held), self.generator.free_capacity())
@@ -403,7 +408,7 @@ class Consumer:
             name=self.name,
             pid=os.getpid(),
             model=self.generator.model_name,
-            capacity=self.config.read_window or HELD_PER_SLOT * self.generator.slots,
+            capacity=self.read_window,
             in_flight=len(self._held),
             completed=self.completed,
             state=state,
