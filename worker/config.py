@@ -246,6 +246,10 @@ def settings_table() -> str:
         default = s.spec.shown_default
         if default is None:
             default = "" if s.default is None else str(s.default).lower() if isinstance(s.default, bool) else s.default
-        env = ", ".join(f"`{name}`" for name in s.env)
+        env = ", ".join(f"`{name}`" + (" (deprecated)" if name in s.spec.deprecated_env else "") for name in s.env)
         rows.append(f"| `[{s.table}] {s.key}` | {env} | `{default}` | {s.spec.help} |")
     return "\n".join(rows)
+
+
+if __name__ == "__main__":  # python -m worker.config: the table to paste into the README
+    print(settings_table())
