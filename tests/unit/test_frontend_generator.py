@@ -60,7 +60,9 @@ def test_jobs_round_trip_and_bad_ones_fail_alone(model_dir: Path, monkeypatch: p
         assert "could not be built: UnicodeDecodeError" in unbuildable.message
         assert results["a"].choices[0].token_ids == hf_greedy(hf_from_dir(model_dir), [5, 6, 7, 8], 6)
         assert results["b"].choices[0].token_ids == hf_greedy(hf_from_dir(model_dir), [9, 10], 6)
-        assert results["a"].metadata == {"row": 1}
+        # the envelope (metadata, worker, timings but the first token) is the consumer's alone
+        assert results["a"].metadata == {} and results["a"].worker == ""
+        assert results["a"].timings.first_token_at_ms > 0 and results["a"].timings.started_at_ms == 0
         assert results["a"].usage.prompt_tokens == 4 and results["a"].usage.completion_tokens == 6
         assert results["text"].error is not None and results["text"].error.code == "invalid_job"
         assert "no tokenizer" in results["text"].error.message

@@ -20,6 +20,7 @@ from producer.schema import Result
 from tests.model_fixtures import smollm2_dir  # noqa: F401  (fixture)
 from worker.engine.config import EngineConfig
 from worker.frontend import EngineGenerator
+from worker.queue.consumer import envelope
 from worker.queue.prompts import PromptLists
 
 pytestmark = pytest.mark.slow
@@ -79,7 +80,8 @@ def test_openai_lines_on_the_real_model(smollm2_dir: Path) -> None:  # noqa: F81
         deadline = time.monotonic() + 120
         while len(results) < len(jobs):
             assert time.monotonic() < deadline
-            results |= {result.id: result for result in generator.poll(0.5)}
+            by_id = {job.id: job for job in jobs}
+            results |= {r.id: envelope(r, by_id[r.id], 0, "w", generator.model_name) for r in generator.poll(0.5)}
     finally:
         generator.close()
 

@@ -69,6 +69,20 @@ class _Held:
     crash: Result | None = None  # the last such crash, until settled
 
 
+def envelope(result: Result, job: Job, started_at_ms: int, worker: str, model: str) -> Result:
+    """``result`` as it is written: the job's metadata, the model it names, the worker, and the
+    timings (enqueued, taken by this worker, finished now; the first token as the generator
+    saw it). A generator reports choices, usage, an error and the first token only; this is
+    the one place that fills the rest."""
+    timings = Timings(
+        enqueued_at_ms=job.enqueued_at_ms,
+        started_at_ms=started_at_ms,
+        finished_at_ms=now_ms(),
+        first_token_at_ms=result.timings.first_token_at_ms,
+    )
+    return msgspec.structs.replace(result, metadata=job.metadata, worker=worker, model=model, timings=timings)
+
+
 class Consumer:
     def __init__(
         self,
@@ -337,19 +351,7 @@ class Consumer:
             del self._held[result.id]
             self.tally.saw(held.key, result.usage.prompt_tokens, result.usage.cached_tokens)
             job = held.job
-            timings = Timings(
-                enqueued_at_ms=job.enqueued_at_ms,
-                started_at_ms=held.started_at_ms,
-                finished_at_ms=now_ms(),
-                first_token_at_ms=result.timings.first_token_at_ms,
-            )
-            filled = msgspec.structs.replace(
-                result,
-                metadata=result.metadata or job.metadata,
-                worker=result.worker or self.name,
-                model=self._reply_model(job, result),
-                timings=timings,
-            )
+            filled = envelope(result, job, held.started_at_ms, self.name, self._reply_model(job, result))
             self._complete(Completion(filled, held.entry_id, tuple(held.duplicates), epoch=held.epoch))
             self.completed += 1
 
