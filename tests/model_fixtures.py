@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
@@ -18,6 +19,9 @@ from worker.attention.torch_ref import TorchRefBackend
 from worker.engine.forward import ForwardBatch
 from worker.engine.kv_pool import KVPool
 from worker.models import LoadedModel
+
+if TYPE_CHECKING:
+    from worker.engine.grammar import Grammars
 
 TINY_SHAPE = dict(
     vocab_size=256,
@@ -214,3 +218,13 @@ class PagedRunner:
                 outputs[s].append(next_ids[s])
                 pending[s] = [next_ids[s]]
         return outputs
+
+
+def load_grammars(model_path: str, vocab_size: int, stop_token_ids: list[int]) -> Grammars | None:
+    """The grammar engine (compiling on this thread) for the model directory's tokenizer;
+    None when it has none (the engine compiles in its child process: worker.engine.grammar_compiler)."""
+    from worker.engine.grammar import Grammars
+    from worker.models.tokenizer import load_tokenizer_or_none
+
+    tokenizer = load_tokenizer_or_none(model_path)
+    return None if tokenizer is None else Grammars.from_tokenizer(tokenizer, vocab_size, stop_token_ids)
