@@ -34,7 +34,7 @@ def _poll_all(backend, count: int, timeout_s: float = 60) -> dict:
 
 
 def test_jobs_round_trip_and_bad_ones_fail_alone(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import worker.frontend.generator as generator_module
+    import worker.frontend.engine_generator as generator_module
 
     def build_result(job_id, *args, **kwargs):  # type: ignore[no-untyped-def]
         if job_id == "unbuildable":

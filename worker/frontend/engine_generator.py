@@ -284,6 +284,6 @@ class EngineGenerator:
         return error_result(job.id, code, message)  # the consumer fills the envelope
 
 
-def create_generator(config: WorkerConfig) -> EngineGenerator:
+def create_engine_generator(config: WorkerConfig) -> EngineGenerator:
     """The engine generator of a worker (the factory ``[worker] generator = "engine"`` names)."""
     return EngineGenerator(config.engine, log_level=config.worker.log_level)
