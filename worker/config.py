@@ -251,5 +251,20 @@ def settings_table() -> str:
     return "\n".join(rows)
 
 
-if __name__ == "__main__":  # python -m worker.config: the table to paste into the README
-    print(settings_table())
+def write_readme_table(path: str | Path) -> bool:
+    """Replace the table of settings in the README at ``path`` by ``settings_table()``; True
+    when that changed the file."""
+    text = Path(path).read_text()
+    start = text.index(settings_table().splitlines()[0])
+    end = text.find("\n\n", start)
+    end = len(text) if end < 0 else end
+    new = text[:start] + settings_table() + text[end:]
+    Path(path).write_text(new)
+    return new != text
+
+
+if __name__ == "__main__":  # python -m worker.config [README.md]: print the table, or rewrite it there
+    if len(sys.argv) > 1:
+        print("updated" if write_readme_table(sys.argv[1]) else "unchanged", sys.argv[1])
+    else:
+        print(settings_table())

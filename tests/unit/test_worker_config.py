@@ -91,7 +91,7 @@ def test_every_setting_has_an_environment_name_and_the_readme_table_is_current()
     names = [name for s in settings() for name in s.env]
     assert len(names) == len(set(names))  # no two settings share a variable
     readme = (REPO_ROOT / "README.md").read_text()
-    assert settings_table() in readme
+    assert settings_table() in readme, "the README's settings table is stale: python -m worker.config README.md"
     # once: a table pasted twice (its header and first row repeated) reads as a broken table
     assert readme.count(settings_table().splitlines()[0]) == 1
     assert readme.count(settings_table().splitlines()[2]) == 1
