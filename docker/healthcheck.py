@@ -23,9 +23,9 @@ import sys
 
 import redis
 
-from producer.keys import DEFAULT_QUEUE, DEFAULT_REDIS_URL, QueueKeys
-from producer.redis_errors import describe
-from producer.status import DEAD_AFTER_BEATS, Heartbeat, decode_heartbeat, now_ms
+from wire.keys import DEFAULT_QUEUE, DEFAULT_REDIS_URL, QueueKeys
+from wire.redis_errors import describe
+from wire.status import DEAD_AFTER_BEATS, Heartbeat, decode_heartbeat, now_ms
 
 HEALTHY, UNHEALTHY = 0, 1  # Docker's meanings; 2 is reserved
 

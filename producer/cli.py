@@ -1,7 +1,7 @@
 """The radixq command line (typer): the client commands (enqueue, collect, status, dlq) and
 what every command shares (the app, the queue and Redis options, one-line errors).
 
-The console script is worker.cli:main, which adds the worker-side commands (worker, run) to
+The console script is radixq.cli:main (the composition root), which adds the worker-side commands (worker, run) to
 this app: producer never imports worker (the layering tests check it).
 """
 
@@ -11,20 +11,21 @@ import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from producer import exits
-from producer.keys import DEFAULT_QUEUE, DEFAULT_REDIS_URL
-from producer.routing import MAX_PARTITIONS
+from wire import exits
+from wire.exits import fail
+from wire.keys import DEFAULT_QUEUE, DEFAULT_REDIS_URL
+from wire.routing import MAX_PARTITIONS
 
 if TYPE_CHECKING:
     from producer.client import Client
     from producer.datasets import ColumnMapping
     from producer.jsonl import InputFile
-    from producer.schema import Job, Result
-    from producer.status import ConsumerStatus, Heartbeat
+    from wire.schema import Job, Result
+    from wire.status import ConsumerStatus, Heartbeat
 
 app = typer.Typer(
     name="radixq",
@@ -228,11 +229,6 @@ def resolve_redis_url(url: str | None) -> str:
     return url or DEFAULT_REDIS_URL
 
 
-def fail(message: str, code: int = 1) -> NoReturn:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code)
-
-
 def counted(count: int, noun: str = "job") -> str:
     """``count`` and the noun in the number it takes: "1 job", "2 jobs", "1 row", "3 rows"."""
     return f"{count} {noun}" + ("" if count == 1 else "s")
@@ -250,9 +246,9 @@ def expected_errors(url: str) -> Iterator[None]:
     from producer.client import UnknownQueueError
     from producer.outfile import OutputFileError, os_error_line
     from producer.outlock import OutputBusy
-    from producer.redis_errors import describe
-    from producer.retry import RedisUnavailable
-    from producer.routing import RoutingCorrupt
+    from wire.redis_errors import describe
+    from wire.retry import RedisUnavailable
+    from wire.routing import RoutingCorrupt
 
     try:
         yield
@@ -275,7 +271,7 @@ def open_client(url: str, queue: str, **options: Any) -> Client:
     try:
         return Client.from_url(url, queue, **options)
     except ValueError as exc:  # a malformed URL
-        from producer.redis_errors import redact
+        from wire.redis_errors import redact
 
         fail(f"--redis-url {redact(url)!r}: {exc}", exits.USAGE)
 
@@ -340,7 +336,7 @@ def enqueue_file(
     from producer.digest import changed_line
     from producer.jsonl import InputFile
     from producer.outfile import write_rejected
-    from producer.redis_errors import classify, describe
+    from wire.redis_errors import classify, describe
 
     client = open_client(
         url,
@@ -552,7 +548,7 @@ def status(
         typer.echo(json.dumps(snapshot.to_dict(), indent=2))
         return
     if prometheus:
-        from producer.status import exposition
+        from wire.status import exposition
 
         typer.echo(exposition(snapshot), nl=False)
         return

@@ -1,7 +1,7 @@
 """``radixq run``: one file in, one file out - enqueue, start workers, collect, shut down.
 
-Workers are ``radixq worker`` subprocesses (``python -m worker.cli worker``) in sessions of
-their own (producer.lifetime), so a Ctrl-C in the terminal reaches ``run`` alone and ``run``
+Workers are ``radixq worker`` subprocesses (``python -m radixq worker``) in sessions of
+their own (wire.lifetime), so a Ctrl-C in the terminal reaches ``run`` alone and ``run``
 decides how they stop. With no Redis URL a private Redis is started for the run (LocalRedis:
 loopback only, a random password) and removed afterwards. Workers get the URL through their
 environment (RADIXQ_REDIS_URL), never on their command line, where ``ps`` would show it.
@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -30,23 +29,23 @@ from pathlib import Path
 import msgspec
 import redis
 
-from producer import exits
 from producer.client import Client, ContentChanged, EnqueueStopped
 from producer.collector import Collector
 from producer.datasets import NATIVE_COLUMNS, ColumnMapping, input_columns, read_input
 from producer.digest import changed_ids, changed_line
 from producer.jsonl import InputFile, Rejected, written_ids
-from producer.keys import DEFAULT_QUEUE
-from producer.lifetime import start_child
 from producer.local_redis import LocalRedis
 from producer.outfile import OutputFileError, os_error_line, row_keys
 from producer.outlock import OutputBusy, output_lock
 from producer.progress import Progress
-from producer.redis_errors import FatalRedisError, describe, redact
 from producer.rewrite import put_in_order, split_errors
-from producer.schema import Job, Result
 from producer.tables import is_parquet, rows_path, write_parquet
 from producer.worker_pool import GRACE_S, Readiness, WorkerPool, relay_output
+from wire import exits
+from wire.keys import DEFAULT_QUEUE
+from wire.lifetime import start_child
+from wire.redis_errors import FatalRedisError, describe, redact
+from wire.schema import Job, Result
 
 POLL_S = 0.2  # how soon collecting notices a signal or an exited worker
 
@@ -55,6 +54,9 @@ POLL_S = 0.2  # how soon collecting notices a signal or an exited worker
 class RunOptions:
     input_path: Path
     output_path: Path
+    # How to start one `radixq worker` (the composition root, radixq.cli, says): the queue,
+    # name and worker_args are appended
+    worker_command: list[str]
     queue: str = DEFAULT_QUEUE
     redis_url: str | None = None  # None: a private Redis for this run
     num_workers: int = 1
@@ -64,7 +66,7 @@ class RunOptions:
     quiet: bool = False  # no progress display
     progress_interval_s: float = 10.0  # plain progress lines when stderr is not a terminal
     metrics_port: int = 0  # >0: worker i serves /metrics on metrics_port + i
-    partitions: int = 1  # partition streams of a new queue (producer.routing)
+    partitions: int = 1  # partition streams of a new queue (wire.routing)
     mapping: ColumnMapping = NATIVE_COLUMNS
     errors_path: Path | None = None  # rejected rows go here instead of into the output
     join_input: bool = False  # Parquet output: joined to the input's columns
@@ -104,9 +106,10 @@ class RunError(Exception):
     the one line to show."""
 
 
-def worker_command(queue: str, name: str, extra: list[str]) -> list[str]:
-    """One ``radixq worker`` command line; its Redis URL goes in its environment (worker_env)."""
-    return [sys.executable, "-m", "worker.cli", "worker", "--queue", queue, "--name", name, *extra]
+def worker_command(base: list[str], queue: str, name: str, extra: list[str]) -> list[str]:
+    """One ``radixq worker`` command line (``base``: how to start the command); its Redis URL
+    goes in its environment (worker_env)."""
+    return [*base, "--queue", queue, "--name", name, *extra]
 
 
 def worker_env(redis_url: str) -> dict[str, str]:
@@ -368,6 +371,7 @@ def _start_workers(options: RunOptions, redis_url: str, private: bool) -> list[s
     return [
         start_child(
             worker_command(
+                options.worker_command,
                 options.queue,
                 name,
                 [

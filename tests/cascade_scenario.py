@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from worker.attention.base import BatchLayout, PrefixGroups
-from worker.engine.kv_pool import KVPool
+from worker.forward import BatchLayout, PrefixGroups
+from worker.kvcache.pool import KVPool
 
 A, B = 0, 1  # group ids
 PREFIX_PAGES = {A: 3, B: 1}

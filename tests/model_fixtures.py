@@ -14,11 +14,10 @@ from typing import TYPE_CHECKING
 import pytest
 import torch
 
-from worker.attention.base import BatchLayout
 from worker.attention.torch_ref import TorchRefBackend
-from worker.engine.forward import ForwardBatch
-from worker.engine.kv_pool import KVPool
-from worker.models import LoadedModel
+from worker.forward import BatchLayout, ForwardBatch
+from worker.kvcache.pool import KVPool
+from worker.models.loader import LoadedModel
 
 if TYPE_CHECKING:
     from worker.engine.grammar import Grammars

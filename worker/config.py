@@ -34,7 +34,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from producer.keys import DEFAULT_QUEUE, DEFAULT_REDIS_URL
+from wire.keys import DEFAULT_QUEUE, DEFAULT_REDIS_URL
 from worker.engine.config import EngineConfig
 from worker.options import Spec, check_options, option, spec_of
 from worker.queue.config import ConsumerConfig, default_worker_name
@@ -78,7 +78,7 @@ class WorkerSection:
 
     def __post_init__(self) -> None:
         check_options(self)
-        from producer.redis_errors import check_url
+        from wire.redis_errors import check_url
 
         try:
             check_url(self.redis_url)

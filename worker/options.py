@@ -5,7 +5,7 @@ environment variables (worker.config), the ``radixq worker`` flags (worker.cli) 
 README's table of settings (``worker.config.settings_table``, checked by a test).
 
 Torch-free: the choices are name lists their owners declare in torch-free modules
-(worker.attention.names, worker.cache.names, worker.models.names, worker.scheduler.names).
+(worker.attention.names, worker.kvcache.names, worker.models.names, worker.scheduler.names).
 
 Adding a setting is one field::
 

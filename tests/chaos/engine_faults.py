@@ -1,6 +1,6 @@
 """Engine scenarios: `radixq worker` with the real engine on CPU (a tiny random Llama saved by
 tests.model_fixtures) against a private redis-server, faults injected into its scheduler
-process with RADIXQ_FAULT (worker/scheduler/faults.py) or written straight into the jobs
+process with RADIXQ_FAULT (worker/engine/faults.py) or written straight into the jobs
 stream. Each returns what it observed (tests.chaos.lab.Observed).
 """
 
@@ -17,11 +17,11 @@ import msgspec
 import redis
 
 from producer.client import Client
-from producer.keys import FIELD_ID, FIELD_JOB
-from producer.schema import Job, SamplingParams
-from producer.status import Heartbeat, now_ms
 from tests.chaos.lab import KEYS, Lab
 from tests.chaos.row import Observed
+from wire.keys import FIELD_ID, FIELD_JOB
+from wire.schema import Job, SamplingParams
+from wire.status import Heartbeat, now_ms
 
 POISON_TOKEN = 77  # the token id RADIXQ_FAULT's raise-on-token rule reacts to
 LOAD_TIMEOUT_S = 240  # an engine worker loads in ~10 s alone on 2 cores; more beside others

@@ -21,9 +21,7 @@ from typing import Any
 
 import redis
 
-from producer.keys import QueueKeys
 from producer.local_redis import LocalRedis
-from producer.status import Heartbeat, decode_heartbeat
 from tests.integration.procs import (
     REPO_ROOT,
     cmdline,
@@ -35,6 +33,8 @@ from tests.integration.procs import (
     still_running,
     subprocess_env,
 )
+from wire.keys import QueueKeys
+from wire.status import Heartbeat, decode_heartbeat
 
 KEYS = QueueKeys()
 SWEEP_EVERY_S = 0.5
@@ -110,7 +110,7 @@ class Lab:
         """A radixq command in the background, its output in ``label``.log."""
         with open(self.dir / f"{label}.log", "ab") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "worker.cli", *map(str, args)],
+                [sys.executable, "-m", "radixq", *map(str, args)],
                 cwd=REPO_ROOT,
                 env=subprocess_env(**(env or {})),
                 stdin=subprocess.DEVNULL,

@@ -15,9 +15,9 @@ import msgspec
 import pytest
 import redis
 
-from producer.keys import QueueKeys
-from producer.status import DEAD_AFTER_BEATS, Heartbeat, now_ms
 from tests.integration.procs import FAKE_GENERATOR, REPO_ROOT, subprocess_env
+from wire.keys import QueueKeys
+from wire.status import DEAD_AFTER_BEATS, Heartbeat, now_ms
 
 pytestmark = pytest.mark.integration
 
@@ -47,7 +47,7 @@ def test_healthy_while_the_worker_heartbeats_unhealthy_once_it_stops(redis_url: 
     # No --name: the worker calls itself <hostname>-<pid>, as it does in a container.
     with open(tmp_path / "worker.log", "wb") as log:
         worker = subprocess.Popen(
-            [sys.executable, "-m", "worker.cli", "worker", "--backend", FAKE_GENERATOR],
+            [sys.executable, "-m", "radixq", "worker", "--backend", FAKE_GENERATOR],
             cwd=REPO_ROOT,
             env=subprocess_env(RADIXQ_REDIS_URL=redis_url),
             stdin=subprocess.DEVNULL,

@@ -1,6 +1,6 @@
 """The real engine worker (a tiny random Llama on CPU) behind a real redis-server, under faults:
 signals, kill -9, a slow engine and a job that crashes the engine. Faults are injected into the
-scheduler process with RADIXQ_FAULT (worker/scheduler/faults.py); expected tokens come from
+scheduler process with RADIXQ_FAULT (worker/engine/faults.py); expected tokens come from
 transformers."""
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ import pytest
 
 from producer.client import Client
 from producer.collector import Collector
-from producer.keys import QueueKeys
-from producer.schema import Job, SamplingParams
-from producer.status import Heartbeat, decode_heartbeat
 from tests.integration.procs import children, is_alive, radixq, start_engine_worker
 from tests.model_fixtures import hf_from_dir, hf_greedy, tiny_hf_model
+from wire.keys import QueueKeys
+from wire.schema import Job, SamplingParams
+from wire.status import Heartbeat, decode_heartbeat
 
 pytestmark = pytest.mark.integration
 
@@ -50,7 +50,7 @@ def registered(client: Client) -> bool:
 
 
 def scheduler_of(worker: subprocess.Popen[bytes]) -> int:
-    (pid,) = children(worker.pid, "worker.scheduler.main")
+    (pid,) = children(worker.pid, "worker.frontend.scheduler_main")
     return pid
 
 
@@ -100,7 +100,7 @@ def test_kill_9_of_the_worker_takes_its_scheduler_along(
 
 def socket_dirs_of(pid: int) -> list[Path]:
     """The scheduler socket folders whose owner file names ``pid`` (worker.frontend.process)."""
-    from producer.local_redis import OWNER_FILE
+    from wire.owned_dirs import OWNER_FILE
     from worker.frontend.process import SOCKET_DIR_PREFIX
 
     found = []

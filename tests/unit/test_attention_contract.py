@@ -7,9 +7,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from worker.attention.base import AttentionBackend, BatchLayout
+from worker.attention.base import AttentionBackend
 from worker.attention.registry import create_backend
-from worker.engine.kv_pool import KVPool
+from worker.forward import BatchLayout
+from worker.kvcache.pool import KVPool
 
 
 class _EagerOnly(AttentionBackend):

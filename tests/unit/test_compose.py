@@ -199,9 +199,9 @@ def test_durations_are_go_durations(tmp_path: Path) -> None:
 
 def radixq_commands() -> dict[str, Any]:
     """The radixq CLI's commands, as the console script (ENTRYPOINT radixq) registers them."""
-    import worker.cli
+    import radixq.cli
 
-    return typer.main.get_command(worker.cli.build_app()).commands  # type: ignore[attr-defined]
+    return typer.main.get_command(radixq.cli.build_app()).commands  # type: ignore[attr-defined]
 
 
 def copied_paths(dockerfile: Path) -> dict[str, Path]:
@@ -266,7 +266,7 @@ def test_healthcheck_script_imports_only_what_the_images_install() -> None:
         elif isinstance(node, ast.ImportFrom) and node.module:
             top_level.add(node.module.split(".")[0])
     third_party = top_level - set(sys.stdlib_module_names) - {"__future__"}
-    assert third_party == {"redis", "producer"}  # a project dependency and the project itself
+    assert third_party == {"redis", "producer", "wire"}  # a project dependency and the project itself
 
 
 def test_docker_folder_ignores_the_generated_file() -> None:

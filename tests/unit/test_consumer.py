@@ -9,12 +9,12 @@ import time
 import msgspec
 import pytest
 
-from producer.schema import Job, Result, SamplingParams, encode_job
 from tests.fake_generator import FakeGenerator, fake_text, fake_token_ids
 from tests.unit.queue_worlds import MemoryWorld, World, config_for, make_world, step_until
+from wire.schema import Job, Result, SamplingParams, encode_job
+from worker.frontend.contract import ENGINE_CRASH
 from worker.queue.config import ConsumerConfig
 from worker.queue.consumer import Consumer
-from worker.queue.generator import ENGINE_CRASH
 from worker.queue.jobqueue import Completion
 from worker.queue.outbox import Outbox
 
@@ -338,7 +338,7 @@ def test_the_consumer_alone_fills_the_envelope() -> None:
     """A generator's result carries choices, usage, an error and the first token; whatever else
     it says, the written result has the job's metadata, this worker, the model named, and
     timings from enqueue through this worker's taking of the job to now."""
-    from producer.schema import Timings
+    from wire.schema import Timings
     from worker.queue.consumer import envelope
 
     job = Job(id="e", prompt="x", metadata={"row": 7}, enqueued_at_ms=100)

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from tests.model_fixtures import smollm2_dir  # noqa: F401  (fixture)
-from worker.attention.base import BatchLayout
 from worker.attention.torch_ref import TorchRefBackend
 from worker.engine.config import EngineConfig
-from worker.engine.kv_pool import KVPool
+from worker.forward import BatchLayout
+from worker.kvcache.pool import KVPool
 
 FP8 = torch.float8_e4m3fn
 E4M3_MAX, E4M3_MIN_NORMAL, E4M3_MANTISSA_BITS = 448.0, 2.0**-6, 3

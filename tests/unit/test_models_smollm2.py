@@ -10,7 +10,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from tests.model_fixtures import PagedRunner, smollm2_dir  # noqa: E402, F401  (fixture)
-from worker.models import load_model  # noqa: E402
+from worker.models.loader import load_model  # noqa: E402
 from worker.models.tokenizer import load_tokenizer, prompt_ids  # noqa: E402
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
@@ -71,7 +71,7 @@ def test_smollm2_tokenizer_helpers(smollm2_dir):  # noqa: F811
 def test_message_name_reaches_the_chat_template(smollm2_dir):  # noqa: F811
     """A message's ``name`` (OpenAI's) is handed to the chat template; without one the template
     sees no ``name`` key. The expected text is written out here, independently of the template."""
-    from producer.schema import ChatMessage
+    from wire.schema import ChatMessage
 
     tokenizer = load_tokenizer(str(smollm2_dir))
     tokenizer.chat_template = (

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 import typer
 
-from worker.cli import build_app, worker_flags
+from radixq.cli import build_app
+from worker.cli import worker_flags
 from worker.config import ConfigError, Setting, load_worker_config, settings
 from worker.options import spec_of
 
@@ -111,15 +112,15 @@ def test_a_value_reaches_its_setting_from_the_file_the_environment_and_the_flag(
 
 
 def test_a_value_outside_the_owners_choices_is_refused_naming_them() -> None:
-    with pytest.raises(ConfigError, match=r"\[engine\] schedule_policy .*must be 'lpm' or 'fcfs'"):
-        load_worker_config(None, {"RADIXQ_SCHEDULE_POLICY": "random"}, {})
+    with pytest.raises(ConfigError, match=r"\[engine\] cache .*must be 'radix' or 'naive'"):
+        load_worker_config(None, {"RADIXQ_CACHE": "random"}, {})
 
 
 def test_the_name_lists_import_no_torch() -> None:
     import subprocess
 
     code = (
-        "import sys, worker.config, worker.attention.names, worker.cache.names, worker.models.names, "
+        "import sys, worker.config, worker.attention.names, worker.kvcache.names, worker.models.names, "
         "worker.scheduler.names; assert 'torch' not in sys.modules, 'torch loaded'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])

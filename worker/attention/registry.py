@@ -12,7 +12,7 @@ from worker.lazy import load_callable
 
 if TYPE_CHECKING:
     from worker.attention.base import AttentionBackend
-    from worker.engine.kv_pool import KVPool
+    from worker.kvcache.pool import KVPool
     from worker.models.config import ModelConfig
 
 

@@ -6,8 +6,9 @@ from dataclasses import dataclass
 
 import torch
 
-from worker.attention.base import AttentionBackend, BatchLayout
-from worker.engine.kv_pool import KVPool
+from worker.attention.base import AttentionBackend
+from worker.forward import BatchLayout
+from worker.kvcache.pool import KVPool
 
 
 @dataclass(frozen=True)

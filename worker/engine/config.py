@@ -9,12 +9,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from worker.attention.names import ATTENTION_CHOICES, DECODE_KERNELS
-from worker.cache.names import KV_CACHE_DTYPES, KV_SCALES, PREFIX_CACHES
+from worker.kvcache.names import KV_CACHE_DTYPES, KV_SCALES, PREFIX_CACHES
 from worker.models.names import DTYPES, LOAD_FORMATS, QUANTIZATIONS
+from worker.models.registry import DEFAULT_MODEL
 from worker.options import check_options, option
-from worker.scheduler.names import SCHEDULE_POLICIES
-
-DEFAULT_MODEL = "smollm2-135m"  # the bundled model's alias (worker.models.registry)
 
 _AT_LEAST_1 = (lambda n: n >= 1, "must be >= 1")
 
@@ -81,7 +79,6 @@ class EngineConfig:
         "lpm",
         "`lpm`: waiting requests whose prefix is cached first, siblings together (age-bounded); "
         "`fcfs`: arrival order",
-        choices=SCHEDULE_POLICIES,
     )
     overlap: bool = option(True, "overlap scheduling (false: plain loop, for debugging)")
     mixed_batches: bool = option(
@@ -145,7 +142,7 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         if self.fault:
-            from worker.scheduler.faults import Fault
+            from worker.engine.faults import Fault
 
             Fault.parse(self.fault)  # raises ValueError naming the rule
         check_options(self)

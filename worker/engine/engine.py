@@ -10,10 +10,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from worker.engine.config import EngineConfig
-from worker.engine.forward import ForwardBatch, ForwardOutput
-from worker.engine.input import ForwardInput
-from worker.engine.kv_pool import KVPool, cache_dtype_of
 from worker.engine.logprobs import pack_with_tokens, raw_logprobs, unpack
+from worker.forward import ForwardBatch, ForwardInput, ForwardOutput
+from worker.kvcache.pool import KVPool, cache_dtype_of
 
 if TYPE_CHECKING:
     from worker.engine.graph import GraphRunner
@@ -42,8 +41,7 @@ class Engine:
     def __init__(self, config: EngineConfig) -> None:
         from worker.attention.registry import create_backend
         from worker.engine.sampler import Sampler
-        from worker.models import load_model
-        from worker.models.loader import resolve_dtype
+        from worker.models.loader import load_model, resolve_dtype
 
         config = config.resolved()
         self.config = config

@@ -1,6 +1,6 @@
 """One scheduler process and the channel to it (the front end starts a new one after a crash).
 
-The process runs ``python -m worker.scheduler.main`` in a session of its own (a Ctrl-C meant
+The process runs ``python -m worker.frontend.scheduler_main`` in a session of its own (a Ctrl-C meant
 for the worker does not reach it: the worker drains first, then stops it) with SIGKILL as its
 parent-death signal (it never outlives the worker, ``kill -9`` included). Each incarnation
 gets fresh sockets, so nothing sent to a dead one can reach the next.
@@ -18,8 +18,8 @@ import sys
 import time
 from pathlib import Path
 
-from producer.lifetime import start_child
-from producer.local_redis import owned_dir, remove_stale_dirs
+from wire.lifetime import start_child
+from wire.owned_dirs import owned_dir, remove_stale_dirs
 from worker.engine.config import EngineConfig
 from worker.engine.threads import openmp_env
 from worker.frontend.channel import FrontendChannel, PeerGone
@@ -56,7 +56,7 @@ class SchedulerProcess:
         self.failure: SchedulerFailed | None = None
         self.started_at = time.monotonic()
         # NOTE: a worker killed with -9 cannot remove its folder: the next one to start does
-        remove_stale_dirs(prefix=SOCKET_DIR_PREFIX)
+        remove_stale_dirs(SOCKET_DIR_PREFIX)
         self._socket_dir = str(owned_dir(SOCKET_DIR_PREFIX))
         self._channel = FrontendChannel(self._socket_dir)
         env = dict(os.environ)
@@ -67,7 +67,7 @@ class SchedulerProcess:
         args = [
             sys.executable,
             "-m",
-            "worker.scheduler.main",
+            "worker.frontend.scheduler_main",
             self._channel.inbound_addr,
             self._channel.outbound_addr,
             json.dumps(dataclasses.asdict(config)),

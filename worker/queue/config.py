@@ -7,7 +7,7 @@ import os
 import socket
 from dataclasses import dataclass, field
 
-from producer.keys import DEFAULT_QUEUE
+from wire.keys import DEFAULT_QUEUE
 from worker.options import check_options, option
 from worker.queue.routing import STEAL_AFTER_S
 

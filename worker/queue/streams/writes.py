@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import redis
 
-from producer.keys import (
+from wire.keys import (
     FIELD_ATTEMPTS,
     FIELD_ENTRY,
     FIELD_EPOCH,
@@ -29,7 +29,7 @@ from producer.keys import (
     META_EPOCH,
     QueueKeys,
 )
-from producer.routing import split_id
+from wire.routing import split_id
 from worker.queue.jobqueue import Release, Write, of_epoch
 
 T = TypeVar("T", Write, Release)

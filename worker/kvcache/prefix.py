@@ -7,7 +7,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from worker.cache.names import PREFIX_CACHES
+from worker.kvcache.names import PREFIX_CACHES
 from worker.lazy import load_callable
 
 

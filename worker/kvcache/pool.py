@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from worker.cache.names import KV_CACHE_DTYPES
-from worker.engine.lazy_zeros import lazy_zeros
+from worker.kvcache.lazy_zeros import lazy_zeros
+from worker.kvcache.names import KV_CACHE_DTYPES
 
 FP8_E4M3_MAX = 448.0  # the largest finite float8_e4m3fn value
 # Calibrated scales map the largest |k| or |v| seen at load to FP8_E4M3_MAX / HEADROOM, so

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 # name -> "module:class"; the class is built with the page size (worker.lazy's registry style).
 PREFIX_CACHES: dict[str, str] = {
-    "radix": "worker.cache.radix:RadixCache",
-    "naive": "worker.cache.naive:NaiveCache",
+    "radix": "worker.kvcache.radix:RadixCache",
+    "naive": "worker.kvcache.naive:NaiveCache",
 }
-KV_CACHE_DTYPES = ("auto", "fp8_e4m3")  # "auto": the model's dtype (worker.engine.kv_pool)
+KV_CACHE_DTYPES = ("auto", "fp8_e4m3")  # "auto": the model's dtype (worker.kvcache.pool)
 KV_SCALES = ("calibrated", "unit")  # FP8 KV scales: per layer at load (worker.engine.kv_calibration), or 1.0
