@@ -23,8 +23,7 @@ import sys
 
 import redis
 
-from producer.cli import DEFAULT_REDIS_URL
-from wire.keys import DEFAULT_QUEUE, QueueKeys
+from wire.keys import DEFAULT_QUEUE, DEFAULT_REDIS_URL, QueueKeys
 from wire.redis_errors import describe
 from wire.status import DEAD_AFTER_BEATS, Heartbeat, decode_heartbeat, now_ms
 

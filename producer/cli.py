@@ -17,6 +17,8 @@ import typer
 
 from wire import exits
 from wire.exits import fail
+from wire.keys import DEFAULT_QUEUE, DEFAULT_REDIS_URL
+from wire.routing import MAX_PARTITIONS
 
 if TYPE_CHECKING:
     from producer.client import Client
@@ -24,8 +26,6 @@ if TYPE_CHECKING:
     from producer.jsonl import InputFile
     from wire.schema import Job, Result
     from wire.status import ConsumerStatus, Heartbeat
-
-DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 
 app = typer.Typer(
     name="radixq",
@@ -46,7 +46,15 @@ RedisUrlOption = Annotated[
         help=f"Redis URL (env RADIXQ_REDIS_URL or REDIS_URL; default {DEFAULT_REDIS_URL}).",
     ),
 ]
-
+PartitionsOption = Annotated[
+    int,
+    typer.Option(
+        "--partitions",
+        min=1,
+        max=MAX_PARTITIONS,
+        help="Partition streams of a new queue: jobs sharing a prefix go to one worker (README Routing).",
+    ),
+]
 
 RetryTimeoutOption = Annotated[
     float,
@@ -271,18 +279,10 @@ def open_client(url: str, queue: str, **options: Any) -> Client:
 @app.command()
 def enqueue(
     input_path: InputArgument,
-    queue: QueueOption = "default",
+    queue: QueueOption = DEFAULT_QUEUE,
     redis_url: RedisUrlOption = None,
     retry_timeout_s: RetryTimeoutOption = 60.0,
-    partitions: Annotated[
-        int,
-        typer.Option(
-            "--partitions",
-            min=1,
-            max=1024,
-            help="Partition streams of a new queue: jobs sharing a prefix go to one worker (README Routing).",
-        ),
-    ] = 1,
+    partitions: PartitionsOption = 1,
     prefix_chars: Annotated[
         int,
         typer.Option(
@@ -415,7 +415,7 @@ def collect(
             "a path or a URL (s3://, gs://, https:// with PUT).",
         ),
     ],
-    queue: QueueOption = "default",
+    queue: QueueOption = DEFAULT_QUEUE,
     redis_url: RedisUrlOption = None,
     wait: Annotated[
         bool, typer.Option("--wait/--no-wait", help="Wait until every enqueued job has a result.")
@@ -526,7 +526,7 @@ def collect(
 
 @app.command()
 def status(
-    queue: QueueOption = "default",
+    queue: QueueOption = DEFAULT_QUEUE,
     redis_url: RedisUrlOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     prometheus: Annotated[
@@ -603,7 +603,7 @@ def describe_cache(beat: Heartbeat | None) -> str:
 
 @dlq_app.command("list")
 def dlq_list(
-    queue: QueueOption = "default",
+    queue: QueueOption = DEFAULT_QUEUE,
     redis_url: RedisUrlOption = None,
     count: Annotated[int, typer.Option("--count", "-n")] = 100,
 ) -> None:
@@ -628,7 +628,7 @@ def dlq_list(
 @dlq_app.command("requeue")
 def dlq_requeue(
     job_ids: Annotated[list[str] | None, typer.Argument(help="Job ids to requeue (default: all).")] = None,
-    queue: QueueOption = "default",
+    queue: QueueOption = DEFAULT_QUEUE,
     redis_url: RedisUrlOption = None,
     retry_timeout_s: RetryTimeoutOption = 60.0,
 ) -> None:

@@ -32,13 +32,13 @@ import msgspec
 from producer import openai_batch
 from wire.nesting import json_outline
 from wire.schema import (
-    MAX_ID_CHARS,
     MAX_JOB_BYTES,
     Choice,
     Job,
     JobError,
     Result,
     SamplingParams,
+    bounded_id,
     encode_job,
     error_result,
     nesting_error,
@@ -135,7 +135,7 @@ class InputFile:
         else an id derived from its position and reason (``unnamed``: derived in any case, an
         OpenAI line whose custom_id could not be read). Returns it."""
         own_id = (
-            not unnamed and job_id is not None and _bounded_id(job_id) is not None and job_id not in self._first_row_of
+            not unnamed and job_id is not None and bounded_id(job_id) is not None and job_id not in self._first_row_of
         )
         if not own_id:
             job_id = derive_id(reason, line_no)
@@ -244,10 +244,6 @@ def _native_fields(raw: dict[str, Any]) -> dict[str, Any]:
 
 def _str_or_none(value: Any) -> str | None:
     return value if isinstance(value, str) else None
-
-
-def _bounded_id(value: Any) -> str | None:
-    return value if isinstance(value, str) and 0 < len(value) <= MAX_ID_CHARS else None
 
 
 def read_jobs(path: str | Path) -> InputFile:

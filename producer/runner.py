@@ -42,6 +42,7 @@ from producer.rewrite import put_in_order, split_errors
 from producer.tables import is_parquet, rows_path, write_parquet
 from producer.worker_pool import GRACE_S, Readiness, WorkerPool, relay_output
 from wire import exits
+from wire.keys import DEFAULT_QUEUE
 from wire.lifetime import start_child
 from wire.redis_errors import FatalRedisError, describe, redact
 from wire.schema import Job, Result
@@ -56,7 +57,7 @@ class RunOptions:
     # How to start one `radixq worker` (the composition root, radixq.cli, says): the queue,
     # name and worker_args are appended
     worker_command: list[str]
-    queue: str = "default"
+    queue: str = DEFAULT_QUEUE
     redis_url: str | None = None  # None: a private Redis for this run
     num_workers: int = 1
     worker_args: list[str] = field(default_factory=list)  # passed to each `radixq worker`

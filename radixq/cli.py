@@ -20,6 +20,7 @@ from producer.cli import (
     IdColumnOption,
     InputArgument,
     MessagesColumnOption,
+    PartitionsOption,
     ProgressIntervalOption,
     PromptColumnOption,
     QueueOption,
@@ -33,7 +34,17 @@ from producer.cli import (
     staged,
 )
 from wire.exits import fail
-from worker.cli import ConfigOption, DeviceOption, GeneratorOption, ModelOption, ServedModelOption, worker
+from wire.keys import DEFAULT_QUEUE
+from worker.cli import (
+    BackendOption,
+    ConfigOption,
+    DeviceOption,
+    GeneratorOption,
+    ModelOption,
+    ServedModelOption,
+    generator_of,
+    worker_command,
+)
 
 # How run starts a worker: this root's own ``worker`` command, in a fresh interpreter.
 WORKER_COMMAND = [sys.executable, "-m", "radixq", "worker"]
@@ -63,11 +74,12 @@ def run(
     ],
     model: ModelOption = None,
     workers: Annotated[int, typer.Option("--workers", "-w", min=1, help="Worker processes.")] = 1,
-    queue: QueueOption = "default",
+    queue: QueueOption = DEFAULT_QUEUE,
     redis_url: RedisUrlOption = None,
     device: DeviceOption = None,
     config: ConfigOption = None,
     generator: GeneratorOption = None,
+    backend: BackendOption = None,
     timeout_s: Annotated[
         float | None, typer.Option("--timeout", help="Give up after this many seconds.")
     ] = None,
@@ -83,12 +95,7 @@ def run(
             help="Worker i serves Prometheus /metrics on this port + i (0: none).",
         ),
     ] = 0,
-    partitions: Annotated[
-        int,
-        typer.Option(
-            "--partitions", min=1, max=1024, help="Partition streams of a new queue (README Routing)."
-        ),
-    ] = 1,
+    partitions: PartitionsOption = 1,
     prompt_column: PromptColumnOption = None,
     messages_column: MessagesColumnOption = None,
     id_column: IdColumnOption = None,
@@ -112,8 +119,12 @@ def run(
     from producer.runner import RunError, RunOptions, run_file, worker_env
     from wire import exits
     from wire.redis_errors import check_url
+    from worker.config import deprecation_warnings
     from worker.preflight import PreflightError, check_run
 
+    generator = generator_of(generator, backend)
+    for line in deprecation_warnings(os.environ):
+        typer.echo(line, err=True)
     if redis_url is not None:
         try:
             check_url(redis_url)
@@ -224,7 +235,7 @@ def _cpu_threads_args(workers: int, config: Path | None) -> list[str]:
 def build_app() -> typer.Typer:
     """producer.cli's app with the worker-side commands added (once)."""
     if not any(info.name == "worker" for info in app.registered_commands):
-        app.command("worker")(worker)
+        app.command("worker")(worker_command())
         app.command("run")(run)
     return app
 

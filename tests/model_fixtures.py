@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
@@ -17,6 +18,9 @@ from worker.attention.torch_ref import TorchRefBackend
 from worker.forward import BatchLayout, ForwardBatch
 from worker.kvcache.pool import KVPool
 from worker.models.loader import LoadedModel
+
+if TYPE_CHECKING:
+    from worker.engine.grammar import Grammars
 
 TINY_SHAPE = dict(
     vocab_size=256,
@@ -213,3 +217,13 @@ class PagedRunner:
                 outputs[s].append(next_ids[s])
                 pending[s] = [next_ids[s]]
         return outputs
+
+
+def load_grammars(model_path: str, vocab_size: int, stop_token_ids: list[int]) -> Grammars | None:
+    """The grammar engine (compiling on this thread) for the model directory's tokenizer;
+    None when it has none (the engine compiles in its child process: worker.engine.grammar_compiler)."""
+    from worker.engine.grammar import Grammars
+    from worker.models.tokenizer import load_tokenizer_or_none
+
+    tokenizer = load_tokenizer_or_none(model_path)
+    return None if tokenizer is None else Grammars.from_tokenizer(tokenizer, vocab_size, stop_token_ids)

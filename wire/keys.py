@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 PREFIX = "radixq"
 DEFAULT_QUEUE = "default"
+DEFAULT_REDIS_URL = "redis://localhost:6379/0"  # where a client or worker looks when no URL is given
 GROUP = "workers"
 
 

@@ -371,7 +371,7 @@ def nesting_error(outline: Outline) -> JobError:
     """The error for a payload nested too deeply to decode: names its most deeply nested
     top-level field, and the job when its id (``id`` or ``custom_id``) was readable."""
     field = max(outline, key=lambda key: outline[key][0], default="payload")
-    ids = [_bounded_id(outline[key][1]) for key in ("id", "custom_id") if key in outline]
+    ids = [bounded_id(outline[key][1]) for key in ("id", "custom_id") if key in outline]
     job_id = next((job_id for job_id in ids if job_id is not None), None)
     return JobError(field, None, f"nested more than {MAX_METADATA_DEPTH} levels deep", job_id)
 
@@ -407,8 +407,9 @@ def _peek_id(data: bytes) -> str | None:
         value = msgpack_outline(data).get("id", (0, None))[1]
     except Exception:
         return None
-    return _bounded_id(value)
+    return bounded_id(value)
 
 
-def _bounded_id(value: Any) -> str | None:
+def bounded_id(value: Any) -> str | None:
+    """``value`` when it can be a job id (a string of 1 to MAX_ID_CHARS characters), else None."""
     return value if isinstance(value, str) and 0 < len(value) <= MAX_ID_CHARS else None

@@ -7,95 +7,128 @@ when a worker starts.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import signal
 import sys
+import typing
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from wire.exits import fail
 
-ModelOption = Annotated[
-    str | None, typer.Option("--model", "-m", help="Model: alias, directory, .gguf file or hub id.")
-]
-DeviceOption = Annotated[str | None, typer.Option("--device", help="auto | cpu | cuda.")]
+if TYPE_CHECKING:
+    from worker.config import Setting
+
 ConfigOption = Annotated[
     Path | None, typer.Option("--config", help="Worker TOML file: \\[worker], \\[queue], \\[engine] tables.")
 ]
-ServedModelOption = Annotated[
-    list[str] | None,
+BackendOption = Annotated[
+    str | None, typer.Option("--backend", hidden=True, help="Deprecated: the older name of --generator.")
+]
+
+
+def setting_option(dotted: str) -> Any:
+    """The typer option of the setting ``dotted`` (worker.config.settings): its flags and help."""
+    from worker.config import settings
+
+    (setting,) = [s for s in settings() if s.dotted == dotted]
+    return _option(setting)
+
+
+def _option(setting: Setting) -> Any:
+    flags = setting.flags
+    if setting.type is bool and len(flags) == 1 and "/" not in flags[0]:
+        flags = (f"{flags[0]}/--no-{flags[0].removeprefix('--')}",)
+    help_text = setting.spec.help.replace("[", "\\[")
+    if setting.spec.repeat:
+        help_text += " (repeat the flag for several)"
+    if setting.spec.choices:
+        help_text += f" [one of: {', '.join(setting.spec.choices)}]".replace("[", "\\[")
+    return typer.Option(*flags, help=help_text, show_default=False)
+
+
+def _flag_type(setting: Setting) -> Any:
+    """What its flag parses: the field's type without None (None is "not given"), a list when
+    the flag repeats."""
+    if setting.spec.repeat:
+        return list[str] | None
+    kinds = [t for t in typing.get_args(setting.type) if t is not type(None)] or [setting.type]
+    return kinds[0] | None
+
+
+def generator_of(generator: str | None, backend: str | None) -> str | None:
+    """--generator, or the deprecated --backend (with a warning)."""
+    if backend is None:
+        return generator
+    typer.echo(
+        "warning: --backend is deprecated: use --generator (backend names the attention backend, "
+        "[engine] attention)",
+        err=True,
+    )
+    return generator if generator is not None else backend
+
+
+GpusOption = Annotated[
+    str | None,
     typer.Option(
-        "--served-model-name",
-        help="A model name the workers answer to (repeat for several): replies name it, and a job "
-        "naming another model gets a model_not_served error (default: any name runs).",
+        "--gpus",
+        help="GPUs of this worker (sets CUDA_VISIBLE_DEVICES, e.g. 2,3); a TP group takes the first ones.",
     ),
 ]
-GeneratorOption = Annotated[
-    str | None,
-    typer.Option("--generator", "--backend", help="'engine', or a module:callable generator factory."),
-]
+ModelOption = Annotated[str | None, setting_option("engine.model")]
+DeviceOption = Annotated[str | None, setting_option("engine.device")]
+ServedModelOption = Annotated[list[str] | None, setting_option("worker.served_model_names")]
+GeneratorOption = Annotated[str | None, setting_option("worker.generator")]
 
 
-def worker(
-    config: ConfigOption = None,
-    queue: Annotated[str | None, typer.Option("--queue", "-q", help="Queue name.")] = None,
-    redis_url: Annotated[str | None, typer.Option("--redis-url", help="Redis URL.")] = None,
-    name: Annotated[str | None, typer.Option("--name", help="Consumer name (default hostname-pid).")] = None,
-    generator: GeneratorOption = None,
-    model: ModelOption = None,
-    device: DeviceOption = None,
-    min_idle_s: Annotated[
-        float | None, typer.Option("--min-idle-s", help="Reclaim entries idle this long (their worker died).")
-    ] = None,
-    max_attempts: Annotated[
-        int | None,
-        typer.Option("--max-attempts", help="Deliveries (or engine crashes alone) before dead-lettering."),
-    ] = None,
-    drain_timeout_s: Annotated[
-        float | None, typer.Option("--drain-timeout-s", help="SIGTERM to exit, all of it.")
-    ] = None,
-    read_window: Annotated[
-        int | None,
-        typer.Option(
-            "--read-window", help="Most jobs held at once (0: what the engine takes, up to a fair share)."
-        ),
-    ] = None,
-    trim_jobs: Annotated[
-        bool | None,
-        typer.Option("--trim-jobs/--keep-jobs", help="Trim acknowledged entries from the jobs stream."),
-    ] = None,
-    log_level: Annotated[str | None, typer.Option("--log-level", help="DEBUG, INFO, WARNING, ERROR.")] = None,
-    metrics_port: Annotated[
-        int | None, typer.Option("--metrics-port", help="Serve Prometheus /metrics on this port (0: off).")
-    ] = None,
-    connect_timeout_s: Annotated[
-        float | None,
-        typer.Option("--connect-timeout-s", help="At start-up, wait this long for Redis before exiting 2."),
-    ] = None,
-    served_model_name: ServedModelOption = None,
-    cpu_threads: Annotated[
-        int | None,
-        typer.Option(
-            "--cpu-threads", min=0, help="Torch threads of a CPU engine (0: every core it may use)."
-        ),
-    ] = None,
-    tensor_parallel_size: Annotated[
-        int | None,
-        typer.Option(
-            "--tensor-parallel-size", "--tp", min=1, help="Processes (GPUs) the model is split over."
-        ),
-    ] = None,
-    gpus: Annotated[
-        str | None,
-        typer.Option(
-            "--gpus",
-            help="GPUs of this worker (sets CUDA_VISIBLE_DEVICES, e.g. 2,3); a TP group takes the first ones.",
-        ),
-    ] = None,
-) -> None:
+def worker_command() -> Callable[..., None]:
+    """The ``worker`` command: ``--config`` and one flag per setting (worker.config.settings),
+    each None unless given."""
+    from worker.config import settings
+
+    known = settings()
+    params = [
+        inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=ConfigOption),
+        inspect.Parameter("backend", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=BackendOption),
+        inspect.Parameter("gpus", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=GpusOption),
+    ]
+    for s in known:
+        annotation = Annotated[_flag_type(s), _option(s)]  # type: ignore[valid-type]
+        params.append(inspect.Parameter(s.key, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=annotation))
+
+    def worker(**given: Any) -> None:
+        config, backend, gpus = given.pop("config"), given.pop("backend"), given.pop("gpus")
+        if gpus is not None:
+            os.environ["CUDA_VISIBLE_DEVICES"] = gpus  # NOTE: before torch is imported; children inherit it
+        flags = worker_flags(given)
+        flags["worker.generator"] = generator_of(flags["worker.generator"], backend)
+        run_worker(config, flags)
+
+    worker.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    worker.__doc__ = run_worker.__doc__
+    return worker
+
+
+def worker_flags(given: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings (dotted keys, as load_worker_config takes them) of the ``worker`` command's
+    parsed flags ``given`` (by parameter name; None: not given)."""
+    from worker.config import settings
+
+    flags: dict[str, Any] = {}
+    for s in settings():
+        value = given.get(s.key)
+        if s.spec.repeat:
+            value = ",".join(value) if value else None
+        flags[s.dotted] = value
+    return flags
+
+
+def run_worker(config: Path | None, flags: dict[str, Any]) -> None:
     """Consume jobs until SIGINT/SIGTERM, then drain (within the drain timeout) and exit 0.
 
     Settings come from --config's \\[worker], \\[queue] and \\[engine] tables, then RADIXQ_*
@@ -108,7 +141,7 @@ def worker(
     from wire.redis_errors import describe
     from wire.retry import RedisUnavailable
     from wire.streams import connect
-    from worker.config import ConfigError, load_worker_config
+    from worker.config import ConfigError, deprecation_warnings, load_worker_config
     from worker.frontend.contract import GeneratorUnavailable
     from worker.preflight import PreflightError, check_model, wait_for_redis
     from worker.queue.consumer import Consumer
@@ -116,38 +149,12 @@ def worker(
     from worker.queue.jobqueue import QueueRefused
     from worker.queue.streams import RedisJobQueue
 
-    flags = {
-        "worker.queue": queue,
-        "worker.redis_url": redis_url,
-        "worker.name": name,
-        "worker.generator": generator,
-        "worker.log_level": log_level,
-        "worker.metrics_port": metrics_port,
-        "worker.connect_timeout_s": connect_timeout_s,
-        "worker.served_model_names": ",".join(served_model_name) if served_model_name else None,
-        "engine.model": model,
-        "engine.device": device,
-        "engine.cpu_threads": cpu_threads,
-        "engine.tensor_parallel_size": tensor_parallel_size,
-        "queue.min_idle_s": min_idle_s,
-        "queue.max_attempts": max_attempts,
-        "queue.drain_timeout_s": drain_timeout_s,
-        "queue.read_window": read_window,
-        "queue.trim_jobs": trim_jobs,
-    }
-    if gpus is not None:
-        os.environ["CUDA_VISIBLE_DEVICES"] = gpus  # NOTE: before torch is imported; children inherit it
+    for line in deprecation_warnings(os.environ):
+        typer.echo(line, err=True)
     try:
         settings = load_worker_config(config, os.environ, flags)
     except ConfigError as exc:
         fail(str(exc), exits.USAGE)
-    group_gpus = [g for g in (gpus or "").split(",") if g.strip()]
-    if group_gpus and settings.engine.tensor_parallel_size > len(group_gpus):
-        fail(
-            f"--gpus {gpus} names {len(group_gpus)} GPUs for tensor_parallel_size="
-            f"{settings.engine.tensor_parallel_size}",
-            exits.USAGE,
-        )
     logging.basicConfig(
         level=settings.worker.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

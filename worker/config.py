@@ -10,15 +10,18 @@ A CPU worker gets CPU-sized engine limits (``CPU_DEFAULTS``) for the settings no
 ``load_worker_config`` applies them when the device is ``cpu``, and ``for_device`` once an
 ``auto`` device is resolved to cpu (the worker does that before it starts the engine).
 
-Every setting has the environment variable ``RADIXQ_`` + its key in capitals (a few also
-answer to an older name: see ``_ALSO_FROM``); this module is the only place that reads them.
-``settings_table()`` renders the README's table of every setting from the same definitions.
+Each setting is declared once, as a field of its table's dataclass (worker.options: type,
+default, choices, check, help). Every setting has the environment variable ``RADIXQ_`` + its
+key in capitals (a few also answer to another name, declared with the field); this module is
+the only place that reads them. ``settings_table()`` renders the README's table of every
+setting, and worker.cli the flags of ``radixq worker``, from the same declarations.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import sys
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,12 +34,10 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from wire.keys import DEFAULT_QUEUE
+from wire.keys import DEFAULT_QUEUE, DEFAULT_REDIS_URL
 from worker.engine.config import EngineConfig
-from worker.models.registry import DEFAULT_MODEL
+from worker.options import Spec, check_options, option, spec_of
 from worker.queue.config import ConsumerConfig, default_worker_name
-
-DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 
 
 class ConfigError(ValueError):
@@ -47,20 +48,36 @@ class ConfigError(ValueError):
 class WorkerSection:
     """The ``[worker]`` table."""
 
-    queue: str = DEFAULT_QUEUE
-    redis_url: str = DEFAULT_REDIS_URL
-    name: str = ""  # "": hostname-pid
-    generator: str = "engine"
-    log_level: str = "INFO"
-    served_model_names: str = ""  # comma-separated; "": any model name a job gives is run
-    metrics_port: int = 0  # 0: no /metrics
-    connect_timeout_s: float = 30.0  # at start-up: how long to wait for Redis to answer
+    queue: str = option(DEFAULT_QUEUE, "queue to consume", flags=("--queue", "-q"))
+    redis_url: str = option(DEFAULT_REDIS_URL, "Redis to use (`rediss://` for TLS)", env=("REDIS_URL",))
+    name: str = option("", "consumer name (default: hostname-pid)")
+    generator: str = option(
+        "engine", "`engine`, or a `module:callable` generator factory", deprecated_env=("RADIXQ_BACKEND",)
+    )
+    log_level: str = option(
+        "INFO", "DEBUG, INFO, WARNING, ERROR (DEBUG also shows model loading's progress bars)"
+    )
+    served_model_names: str = option(
+        "",
+        "model names this worker answers to, comma-separated; a job naming another gets a `model_not_served` "
+        "error (empty: any name runs on the worker's model)",
+        flags=("--served-model-name",),
+        repeat=True,
+    )
+    metrics_port: int = option(
+        0,
+        "serve Prometheus `/metrics` on this port (0: off)",
+        check=(lambda n: 0 <= n <= 65535, "must be a port in [1, 65535], or 0 for none"),
+    )
+    connect_timeout_s: float = option(
+        30.0,
+        "at start-up, how long to wait for Redis to answer before exiting with code 2 (before the model "
+        "loads; once reached, later outages are waited out)",
+        check=(lambda x: x >= 0, "must be >= 0"),
+    )
 
     def __post_init__(self) -> None:
-        if not 0 <= self.metrics_port <= 65535:
-            raise ValueError(f"metrics_port={self.metrics_port}: must be a port in [1, 65535], or 0 for none")
-        if not self.connect_timeout_s >= 0:
-            raise ValueError(f"connect_timeout_s={self.connect_timeout_s}: must be >= 0")
+        check_options(self)
         from wire.redis_errors import check_url
 
         try:
@@ -98,39 +115,18 @@ class WorkerConfig:
         return dataclasses.replace(self, engine=engine)
 
 
-HELP: dict[str, str] = {
-    "worker.queue": "queue to consume",
-    "worker.redis_url": "Redis to use (`rediss://` for TLS)",
-    "worker.name": "consumer name (default: hostname-pid)",
-    "worker.generator": "`engine`, or a `module:callable` generator factory",
-    "worker.log_level": "DEBUG, INFO, WARNING, ERROR (DEBUG also shows model loading's progress bars)",
-    "worker.served_model_names": "model names this worker answers to, comma-separated; a job naming another gets a `model_not_served` error (empty: any name runs on the worker's model)",
-    "worker.metrics_port": "serve Prometheus `/metrics` on this port (0: off)",
-    "worker.connect_timeout_s": "at start-up, how long to wait for Redis to answer before exiting with code 2 (before the model loads; once reached, later outages are waited out)",
-    "queue.block_s": "longest wait for new entries while nothing is held",
-    "queue.poll_s": "longest wait for results while jobs are held",
-    "queue.read_batch": "most entries one read returns",
-    "queue.read_window": "most jobs held at once (0: two per running slot of the engine; never more than the engine takes, 8 per slot, nor than a fair share of the queue's jobs over the live workers)",
-    "queue.steal_after_s": "a partition's backlog must be this old before a worker that ran dry steals from it (its owner first)",
-    "queue.survey_s": "how often to read the queue's backlog and live workers (window, partition owners)",
-    "queue.min_idle_s": "an entry idle this long belongs to a dead worker and is reclaimed",
-    "queue.max_attempts": "deliveries (or crashes of the engine while run alone) before the dead-letter stream",
-    "queue.heartbeat_s": "how often the worker writes its heartbeat",
-    "queue.drain_timeout_s": "SIGTERM to exit, all of it: finishing, giving back, stopping",
-    "queue.max_backoff_s": "longest wait between tries while Redis is unavailable",
-    "queue.trim_jobs": "trim acknowledged entries from the jobs stream",
-    "queue.housekeeping_s": "how often to trim and to forget dead consumers",
-}
-_ALSO_FROM = {"worker.redis_url": ("REDIS_URL",), "worker.generator": ("RADIXQ_BACKEND",)}
 _TABLES: dict[str, type] = {"worker": WorkerSection, "queue": ConsumerConfig, "engine": EngineConfig}
-_SKIPPED = {"queue": {"queue", "name"}}  # set from [worker]
 
 
 @dataclass(frozen=True)
 class Setting:
+    """One setting of a table, as its owner's dataclass field declares it (worker.options)."""
+
     table: str
     key: str
     default: Any
+    type: Any  # the field's annotation, evaluated
+    spec: Spec
 
     @property
     def dotted(self) -> str:
@@ -138,21 +134,35 @@ class Setting:
 
     @property
     def env(self) -> tuple[str, ...]:
-        return (f"RADIXQ_{self.key.upper()}", *_ALSO_FROM.get(self.dotted, ()))
+        """The environment variables it is read from, the first found winning."""
+        return (f"RADIXQ_{self.key.upper()}", *self.spec.env, *self.spec.deprecated_env)
+
+    @property
+    def flags(self) -> tuple[str, ...]:
+        """Its flag declarations on ``radixq worker``."""
+        return self.spec.flags or (f"--{self.key.replace('_', '-')}",)
 
 
 def settings() -> list[Setting]:
     """Every setting, table by table, in the order of its dataclass."""
     found = []
     for table, cls in _TABLES.items():
+        hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
-            if f.name in _SKIPPED.get(table, ()):
-                continue
-            default = f.default if f.default is not dataclasses.MISSING else None
-            if table == "engine" and f.name == "model":
-                default = DEFAULT_MODEL
-            found.append(Setting(table, f.name, default))
+            spec = spec_of(f)
+            if spec is not None:
+                found.append(Setting(table, f.name, f.default, hints[f.name], spec))
     return found
+
+
+def deprecation_warnings(environ: Mapping[str, str]) -> list[str]:
+    """A line for each older environment variable set in ``environ`` (it still works)."""
+    lines = []
+    for s in settings():
+        for name in s.spec.deprecated_env:
+            if environ.get(name, "") != "":
+                lines.append(f"warning: {name} is deprecated: use RADIXQ_{s.key.upper()} ({s.spec.help})")
+    return lines
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:
@@ -208,7 +218,7 @@ def load_worker_config(
         "queue",
         values,
     )
-    engine = _build(EngineConfig, {"model": DEFAULT_MODEL, **tables["engine"]}, "engine", values)
+    engine = _build(EngineConfig, tables["engine"], "engine", values)
     config = WorkerConfig(section, queue, engine, frozenset(values))
     return config.for_device("cpu") if engine.device == "cpu" else config
 
@@ -233,48 +243,28 @@ def settings_table() -> str:
     """The README's table of every setting (markdown)."""
     rows = ["| setting | environment | default | meaning |", "| --- | --- | --- | --- |"]
     for s in settings():
-        default = (
-            "" if s.default is None else str(s.default).lower() if isinstance(s.default, bool) else s.default
-        )
-        env = ", ".join(f"`{name}`" for name in s.env)
-        help_text = HELP.get(s.dotted) or ENGINE_HELP.get(s.key, "")
-        rows.append(f"| `[{s.table}] {s.key}` | {env} | `{default}` | {help_text} |")
+        default = s.spec.shown_default
+        if default is None:
+            default = "" if s.default is None else str(s.default).lower() if isinstance(s.default, bool) else s.default
+        env = ", ".join(f"`{name}`" + (" (deprecated)" if name in s.spec.deprecated_env else "") for name in s.env)
+        rows.append(f"| `[{s.table}] {s.key}` | {env} | `{default}` | {s.spec.help} |")
     return "\n".join(rows)
 
 
-ENGINE_HELP: dict[str, str] = {
-    "model": "alias, HF directory, `.gguf` file, cached hub id, or config.json for dummy weights",
-    "load_format": "`auto`, `safetensors`, `gguf`, `dummy`",
-    "device": "`auto` (cuda when a GPU is there), `cpu`, `cuda`",
-    "dtype": "`auto` (bfloat16 on CUDA, float32 on CPU), `float32`, `float16`, `bfloat16`",
-    "page_size": "tokens per KV page (prefix sharing is by whole pages)",
-    "num_pages": "KV pool size; empty: from `mem_fraction` of free GPU memory, or `cpu_kv_gib` on CPU",
-    "mem_fraction": "share of free GPU memory for the KV pool",
-    "cpu_kv_gib": "KV pool size on CPU (resident only as its pages are first written)",
-    "cpu_threads": "torch threads of a CPU engine (0: every core the process may use, within a container's CPU quota); `radixq run --workers N` gives each worker cores / N unless this is a count",
-    "max_running_reqs": "requests decoding at once",
-    "max_prefill_tokens": "token budget of one prefill step (longer prompts are chunked)",
-    "max_seq_len": "context length; empty: the model's",
-    "cache": "`radix` or `naive` (no sharing)",
-    "kv_cache_dtype": "`auto` (the model's dtype) or `fp8_e4m3`: half the KV bytes, twice the tokens in memory",
-    "quantization": "`none`, or `fp8`: projection weights in e4m3 with per-channel scales, activations quantized per token, FP8 GEMMs (emulated in float32 on CPU); embeddings and LM head stay in the model dtype",
-    "kv_scales": "FP8 KV scales: `calibrated` per layer at load, or `unit` (1.0)",
-    "schedule_policy": "`lpm`: waiting requests whose prefix is cached first, siblings together (age-bounded); `fcfs`: arrival order",
-    "overlap": "overlap scheduling (false: plain loop, for debugging)",
-    "mixed_batches": "while a long prompt is chunked, its steps decode the running requests too (false: a prefill step holds prefills only)",
-    "attention": "`auto` (`flashinfer` on CUDA, else `sdpa`), `flashinfer`, `sdpa` (torch SDPA, decode rows batched), `torch` (the per-request reference)",
-    "decode_kernel": "FlashInfer decode kernel: `auto` (XQA over FP8 KV pages on Hopper, FA2 otherwise), `fa2`, `xqa`",
-    "cuda_graph": "CUDA graphs for decode batches up to `cuda_graph_max_bs`",
-    "cuda_graph_max_bs": "largest decode batch captured as a CUDA graph",
-    "cascade_attention": "shared-prefix (cascade) attention: requests sharing cached prefix pages read them once per group (decode steps with groups run without CUDA graphs)",
-    "cascade_min_saved_mib": "cascade runs in a step only when it saves at least this many MiB of KV reads per layer (0: whenever a group exists)",
-    "output_reserve_ratio": "share of remaining output reserved in the KV pool at admission",
-    "triton": "fused Triton kernels on CUDA (false: the torch paths, for ablation)",
-    "onednn": "float32 linear layers on CPU through oneDNN, about twice MKL's speed here (false: torch's default, MKL, for ablation)",
-    "cache_dir": "where converted models are cached (empty: `~/.cache/radixq/models`)",
-    "grammar_timeout_s": "seconds a job's grammar may take to compile (in a child process); a longer compile fails that job only",
-    "grammar_memory_mib": "MiB one grammar compile may add to the compiler process (its size at rest, about 400 MiB, not counted); a compile that needs more fails that job only",
-    "tensor_parallel_size": "processes (GPUs) one model is split over, one per rank on `cuda:0..N-1` of the worker's `CUDA_VISIBLE_DEVICES` (`--gpus`); rank 0 schedules, the others follow its batches; structured output is refused with N > 1. A pool of TP=1 workers gives more throughput when the model fits one GPU",
-    "step_profile": "record every scheduler step and log a summary at exit (profiling)",
-    "fault": "injected failures for the failure tests: `raise-on-token:N`, `exit-on-token:N`, `raise-on-batch:K`, `sleep-per-step:MS`",
-}
+def write_readme_table(path: str | Path) -> bool:
+    """Replace the table of settings in the README at ``path`` by ``settings_table()``; True
+    when that changed the file."""
+    text = Path(path).read_text()
+    start = text.index(settings_table().splitlines()[0])
+    end = text.find("\n\n", start)
+    end = len(text) if end < 0 else end
+    new = text[:start] + settings_table() + text[end:]
+    Path(path).write_text(new)
+    return new != text
+
+
+if __name__ == "__main__":  # python -m worker.config [README.md]: print the table, or rewrite it there
+    if len(sys.argv) > 1:
+        print("updated" if write_readme_table(sys.argv[1]) else "unchanged", sys.argv[1])
+    else:
+        print(settings_table())

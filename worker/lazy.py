@@ -21,3 +21,15 @@ def load_callable(name: str, table: Mapping[str, str], kind: str) -> Callable[..
     if factory is None or not callable(factory):
         raise ValueError(f"{kind} {name!r}: {module_name} has no callable {attr!r}")
     return factory
+
+
+def lazy_exports(package: str, exports: Mapping[str, str]) -> Callable[[str], Any]:
+    """A package's ``__getattr__`` that imports ``exports[name]`` (its module) on first use, so
+    importing one torch-free module of the package (its ``names``) loads nothing heavy."""
+
+    def __getattr__(name: str) -> Any:
+        if name not in exports:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        return getattr(importlib.import_module(exports[name]), name)
+
+    return __getattr__

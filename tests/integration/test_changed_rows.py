@@ -37,7 +37,7 @@ def rows(path: Path) -> dict[str, dict]:  # type: ignore[type-arg]
 def test_run_refuses_a_changed_prompt_then_reruns_it_on_request(tmp_path: Path) -> None:
     source, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     write(source, {"a": "one", "b": "two words", "c": "three more words"})
-    args = ["run", str(source), "-o", str(out), "--backend", FAKE_GENERATOR, "--timeout", "60"]
+    args = ["run", str(source), "-o", str(out), "--generator", FAKE_GENERATOR, "--timeout", "60"]
     assert radixq(*args).returncode == 0
     before = out.read_text()
 

@@ -77,7 +77,7 @@ def test_run_with_a_taken_metrics_port_stops_before_redis(
     source: Path, tmp_path: Path, held_port: int
 ) -> None:
     out = tmp_path / "out.jsonl"
-    args = ["run", str(source), "-o", str(out), "--backend", FAKE_GENERATOR, "--workers", "2"]
+    args = ["run", str(source), "-o", str(out), "--generator", FAKE_GENERATOR, "--workers", "2"]
     done = radixq(*args, "--metrics-port", str(held_port - 1))  # worker 1 would get held_port
     assert_stopped_first(done, f"--metrics-port {held_port}")
     free = free_port()
@@ -113,7 +113,7 @@ def test_worker_with_a_taken_metrics_port_exits_2_before_loading_the_model(
 
 def test_run_with_an_unknown_generator_stops_before_redis(source: Path, tmp_path: Path) -> None:
     done = radixq(
-        "run", str(source), "-o", str(tmp_path / "o.jsonl"), "--backend", "tests.fake_generator:nope"
+        "run", str(source), "-o", str(tmp_path / "o.jsonl"), "--generator", "tests.fake_generator:nope"
     )
     assert_stopped_first(done, "--generator", "has no callable 'nope'")
 

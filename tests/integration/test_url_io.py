@@ -189,7 +189,7 @@ def test_enqueue_and_collect_by_url(
 def test_unreadable_urls_are_one_line_errors(http_folder: tuple[str, Path], tmp_path: Path) -> None:
     base, _ = http_folder
     missing = radixq(
-        "run", f"{base}/nope.jsonl", "-o", str(tmp_path / "o.jsonl"), "--backend", FAKE_GENERATOR
+        "run", f"{base}/nope.jsonl", "-o", str(tmp_path / "o.jsonl"), "--generator", FAKE_GENERATOR
     )
     assert missing.returncode == 2
     (line,) = missing.stderr.strip().splitlines()

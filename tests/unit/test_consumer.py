@@ -331,3 +331,24 @@ def test_a_drain_does_not_give_back_jobs_of_a_lost_queue(world: World) -> None:
     for _ in range(5):
         staying.guarded(staying.step)
     assert world.results_by_id() == {}  # nothing was put back to run
+
+
+def test_the_consumer_alone_fills_the_envelope() -> None:
+    """A generator's result carries choices, usage, an error and the first token; whatever else
+    it says, the written result has the job's metadata, this worker, the model named, and
+    timings from enqueue through this worker's taking of the job to now."""
+    from wire.schema import Timings
+    from worker.queue.consumer import envelope
+
+    job = Job(id="e", prompt="x", metadata={"row": 7}, enqueued_at_ms=100)
+    claimed = Result(
+        id="e",
+        metadata={"other": 1},
+        worker="elsewhere",
+        timings=Timings(enqueued_at_ms=1, started_at_ms=2, finished_at_ms=3, first_token_at_ms=250),
+    )
+    filled = envelope(claimed, job, 200, "w1", "m")
+    assert (filled.metadata, filled.worker, filled.model) == ({"row": 7}, "w1", "m")
+    timings = filled.timings
+    assert (timings.enqueued_at_ms, timings.started_at_ms, timings.first_token_at_ms) == (100, 200, 250)
+    assert timings.finished_at_ms >= 250

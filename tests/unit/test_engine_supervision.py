@@ -15,7 +15,7 @@ from tests.model_fixtures import hf_from_dir, hf_greedy, tiny_hf_model
 from wire.schema import Job, Result, SamplingParams
 from worker.engine.config import EngineConfig
 from worker.frontend.contract import ENGINE_CRASH, GeneratorUnavailable
-from worker.frontend.generator import EngineGenerator
+from worker.frontend.engine_generator import EngineGenerator
 from worker.frontend.process import EngineStartError
 
 POISON = 77  # the token id the injected faults react to

@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.model_fixtures import hf_from_dir, hf_greedy, tiny_hf_model
 from wire.schema import Job, SamplingParams
 from worker.engine.config import EngineConfig
-from worker.frontend.generator import EngineGenerator
+from worker.frontend.engine_generator import EngineGenerator
 from worker.metrics import WorkerMetrics
 
 
@@ -34,7 +34,7 @@ def _poll_all(backend, count: int, timeout_s: float = 60) -> dict:
 
 
 def test_jobs_round_trip_and_bad_ones_fail_alone(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import worker.frontend.generator as generator_module
+    import worker.frontend.engine_generator as generator_module
 
     def build_result(job_id, *args, **kwargs):  # type: ignore[no-untyped-def]
         if job_id == "unbuildable":
@@ -60,7 +60,9 @@ def test_jobs_round_trip_and_bad_ones_fail_alone(model_dir: Path, monkeypatch: p
         assert "could not be built: UnicodeDecodeError" in unbuildable.message
         assert results["a"].choices[0].token_ids == hf_greedy(hf_from_dir(model_dir), [5, 6, 7, 8], 6)
         assert results["b"].choices[0].token_ids == hf_greedy(hf_from_dir(model_dir), [9, 10], 6)
-        assert results["a"].metadata == {"row": 1}
+        # the envelope (metadata, worker, timings but the first token) is the consumer's alone
+        assert results["a"].metadata == {} and results["a"].worker == ""
+        assert results["a"].timings.first_token_at_ms > 0 and results["a"].timings.started_at_ms == 0
         assert results["a"].usage.prompt_tokens == 4 and results["a"].usage.completion_tokens == 6
         assert results["text"].error is not None and results["text"].error.code == "invalid_job"
         assert "no tokenizer" in results["text"].error.message

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.model_fixtures import smollm2_dir  # noqa: F401  (fixture)
+from tests.model_fixtures import load_grammars, smollm2_dir  # noqa: F401  (fixture)
 from wire.schema import SamplingParams
 from worker.engine import grammar as grammar_module
 from worker.engine.grammar import GrammarError, Grammars, apply_token_bitmask
@@ -77,7 +77,7 @@ def test_sampler_draws_only_allowed_tokens() -> None:
 
 @pytest.fixture(scope="module")
 def grammars(smollm2_dir: Path) -> Grammars:  # noqa: F811
-    loaded = grammar_module.load_grammars(str(smollm2_dir), vocab_size=49152, stop_token_ids=[2])
+    loaded = load_grammars(str(smollm2_dir), vocab_size=49152, stop_token_ids=[2])
     assert loaded is not None
     return loaded
 

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.model_fixtures import smollm2_dir  # noqa: F401  (fixture)
+from tests.model_fixtures import load_grammars, smollm2_dir  # noqa: F401  (fixture)
 from tests.waiting import LIVENESS_S
 from wire.schema import SamplingParams
-from worker.engine.grammar import GrammarError, Grammars, grammar_key, load_grammars
+from worker.engine.grammar import GrammarError, Grammars, grammar_key
 from worker.engine.grammar_compiler import BackgroundCompiler, Outcome
 
 # NOTE: xgrammar expands each `pattern` repetition into rules: about 2.5 s a pattern on the

@@ -33,7 +33,7 @@ MAY_IMPORT = {
 # worker's parts, lowest first. A part imports only parts of lower rows; parts in one row do
 # not import each other. A part is a subpackage or a top-level module of worker.
 LAYERS: list[set[str]] = [
-    {"kernels", "lazy", "forward", "distributed"},  # kernels; the lazy loader; the values crossing the engine boundary; TP collectives
+    {"kernels", "lazy", "forward", "distributed", "options"},  # kernels; the lazy loader; the values crossing the engine boundary; TP collectives; the settings declaration
     {"kvcache"},  # pool (FP8 too), page table, allocator, prefix caches
     {"models"},
     {"attention"},  # reads the KV pool's layout; plans from a forward.BatchLayout
@@ -55,7 +55,7 @@ TYPE_ONLY = {
     ("worker.forward", "worker.kvcache.pool"): "ForwardBatch names the pool its pass writes",
     ("worker.forward", "worker.engine.sampler"): "ForwardInput names the sampling tensors the engine reads",
     ("worker.forward", "worker.engine.logprobs"): "ForwardOutput names the logprobs the engine returns",
-    ("worker.frontend.generator", "worker.config"): "create_generator is given the whole WorkerConfig",
+    ("worker.frontend.engine_generator", "worker.config"): "create_generator is given the whole WorkerConfig",
     ("worker.queue.factory", "worker.config"): "a generator factory is given the whole WorkerConfig",
 }
 

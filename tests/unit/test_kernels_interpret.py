@@ -30,8 +30,8 @@ def ops():
     """worker.kernels.ops with its kernels run by triton's interpreter on CPU tensors."""
     module = importlib.import_module("worker.kernels.ops")
     os.environ["TRITON_INTERPRET"] = "1"
-    module.use_triton(True)
-    yield module
+    with module.triton_scope(True):
+        yield module
     os.environ.pop("TRITON_INTERPRET", None)
 
 

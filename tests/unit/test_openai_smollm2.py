@@ -19,7 +19,8 @@ from producer.jsonl import output_record, parse_line
 from tests.model_fixtures import smollm2_dir  # noqa: F401  (fixture)
 from wire.schema import Result
 from worker.engine.config import EngineConfig
-from worker.frontend.generator import EngineGenerator
+from worker.frontend.engine_generator import EngineGenerator
+from worker.queue.consumer import envelope
 from worker.queue.prompts import PromptLists
 
 pytestmark = pytest.mark.model
@@ -79,7 +80,8 @@ def test_openai_lines_on_the_real_model(smollm2_dir: Path) -> None:  # noqa: F81
         deadline = time.monotonic() + 120
         while len(results) < len(jobs):
             assert time.monotonic() < deadline
-            results |= {result.id: result for result in generator.poll(0.5)}
+            by_id = {job.id: job for job in jobs}
+            results |= {r.id: envelope(r, by_id[r.id], 0, "w", generator.model_name) for r in generator.poll(0.5)}
     finally:
         generator.close()
 

@@ -15,7 +15,7 @@ from tests.unit.queue_worlds import MemoryWorld, config_for, step_until
 from tests.waiting import LIVENESS_S
 from wire.schema import Job, Result, SamplingParams, error_result
 from worker.frontend.contract import ENGINE_CRASH
-from worker.queue.consumer import Consumer
+from worker.queue.consumer import Consumer, envelope
 from worker.queue.prompts import PromptLists, sub_job_id
 
 
@@ -70,7 +70,7 @@ def test_a_failed_prompt_fails_the_job_naming_it() -> None:
     generator.submit(Job(id="j", prompts=["ok", "bad"], metadata={"row": 1}))
     (result,) = _poll_until(generator, 1)
     assert result.id == "j" and result.error is not None and result.error.code == "invalid_job"
-    assert result.error.message.startswith("prompt 1 of 2:") and result.metadata == {"row": 1}
+    assert result.error.message.startswith("prompt 1 of 2:")  # its metadata: the consumer's envelope
 
 
 def test_a_crash_is_the_jobs_and_a_second_run_completes_it() -> None:
@@ -93,7 +93,7 @@ def test_openai_completions_prompt_list_is_one_line_with_every_choice() -> None:
     generator = PromptLists(FakeGenerator())
     generator.submit(job)
     (result,) = _poll_until(generator, 1)
-    out = output_record(result)
+    out = output_record(envelope(result, job, 0, "w", generator.model_name))  # as the consumer writes it
     parsed = Completion.model_validate(out["response"]["body"], strict=True)
     assert [c.index for c in parsed.choices] == [0, 1, 2, 3]
     assert parsed.choices[2].text == fake_text(sub_job_id("c", 1), 0)

@@ -92,7 +92,7 @@ def test_every_setting_has_an_environment_name_and_the_readme_table_is_current()
     names = [name for s in settings() for name in s.env]
     assert len(names) == len(set(names))  # no two settings share a variable
     readme = (REPO_ROOT / "README.md").read_text()
-    assert settings_table() in readme
+    assert settings_table() in readme, "the README's settings table is stale: python -m worker.config README.md"
     # once: a table pasted twice (its header and first row repeated) reads as a broken table
     assert readme.count(settings_table().splitlines()[0]) == 1
     assert readme.count(settings_table().splitlines()[2]) == 1
@@ -144,3 +144,23 @@ def test_worker_help_names_the_toml_tables() -> None:
     assert done.returncode == 0, done.stderr
     assert "Worker TOML file: [worker], [queue], [engine] tables." in done.stdout
     assert "--config's [worker], [queue] and [engine] tables" in done.stdout
+
+
+def test_backend_is_a_deprecated_alias_of_generator_that_warns() -> None:
+    """--backend and RADIXQ_BACKEND still name the generator, with a warning each ("backend"
+    is the attention backend's word); the bad read window shows the setting was read on."""
+    flag = radixq("worker", "--backend", "tests.fake_generator:create_generator", "--read-window", "-3")
+    env = radixq(
+        "worker",
+        "--read-window",
+        "-3",
+        env=subprocess_env(RADIXQ_BACKEND="tests.fake_generator:create_generator"),
+    )
+    for done, older in ((flag, "--backend"), (env, "RADIXQ_BACKEND")):
+        assert done.returncode == 2
+        warning, error = done.stderr.strip().splitlines()
+        assert warning.startswith(f"warning: {older} is deprecated") and "generator" in warning, warning
+        assert error.startswith("error: setting [queue] read_window"), error
+    fake = "tests.fake_generator:create_generator"
+    assert load_worker_config(None, {"RADIXQ_BACKEND": fake}, {}).worker.generator == fake
+    assert load_worker_config(None, {"RADIXQ_BACKEND": "x:y", "RADIXQ_GENERATOR": fake}, {}).worker.generator == fake

@@ -55,6 +55,7 @@ import torch
 from flashinfer import BatchDecodeWithPagedKVCacheWrapper, BatchPrefillWithPagedKVCacheWrapper
 
 from worker.attention.base import AttentionBackend
+from worker.attention.names import DECODE_KERNELS
 from worker.attention.xqa import XqaDecode, XqaMeta, xqa_supported
 from worker.forward import BatchLayout
 from worker.kvcache.pool import KVPool
@@ -64,7 +65,6 @@ _INT_WORKSPACE_BYTES = 8 * 1024 * 1024  # FlashInfer's own default for plan data
 # tensor cores read the KV at 3.6-4.0 TB/s from 61 requests up where CUDA cores reach
 # 3.3-3.5; at 38 requests and below CUDA cores win (66 against 76 us a layer at 38).
 TENSOR_CORE_MIN_BATCH = 64
-DECODE_KERNELS = ("auto", "fa2", "xqa")
 _SPLIT_CTA_TILE_Q = 16  # FlashInfer's query tile for decode on tensor cores (group sizes <= 16)
 
 

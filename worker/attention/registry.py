@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from worker.attention.names import ATTENTION_BACKENDS, CASCADE_BACKENDS
 from worker.lazy import load_callable
 
 if TYPE_CHECKING:
@@ -14,18 +15,6 @@ if TYPE_CHECKING:
     from worker.kvcache.pool import KVPool
     from worker.models.config import ModelConfig
 
-# name -> "module:factory"; the factory is called with the keyword arguments of create_backend.
-ATTENTION_BACKENDS: dict[str, str] = {
-    "torch": "worker.attention.torch_ref:create",  # the per-request reference (the oracle)
-    "sdpa": "worker.attention.torch_sdpa:create",  # batched torch SDPA: the default off CUDA
-    "flashinfer": "worker.attention.flashinfer:create",
-}
-# The same backends with cascade (shared-prefix) attention: EngineConfig.cascade_attention.
-CASCADE_BACKENDS: dict[str, str] = {
-    "torch": "worker.attention.torch_cascade:create",
-    "sdpa": "worker.attention.torch_cascade:create",  # the reference's cascade: off CUDA it is for tests
-    "flashinfer": "worker.attention.flashinfer_cascade:FlashInferCascadeBackend",  # takes the same keywords
-}
 
 
 def available_backends() -> list[str]:

@@ -1,10 +1,20 @@
-"""EngineConfig: every engine and scheduler option, built once at the edge and frozen."""
+"""EngineConfig: every engine and scheduler option (the ``[engine]`` table), built once at the
+edge and frozen. Each field is declared once, with its help, choices and check
+(worker.options): the TOML loader, the environment, the flags and the README read it here."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
 from typing import Any
+
+from worker.attention.names import ATTENTION_CHOICES, DECODE_KERNELS
+from worker.kvcache.names import KV_CACHE_DTYPES, KV_SCALES, PREFIX_CACHES
+from worker.models.names import DTYPES, LOAD_FORMATS, QUANTIZATIONS
+from worker.models.registry import DEFAULT_MODEL
+from worker.options import check_options, option
+
+_AT_LEAST_1 = (lambda n: n >= 1, "must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -17,116 +27,133 @@ class EngineConfig:
     reserves in the KV pool (1.0: never retract; lower admits more and retracts when short).
     """
 
-    model: str
-    load_format: str = "auto"
-    device: str = "auto"
-    dtype: str = "auto"
-    page_size: int = 16
-    num_pages: int | None = None
-    mem_fraction: float = 0.85
-    cpu_kv_gib: float = 1.0
-    cpu_threads: int = 0  # torch threads of a CPU engine (0: every core it may use; worker.engine.threads)
-    max_running_reqs: int = 256
-    max_prefill_tokens: int = 8192
-    max_seq_len: int | None = None
-    cache: str = "radix"
-    kv_cache_dtype: str = "auto"  # "auto": the model's dtype; "fp8_e4m3": half the bytes (per-layer scales)
-    quantization: str = "none"  # "fp8": e4m3 projection weights (per-channel scales), FP8 GEMMs
-    kv_scales: str = "calibrated"  # FP8 scales: "calibrated" at load, or "unit" (1.0 everywhere)
-    schedule_policy: str = "lpm"  # waiting-request order: longest cached prefix first, or "fcfs"
-    overlap: bool = True
-    mixed_batches: bool = True  # while a long prompt is chunked, its steps decode the running requests too
-    attention: str = "auto"
-    decode_kernel: str = (
-        "auto"  # flashinfer decode: "auto" (XQA over FP8 pages on sm90, else FA2), "fa2", "xqa"
+    model: str = option(
+        DEFAULT_MODEL,
+        "alias, HF directory, `.gguf` file, cached hub id, or config.json for dummy weights",
+        flags=("--model", "-m"),
     )
-    cuda_graph: bool = True
-    cuda_graph_max_bs: int = 256
-    cascade_attention: bool = False  # attend to prefixes that running requests share once per group
-    cascade_min_saved_mib: float = 32.0  # the cost rule: KV MiB a step must save per layer (groups.py)
-    output_reserve_ratio: float = 0.5
-    triton: bool = True  # fused Triton kernels on CUDA (false: the torch paths, for ablation)
-    onednn: bool = True  # float32 linear layers on CPU through oneDNN (false: torch's MKL, for ablation)
-    cache_dir: str = ""  # where converted models are cached ("": ~/.cache/radixq/models)
-    grammar_timeout_s: float = 60.0  # a job's grammar that compiles longer fails that job
-    grammar_memory_mib: int = 2048  # what one compile may add to the compiler process; beyond: that job fails
-    tensor_parallel_size: int = 1  # processes (GPUs) one model is split over; rank 0 schedules
-    step_profile: bool = False  # record every scheduler step (profiling runs; logged at exit)
-    fault: str = ""  # injected failures, for the failure tests (worker.engine.faults)
+    load_format: str = option("auto", "`auto`, `safetensors`, `gguf`, `dummy`", choices=LOAD_FORMATS)
+    device: str = option("auto", "`auto` (cuda when a GPU is there), `cpu`, `cuda`")
+    dtype: str = option(
+        "auto", "`auto` (bfloat16 on CUDA, float32 on CPU), `float32`, `float16`, `bfloat16`", choices=DTYPES
+    )
+    page_size: int = option(16, "tokens per KV page (prefix sharing is by whole pages)", check=_AT_LEAST_1)
+    num_pages: int | None = option(
+        None,
+        "KV pool size; empty: from `mem_fraction` of free GPU memory, or `cpu_kv_gib` on CPU",
+        check=(lambda n: n is None or n >= 1, "must be >= 1"),
+    )
+    mem_fraction: float = option(
+        0.85, "share of free GPU memory for the KV pool", check=(lambda x: 0 < x <= 1, "must be in (0, 1]")
+    )
+    cpu_kv_gib: float = option(1.0, "KV pool size on CPU (resident only as its pages are first written)")
+    cpu_threads: int = option(
+        0,
+        "torch threads of a CPU engine (0: every core the process may use, within a container's CPU quota); "
+        "`radixq run --workers N` gives each worker cores / N unless this is a count",
+        check=(lambda n: n >= 0, "must be >= 0 (0: every core)"),
+    )
+    max_running_reqs: int = option(256, "requests decoding at once", check=_AT_LEAST_1)
+    max_prefill_tokens: int = option(
+        8192, "token budget of one prefill step (longer prompts are chunked)", check=_AT_LEAST_1
+    )
+    max_seq_len: int | None = option(
+        None, "context length; empty: the model's", check=(lambda n: n is None or n >= 2, "must be >= 2")
+    )
+    cache: str = option("radix", "`radix` or `naive` (no sharing)", choices=tuple(PREFIX_CACHES))
+    kv_cache_dtype: str = option(
+        "auto",
+        "`auto` (the model's dtype) or `fp8_e4m3`: half the KV bytes, twice the tokens in memory",
+        choices=KV_CACHE_DTYPES,
+    )
+    quantization: str = option(
+        "none",
+        "`none`, or `fp8`: projection weights in e4m3 with per-channel scales, activations quantized per "
+        "token, FP8 GEMMs (emulated in float32 on CPU); embeddings and LM head stay in the model dtype",
+        choices=QUANTIZATIONS,
+    )
+    kv_scales: str = option(
+        "calibrated", "FP8 KV scales: `calibrated` per layer at load, or `unit` (1.0)", choices=KV_SCALES
+    )
+    schedule_policy: str = option(
+        "lpm",
+        "`lpm`: waiting requests whose prefix is cached first, siblings together (age-bounded); "
+        "`fcfs`: arrival order",
+    )
+    overlap: bool = option(True, "overlap scheduling (false: plain loop, for debugging)")
+    mixed_batches: bool = option(
+        True,
+        "while a long prompt is chunked, its steps decode the running requests too (false: a prefill step "
+        "holds prefills only)",
+    )
+    attention: str = option(
+        "auto",
+        "`auto` (`flashinfer` on CUDA, else `sdpa`), `flashinfer`, `sdpa` (torch SDPA, decode rows batched), "
+        "`torch` (the per-request reference)",
+        choices=ATTENTION_CHOICES,
+    )
+    decode_kernel: str = option(
+        "auto",
+        "FlashInfer decode kernel: `auto` (XQA over FP8 KV pages on Hopper, FA2 otherwise), `fa2`, `xqa`",
+        choices=DECODE_KERNELS,
+    )
+    cuda_graph: bool = option(True, "CUDA graphs for decode batches up to `cuda_graph_max_bs`")
+    cuda_graph_max_bs: int = option(256, "largest decode batch captured as a CUDA graph")
+    cascade_attention: bool = option(
+        False,
+        "shared-prefix (cascade) attention: requests sharing cached prefix pages read them once per group "
+        "(decode steps with groups run without CUDA graphs)",
+    )
+    cascade_min_saved_mib: float = option(
+        32.0,
+        "cascade runs in a step only when it saves at least this many MiB of KV reads per layer "
+        "(0: whenever a group exists)",
+        check=(lambda x: x >= 0, "must be >= 0"),
+    )
+    output_reserve_ratio: float = option(
+        0.5,
+        "share of remaining output reserved in the KV pool at admission",
+        check=(lambda x: 0 <= x <= 1, "must be in [0, 1]"),
+    )
+    triton: bool = option(True, "fused Triton kernels on CUDA (false: the torch paths, for ablation)")
+    onednn: bool = option(
+        True,
+        "float32 linear layers on CPU through oneDNN, about twice MKL's speed here (false: torch's default, "
+        "MKL, for ablation)",
+    )
+    cache_dir: str = option("", "where converted models are cached (empty: `~/.cache/radixq/models`)")
+    grammar_timeout_s: float = option(
+        60.0,
+        "seconds a job's grammar may take to compile (in a child process); a longer compile fails that job only",
+        check=(lambda x: x > 0, "must be > 0"),
+    )
+    grammar_memory_mib: int = option(
+        2048,
+        "MiB one grammar compile may add to the compiler process (its size at rest, about 400 MiB, not "
+        "counted); a compile that needs more fails that job only",
+        check=(lambda n: n >= 16, "must be >= 16"),
+    )
+    tensor_parallel_size: int = option(
+        1,
+        "processes (GPUs) one model is split over, one per rank on `cuda:0..N-1` of the worker's "
+        "`CUDA_VISIBLE_DEVICES` (`--gpus`); rank 0 schedules, the others follow its batches; structured "
+        "output is refused with N > 1. A pool of TP=1 workers gives more throughput when the model fits one GPU",
+        flags=("--tensor-parallel-size", "--tp"),
+        check=_AT_LEAST_1,
+    )
+    step_profile: bool = option(False, "record every scheduler step and log a summary at exit (profiling)")
+    fault: str = option(
+        "",
+        "injected failures for the failure tests: `raise-on-token:N`, `exit-on-token:N`, `raise-on-batch:K`, "
+        "`sleep-per-step:MS`",
+    )
 
     def __post_init__(self) -> None:
-        checks: list[tuple[bool, str, Any, str]] = [
-            (self.page_size >= 1, "page_size", self.page_size, "must be >= 1"),
-            (self.num_pages is None or self.num_pages >= 1, "num_pages", self.num_pages, "must be >= 1"),
-            (0 < self.mem_fraction <= 1, "mem_fraction", self.mem_fraction, "must be in (0, 1]"),
-            (self.cpu_threads >= 0, "cpu_threads", self.cpu_threads, "must be >= 0 (0: every core)"),
-            (self.grammar_timeout_s > 0, "grammar_timeout_s", self.grammar_timeout_s, "must be > 0"),
-            (self.grammar_memory_mib >= 16, "grammar_memory_mib", self.grammar_memory_mib, "must be >= 16"),
-            (
-                self.tensor_parallel_size >= 1,
-                "tensor_parallel_size",
-                self.tensor_parallel_size,
-                "must be >= 1",
-            ),
-            (self.max_running_reqs >= 1, "max_running_reqs", self.max_running_reqs, "must be >= 1"),
-            (self.max_prefill_tokens >= 1, "max_prefill_tokens", self.max_prefill_tokens, "must be >= 1"),
-            (
-                self.max_seq_len is None or self.max_seq_len >= 2,
-                "max_seq_len",
-                self.max_seq_len,
-                "must be >= 2",
-            ),
-            (self.cache in ("radix", "naive"), "cache", self.cache, "must be 'radix' or 'naive'"),
-            (
-                self.kv_cache_dtype in ("auto", "fp8_e4m3"),
-                "kv_cache_dtype",
-                self.kv_cache_dtype,
-                "must be 'auto' or 'fp8_e4m3'",
-            ),
-            (
-                self.quantization in ("none", "fp8"),
-                "quantization",
-                self.quantization,
-                "must be 'none' or 'fp8'",
-            ),
-            (
-                self.decode_kernel in ("auto", "fa2", "xqa"),
-                "decode_kernel",
-                self.decode_kernel,
-                "must be 'auto', 'fa2' or 'xqa'",
-            ),
-            (
-                self.kv_scales in ("calibrated", "unit"),
-                "kv_scales",
-                self.kv_scales,
-                "must be 'calibrated' or 'unit'",
-            ),
-            (
-                self.schedule_policy in ("lpm", "fcfs"),
-                "schedule_policy",
-                self.schedule_policy,
-                "must be 'lpm' or 'fcfs'",
-            ),
-            (
-                self.cascade_min_saved_mib >= 0,
-                "cascade_min_saved_mib",
-                self.cascade_min_saved_mib,
-                "must be >= 0",
-            ),
-            (
-                0 <= self.output_reserve_ratio <= 1,
-                "output_reserve_ratio",
-                self.output_reserve_ratio,
-                "must be in [0, 1]",
-            ),
-        ]
         if self.fault:
             from worker.engine.faults import Fault
 
             Fault.parse(self.fault)  # raises ValueError naming the rule
-        for ok, field, value, reason in checks:
-            if not ok:
-                raise ValueError(f"{field}={value!r}: {reason}")
+        check_options(self)
 
     def resolved(self) -> EngineConfig:
         """A copy with device "auto" resolved (cuda when available, else cpu)."""

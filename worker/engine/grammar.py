@@ -248,12 +248,3 @@ def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
     import xgrammar as xgr
 
     xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=logits.shape[-1])
-
-
-def load_grammars(model_path: str, vocab_size: int, stop_token_ids: Collection[int]) -> Grammars | None:
-    """The grammar engine (compiling on this thread) for the model directory's tokenizer;
-    None when it has none."""
-    from worker.models.tokenizer import load_tokenizer_or_none
-
-    tokenizer = load_tokenizer_or_none(model_path)
-    return None if tokenizer is None else Grammars.from_tokenizer(tokenizer, vocab_size, stop_token_ids)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Protocol
 
 from wire.schema import Choice, ErrorInfo, Result, Timings, TokenLogprob, TopLogprob, Usage
 from worker.scheduler.messages import ChoiceOutput, RequestFinished
@@ -53,12 +53,12 @@ def build_result(
     finished: RequestFinished,
     tokenizer: Detokenizer,
     *,
-    metadata: dict[str, Any] | None = None,
     model: str = "",
-    worker: str = "",
     timings: Timings | None = None,
 ) -> Result:
-    """The Result of one job from the scheduler's answer (choices, or the error it reported)."""
+    """The Result of one job from the scheduler's answer (choices, or the error it reported).
+    On the queue path the consumer fills the envelope (metadata, model, worker, timings:
+    worker.queue.consumer.envelope); ``timings`` carries only the engine's first token there."""
     error = None
     if finished.error_code is not None:
         error = ErrorInfo(code=finished.error_code, message=finished.error_message or finished.error_code)
@@ -81,9 +81,7 @@ def build_result(
         id=job_id,
         choices=choices,
         usage=usage,
-        metadata=metadata or {},
         error=error,
         model=model,
-        worker=worker,
         timings=timings or Timings(),
     )

@@ -42,11 +42,6 @@ class Fp8Rows(NamedTuple):
     scale: torch.Tensor  # float32 [T]
 
 
-def use_triton(enabled: bool) -> None:
-    """The default outside any triton_scope (tests set it; engines use triton_scope)."""
-    _ENABLED[0] = enabled
-
-
 @contextlib.contextmanager
 def triton_scope(enabled: bool) -> Iterator[None]:
     """Run the block with the fused kernels on or off, then restore the previous setting."""

@@ -5,12 +5,13 @@ from __future__ import annotations
 import torch
 
 from worker.kvcache.lazy_zeros import lazy_zeros
+from worker.kvcache.names import KV_CACHE_DTYPES
 
 FP8_E4M3_MAX = 448.0  # the largest finite float8_e4m3fn value
 # Calibrated scales map the largest |k| or |v| seen at load to FP8_E4M3_MAX / HEADROOM, so
 # later values up to HEADROOM times larger still fit before saturating.
 HEADROOM = 2.0
-KV_CACHE_DTYPES = {"auto": None, "fp8_e4m3": torch.float8_e4m3fn}
+_TORCH_DTYPES = {"fp8_e4m3": torch.float8_e4m3fn}  # of the KV_CACHE_DTYPES other than "auto"
 
 
 class KVPool:
@@ -110,5 +111,5 @@ class KVPool:
 def cache_dtype_of(name: str) -> torch.dtype | None:
     """An EngineConfig ``kv_cache_dtype`` as the pages' dtype (None: the model's dtype)."""
     if name not in KV_CACHE_DTYPES:
-        raise ValueError(f"kv_cache_dtype={name!r}: expected one of {sorted(KV_CACHE_DTYPES)}")
-    return KV_CACHE_DTYPES[name]
+        raise ValueError(f"kv_cache_dtype={name!r}: expected one of {list(KV_CACHE_DTYPES)}")
+    return _TORCH_DTYPES.get(name)

@@ -7,6 +7,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from worker.kvcache.names import PREFIX_CACHES
 from worker.lazy import load_callable
 
 
@@ -88,13 +89,6 @@ class PrefixCache(ABC):
     @abstractmethod
     def all_locations(self) -> torch.Tensor:
         """Every location the cache owns (computed from the structure, for integrity checks)."""
-
-
-# name -> "module:class"; the class is built with the page size (worker.lazy's registry style).
-PREFIX_CACHES: dict[str, str] = {
-    "radix": "worker.kvcache.radix:RadixCache",
-    "naive": "worker.kvcache.naive:NaiveCache",
-}
 
 
 def create_prefix_cache(kind: str, page_size: int) -> PrefixCache:

@@ -19,8 +19,8 @@ import torch
 from torch import nn
 
 from worker.kernels.ops import FP8_MAX, Fp8Rows, quantize_fp8_rows
+from worker.models.names import QUANTIZATIONS
 
-QUANTIZATIONS = ("none", "fp8")
 # The projections that become Fp8Linear, by attribute name in the decoder's modules.
 QUANTIZED_PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 

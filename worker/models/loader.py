@@ -13,11 +13,11 @@ from worker.models.config import ModelConfig, config_json_path
 from worker.models.decoder import CausalLM
 from worker.models.fp8 import quantize_model
 from worker.models.gguf import ensure_converted
+from worker.models.names import LOAD_FORMATS
 from worker.models.registry import ALIASES
 
 log = logging.getLogger(__name__)
 
-LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""How a queue consumer behaves: timings, limits and its name. Built once, frozen."""
+"""How a queue consumer behaves (the ``[queue]`` table): timings, limits and its name. Built
+once, frozen; each setting declared once (worker.options)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import socket
 from dataclasses import dataclass, field
 
 from wire.keys import DEFAULT_QUEUE
+from worker.options import check_options, option
+from worker.queue.routing import STEAL_AFTER_S
 
 
 def default_worker_name() -> str:
@@ -17,40 +20,55 @@ def default_worker_name() -> str:
 class ConsumerConfig:
     queue: str = DEFAULT_QUEUE
     name: str = field(default_factory=default_worker_name)
-    block_s: float = 1.0  # longest XREADGROUP wait while nothing is held
-    poll_s: float = 0.02  # longest wait for backend results while jobs are held
-    read_batch: int = 256  # most entries one XREADGROUP returns
-    read_window: int = 0  # most jobs held at once; 0: two per slot of the generator (and a fair share)
-    steal_after_s: float = 2.0  # a partition's backlog this old may be stolen by a dry worker
-    survey_s: float = 0.5  # how often to read the queue's backlog and live workers (worker.queue.routing)
-    min_idle_s: float = 60.0  # an entry pending this long without renewal is reclaimed
-    max_attempts: int = 3  # deliveries (or crashes when run alone) before the dead-letter stream
-    heartbeat_s: float = 2.0
-    drain_timeout_s: float = 30.0  # SIGTERM to exit, all of it: finishing, giving back, stopping
-    max_backoff_s: float = 5.0
-    trim_jobs: bool = True  # trim acknowledged entries from the jobs stream
-    housekeeping_s: float = 5.0  # how often to trim and to forget dead consumers
+    block_s: float = option(
+        1.0, "longest wait for new entries while nothing is held", check=(lambda x: x >= 0, "must be >= 0")
+    )
+    poll_s: float = option(
+        0.02, "longest wait for results while jobs are held", check=(lambda x: x >= 0, "must be >= 0")
+    )
+    read_batch: int = option(256, "most entries one read returns", check=(lambda n: n >= 1, "must be >= 1"))
+    read_window: int = option(
+        0,
+        "most jobs held at once (0: two per running slot of the engine; never more than the engine takes, "
+        "8 per slot, nor than a fair share of the queue's jobs over the live workers)",
+        check=(lambda n: n >= 0, "must be >= 0 (0: two per slot of the engine)"),
+    )
+    steal_after_s: float = option(
+        STEAL_AFTER_S,
+        "a partition's backlog must be this old before a worker that ran dry steals from it (its owner first)",
+        check=(lambda x: x >= 0, "must be >= 0"),
+    )
+    survey_s: float = option(
+        0.5,
+        "how often to read the queue's backlog and live workers (window, partition owners)",
+        check=(lambda x: x > 0, "must be > 0"),
+    )
+    min_idle_s: float = option(
+        60.0,
+        "an entry idle this long belongs to a dead worker and is reclaimed",
+        check=(lambda x: x > 0, "must be > 0"),
+    )
+    max_attempts: int = option(
+        3,
+        "deliveries (or crashes of the engine while run alone) before the dead-letter stream",
+        check=(lambda n: n >= 1, "must be >= 1"),
+    )
+    heartbeat_s: float = option(
+        2.0, "how often the worker writes its heartbeat", check=(lambda x: x >= 0, "must be >= 0 (0: every step)")
+    )
+    drain_timeout_s: float = option(
+        30.0,
+        "SIGTERM to exit, all of it: finishing, giving back, stopping",
+        check=(lambda x: x >= 0, "must be >= 0"),
+    )
+    max_backoff_s: float = option(5.0, "longest wait between tries while Redis is unavailable")
+    trim_jobs: bool = option(
+        True, "trim acknowledged entries from the jobs stream", flags=("--trim-jobs/--keep-jobs",)
+    )
+    housekeeping_s: float = option(5.0, "how often to trim and to forget dead consumers")
 
     def __post_init__(self) -> None:
-        checks = [
-            ("min_idle_s", self.min_idle_s > 0, "must be > 0"),
-            ("max_attempts", self.max_attempts >= 1, "must be >= 1"),
-            ("read_batch", self.read_batch >= 1, "must be >= 1"),
-            (
-                "read_window",
-                self.read_window >= 0,
-                "must be >= 0 (0: two per slot of the engine)",
-            ),
-            ("survey_s", self.survey_s > 0, "must be > 0"),
-            ("steal_after_s", self.steal_after_s >= 0, "must be >= 0"),
-            ("drain_timeout_s", self.drain_timeout_s >= 0, "must be >= 0"),
-            ("heartbeat_s", self.heartbeat_s >= 0, "must be >= 0 (0: every step)"),
-            ("block_s", self.block_s >= 0, "must be >= 0"),
-            ("poll_s", self.poll_s >= 0, "must be >= 0"),
-        ]
-        for name, ok, reason in checks:
-            if not ok:
-                raise ValueError(f"{name}={getattr(self, name)!r}: {reason}")
+        check_options(self)
 
     @property
     def min_idle_ms(self) -> int:

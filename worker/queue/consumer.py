@@ -68,6 +68,20 @@ class _Held:
     crash: Result | None = None  # the last such crash, until settled
 
 
+def envelope(result: Result, job: Job, started_at_ms: int, worker: str, model: str) -> Result:
+    """``result`` as it is written: the job's metadata, the model it names, the worker, and the
+    timings (enqueued, taken by this worker, finished now; the first token as the generator
+    saw it). A generator reports choices, usage, an error and the first token only; this is
+    the one place that fills the rest."""
+    timings = Timings(
+        enqueued_at_ms=job.enqueued_at_ms,
+        started_at_ms=started_at_ms,
+        finished_at_ms=now_ms(),
+        first_token_at_ms=result.timings.first_token_at_ms,
+    )
+    return msgspec.structs.replace(result, metadata=job.metadata, worker=worker, model=model, timings=timings)
+
+
 class Consumer:
     def __init__(
         self,
@@ -211,11 +225,16 @@ class Consumer:
         elif not self._held and room <= 0:
             self._wait(self.config.poll_s)
 
+    @property
+    def read_window(self) -> int:
+        """The most jobs this worker holds: ``read_window``, or 0 for HELD_PER_SLOT per slot of
+        the generator (its heartbeat's capacity; a survey's fair share may hold it lower)."""
+        return self.config.read_window or HELD_PER_SLOT * self.generator.slots
+
     def _room(self) -> int:
         """How many entries to take now: never more than the generator takes, nor beyond the
-        window: ``read_window`` (0: HELD_PER_SLOT per slot) and the fair share of the last
-        survey, at least 1."""
-        window = self.config.read_window or HELD_PER_SLOT * self.generator.slots
+        read window and the fair share of the last survey, at least 1."""
+        window = self.read_window
         if self._survey is not None:
             window = max(1, min(window, self._survey.fair_share()))
         return min(window - len(self._held), self.generator.free_capacity())
@@ -331,19 +350,7 @@ class Consumer:
             del self._held[result.id]
             self.tally.saw(held.key, result.usage.prompt_tokens, result.usage.cached_tokens)
             job = held.job
-            timings = Timings(
-                enqueued_at_ms=job.enqueued_at_ms,
-                started_at_ms=held.started_at_ms,
-                finished_at_ms=now_ms(),
-                first_token_at_ms=result.timings.first_token_at_ms,
-            )
-            filled = msgspec.structs.replace(
-                result,
-                metadata=result.metadata or job.metadata,
-                worker=result.worker or self.name,
-                model=self._reply_model(job, result),
-                timings=timings,
-            )
+            filled = envelope(result, job, held.started_at_ms, self.name, self._reply_model(job, result))
             self._complete(Completion(filled, held.entry_id, tuple(held.duplicates), epoch=held.epoch))
             self.completed += 1
 
@@ -402,7 +409,7 @@ class Consumer:
             name=self.name,
             pid=os.getpid(),
             model=self.generator.model_name,
-            capacity=self.config.read_window or HELD_PER_SLOT * self.generator.slots,
+            capacity=self.read_window,
             in_flight=len(self._held),
             completed=self.completed,
             state=state,

@@ -20,7 +20,7 @@ from wire.routing import DEFAULT_PREFIX_CHARS, partition_of, prefix_key, qualify
 from wire.schema import Job, Result, decode_result, encode_job
 from wire.status import Heartbeat, now_ms
 from worker.queue.jobqueue import Delivery, Entry, Release, Write, entry_key, of_epoch
-from worker.queue.routing import Router, Survey, live_workers, read_routed
+from worker.queue.routing import STEAL_AFTER_S, Router, Survey, live_workers, read_routed
 
 
 @dataclass
@@ -33,7 +33,7 @@ class _Pending:
 class InMemoryJobQueue:
     """See worker.queue.jobqueue.JobQueue. One instance per consumer, sharing a ``MemoryStore``."""
 
-    def __init__(self, store: MemoryStore, name: str, min_idle_s: float, steal_after_s: float = 2.0) -> None:
+    def __init__(self, store: MemoryStore, name: str, min_idle_s: float, steal_after_s: float = STEAL_AFTER_S) -> None:
         self.store = store
         self.name = name
         self.where = "memory"
@@ -206,5 +206,5 @@ class MemoryStore:
         """Every call of every queue on this store raises ``failure`` until it is set to None."""
         self.failure = failure
 
-    def queue(self, name: str, min_idle_s: float = 60.0, steal_after_s: float = 2.0) -> InMemoryJobQueue:
+    def queue(self, name: str, min_idle_s: float = 60.0, steal_after_s: float = STEAL_AFTER_S) -> InMemoryJobQueue:
         return InMemoryJobQueue(self, name, min_idle_s, steal_after_s)

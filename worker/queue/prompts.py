@@ -111,10 +111,7 @@ def _merged(group: _Group) -> Result:
         assert first.error is not None
         message = f"prompt {index} of {len(results)}: {first.error.message}"
         return msgspec.structs.replace(
-            first,
-            id=job.id,
-            metadata=job.metadata,
-            error=msgspec.structs.replace(first.error, message=message),
+            first, id=job.id, error=msgspec.structs.replace(first.error, message=message)
         )
     n = job.sampling.n
     choices = [
@@ -133,4 +130,4 @@ def _merged(group: _Group) -> Result:
         completion_tokens=sum(r.usage.completion_tokens for r in results),
         cached_tokens=sum(r.usage.cached_tokens for r in results),
     )
-    return msgspec.structs.replace(results[0], id=job.id, choices=choices, usage=usage, metadata=job.metadata)
+    return msgspec.structs.replace(results[0], id=job.id, choices=choices, usage=usage)

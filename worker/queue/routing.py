@@ -31,6 +31,7 @@ from typing import TypeVar
 from wire.status import Heartbeat, is_alive
 
 T = TypeVar("T")
+STEAL_AFTER_S = 2.0  # a partition's backlog this old may be stolen by a worker that ran dry
 PREFIX_KEYS_KEPT = 4096  # distinct prefix keys a worker remembers for its heartbeat
 
 
@@ -86,7 +87,7 @@ class Router:
     """One worker's view: which partitions are its own, which to steal from."""
 
     def __init__(
-        self, name: str, steal_after_s: float = 2.0, clock: Callable[[], float] = time.monotonic
+        self, name: str, steal_after_s: float = STEAL_AFTER_S, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self.name = name
         self.steal_after_s = steal_after_s

@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from worker.kvcache.prefix import PrefixCache
+from worker.scheduler.names import SCHEDULE_POLICIES
 from worker.scheduler.req import PendingReq
 
-SCHEDULE_POLICIES = ("lpm", "fcfs")
 _REQUEUED = object()  # the key of the requeued requests' bucket
 _FCFS = object()  # the key of the only bucket under "fcfs"
 

@@ -49,7 +49,7 @@ from worker.queue.jobqueue import (
     Write,
     entry_key,
 )
-from worker.queue.routing import Router, Survey, live_workers, read_routed
+from worker.queue.routing import STEAL_AFTER_S, Router, Survey, live_workers, read_routed
 from worker.queue.streams import writes as streams_writes
 from worker.queue.streams.lag import LagCount
 from worker.queue.streams.leases import Leases
@@ -113,7 +113,7 @@ class RedisJobQueue:
         name: str,
         min_idle_ms: int,
         dead_after_ms: int,
-        steal_after_s: float = 2.0,
+        steal_after_s: float = STEAL_AFTER_S,
     ) -> None:
         self.redis = client
         self.keys = QueueKeys(queue)

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from wire.schema import Job, Result, Timings, error_result
-from wire.status import now_ms
 from worker.engine.config import EngineConfig
 from worker.frontend.channel import PeerGone
 from worker.frontend.contract import ENGINE_CRASH, GeneratorUnavailable
@@ -60,7 +59,6 @@ class _Entry:
     uid: str
     job: Job
     input_ids: list[int]
-    started_at_ms: int
 
 
 class EngineGenerator:
@@ -70,13 +68,11 @@ class EngineGenerator:
         self,
         config: EngineConfig,
         *,
-        worker_name: str = "",
         log_level: str = "INFO",
         ready_timeout_s: float = 900,
         restart_delays_s: tuple[float, ...] = RESTART_DELAYS_S,
     ) -> None:
         self.config = config
-        self.worker_name = worker_name
         self.log_level = log_level
         self.ready_timeout_s = ready_timeout_s
         self.restart_delays_s = restart_delays_s
@@ -120,7 +116,6 @@ class EngineGenerator:
         return max(0, MAX_HELD_PER_SLOT * self.slots - held)
 
     def submit(self, job: Job) -> None:
-        started_at_ms = now_ms()
         try:
             input_ids = job.input_ids
             if input_ids is None:
@@ -131,7 +126,7 @@ class EngineGenerator:
             message = f"job {job.id!r}: could not tokenize the {job.prompt_kind}: {exc}"
             self._done.append(self._error(job, "invalid_job", message))
             return
-        self._waiting.append(_Entry(str(next(self._uids)), job, list(input_ids), started_at_ms))
+        self._waiting.append(_Entry(str(next(self._uids)), job, list(input_ids)))
         self._feed()
 
     def poll(self, timeout_s: float) -> list[Result]:
@@ -286,12 +281,7 @@ class EngineGenerator:
                     self.unattributed_crashes,
                 )
                 self._crash_reason = None
-        timings = Timings(
-            enqueued_at_ms=job.enqueued_at_ms,
-            started_at_ms=entry.started_at_ms,
-            finished_at_ms=now_ms(),
-            first_token_at_ms=finished.first_token_at_ms,
-        )
+        timings = Timings(first_token_at_ms=finished.first_token_at_ms)  # the rest is the consumer's
         if finished.error_code is not None:
             message = f"job {job.id!r}: {finished.error_message or finished.error_code}"
             finished = RequestFinished(
@@ -307,19 +297,14 @@ class EngineGenerator:
                 job.id,
                 finished,
                 self._tokenizer or NoTokenizer(),
-                metadata=job.metadata,
-                model=self.model_name,
-                worker=self.worker_name,
                 timings=timings,
             )
         )
 
     def _error(self, job: Job, code: str, message: str) -> Result:
-        return error_result(
-            job.id, code, message, metadata=job.metadata, model=self.model_name, worker=self.worker_name
-        )
+        return error_result(job.id, code, message)  # the consumer fills the envelope
 
 
-def create_generator(config: WorkerConfig) -> EngineGenerator:
+def create_engine_generator(config: WorkerConfig) -> EngineGenerator:
     """The engine generator of a worker (the factory ``[worker] generator = "engine"`` names)."""
-    return EngineGenerator(config.engine, worker_name=config.queue.name, log_level=config.worker.log_level)
+    return EngineGenerator(config.engine, log_level=config.worker.log_level)

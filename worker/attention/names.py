@@ -1,0 +1,20 @@
+"""The attention backends and FlashInfer decode kernels by name, torch-free (the settings
+``attention`` and ``decode_kernel`` take their choices from here; worker.attention.registry
+builds them)."""
+
+from __future__ import annotations
+
+# name -> "module:factory"; the factory is called with the keyword arguments of create_backend.
+ATTENTION_BACKENDS: dict[str, str] = {
+    "torch": "worker.attention.torch_ref:create",  # the per-request reference (the oracle)
+    "sdpa": "worker.attention.torch_sdpa:create",  # batched torch SDPA: the default off CUDA
+    "flashinfer": "worker.attention.flashinfer:create",
+}
+# The same backends with cascade (shared-prefix) attention: EngineConfig.cascade_attention.
+CASCADE_BACKENDS: dict[str, str] = {
+    "torch": "worker.attention.torch_cascade:create",
+    "sdpa": "worker.attention.torch_cascade:create",  # the reference's cascade: off CUDA it is for tests
+    "flashinfer": "worker.attention.flashinfer_cascade:FlashInferCascadeBackend",  # takes the same keywords
+}
+ATTENTION_CHOICES = ("auto", *ATTENTION_BACKENDS)  # "auto": flashinfer on CUDA, else sdpa
+DECODE_KERNELS = ("auto", "fa2", "xqa")  # FlashInfer decode: "auto" picks XQA over FP8 pages on sm90
