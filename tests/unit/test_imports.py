@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +23,7 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("wire", "producer", "worker", "radixq")
+LAZY_NAME = re.compile(r"(wire|producer|worker|radixq)(\.\w+)*:\w+")
 # Which project packages each package may import (itself always).
 MAY_IMPORT = {
     "wire": set(),
@@ -98,6 +100,10 @@ def imports_of(source: str, module: str) -> list[Import]:
             "find_spec",
         ):
             targets = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+        elif (
+            isinstance(node, ast.Constant) and isinstance(node.value, str) and LAZY_NAME.fullmatch(node.value)
+        ):
+            targets = [node.value.partition(":")[0]]  # a "module:callable" the lazy loader imports
         else:
             continue
         for target in targets:
@@ -141,6 +147,32 @@ def project_imports() -> list[Import]:
 
 def test_every_import_follows_the_layers() -> None:
     assert violations(project_imports()) == []
+
+
+def test_every_lazy_module_callable_name_resolves() -> None:
+    """The "module:callable" strings (generator factories, prefix caches) name a module that
+    exists and a name it defines: a move that forgets one fails here, not in a worker."""
+    names = set()
+    for package in PACKAGES:
+        for path in sorted((REPO_ROOT / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if (
+                    isinstance(node, ast.Constant)
+                    and isinstance(node.value, str)
+                    and LAZY_NAME.fullmatch(node.value)
+                ):
+                    names.add(node.value)
+    assert "worker.frontend.generator:create_generator" in names
+    for name in sorted(names):
+        module, _, attr = name.partition(":")
+        path = REPO_ROOT / Path(*module.split("."))
+        source = (path / "__init__.py" if path.is_dir() else path.with_suffix(".py")).read_text()
+        defined = {
+            target.id if isinstance(target, ast.Name) else getattr(target, "name", "")
+            for node in ast.parse(source).body
+            for target in (node.targets if isinstance(node, ast.Assign) else [node])
+        }
+        assert attr in defined, f"{name}: {module} defines no {attr}"
 
 
 def test_the_type_only_exceptions_are_still_type_only_and_still_there() -> None:
