@@ -162,7 +162,7 @@ def test_every_lazy_module_callable_name_resolves() -> None:
                     and LAZY_NAME.fullmatch(node.value)
                 ):
                     names.add(node.value)
-    assert "worker.frontend.generator:create_generator" in names
+    assert "worker.frontend.engine_generator:create_engine_generator" in names
     for name in sorted(names):
         module, _, attr = name.partition(":")
         path = REPO_ROOT / Path(*module.split("."))
