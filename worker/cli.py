@@ -109,6 +109,7 @@ def worker(
 
     from producer import exits
     from producer.client import connect
+    from producer.cluster import upgrade
     from producer.redis_errors import describe
     from producer.retry import RedisUnavailable
     from worker.config import ConfigError, load_worker_config
@@ -153,6 +154,7 @@ def worker(
             check_model(settings.engine)
         client = connect(url)
         wait_for_redis(client, url, settings.worker.connect_timeout_s, log.warning)
+        client = upgrade(client, url)  # NOTE: Redis may have answered only just now
     except PreflightError as exc:
         fail(str(exc), exits.USAGE)
     except RedisUnavailable as exc:
