@@ -82,7 +82,7 @@ def run_engine(
     """Build ``worker.LLM(model, **options)``, warm it up, time ``generate`` on ``workload``."""
     import torch
 
-    from producer.schema import SamplingParams
+    from wire.schema import SamplingParams
     from worker import LLM
 
     def params(w: Workload) -> list[SamplingParams]:

@@ -30,7 +30,7 @@ import torch  # noqa: E402
 
 from worker.attention.base import BatchLayout  # noqa: E402
 from worker.attention.registry import create_backend  # noqa: E402
-from worker.engine.kv_pool import KVPool  # noqa: E402
+from worker.kvcache.pool import KVPool  # noqa: E402
 
 HEAD_DIM = 128
 POOL_LAYERS = 4

@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
 from offline import free_gpu_memory  # noqa: E402
 from prefix_sched import tiny_model_path, vocab_size  # noqa: E402
 
-from producer.schema import SamplingParams  # noqa: E402
+from wire.schema import SamplingParams  # noqa: E402
 from worker.llm import LLM  # noqa: E402
 
 PRESETS: dict[str, dict] = {

@@ -23,9 +23,9 @@ import redis
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from producer.keys import QueueKeys  # noqa: E402
 from tests.integration.procs import radixq, start_worker  # noqa: E402
 from tests.redis_cluster import cluster_client, running_cluster  # noqa: E402
+from wire.keys import QueueKeys  # noqa: E402
 
 SKIPPED = ("cmdstat_info", "cmdstat_cluster", "cmdstat_command", "cmdstat_ping", "cmdstat_config")
 

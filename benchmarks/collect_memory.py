@@ -23,9 +23,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
 from producer.client import Client  # noqa: E402
-from producer.keys import FIELD_ENTRY, FIELD_ID, FIELD_RESULT, QueueKeys  # noqa: E402
 from producer.local_redis import LocalRedis  # noqa: E402
-from producer.schema import Choice, Job, Result, Usage, encode  # noqa: E402
+from wire.keys import FIELD_ENTRY, FIELD_ID, FIELD_RESULT, QueueKeys  # noqa: E402
+from wire.schema import Choice, Job, Result, Usage, encode  # noqa: E402
 
 
 def fill(url: str, count: int) -> None:

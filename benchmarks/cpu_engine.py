@@ -38,7 +38,7 @@ os.environ.update(openmp_env(dict(os.environ)))  # NOTE: before torch loads its 
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorList  # noqa: E402
 
-from producer.schema import SamplingParams  # noqa: E402
+from wire.schema import SamplingParams  # noqa: E402
 from worker.llm import LLM  # noqa: E402
 from worker.models.registry import DEFAULT_MODEL  # noqa: E402
 from worker.scheduler.profile import StepProfiler  # noqa: E402

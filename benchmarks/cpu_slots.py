@@ -20,7 +20,7 @@ sys.path.insert(0, str(REPO_ROOT))
 
 import torch  # noqa: E402
 
-from producer.schema import SamplingParams  # noqa: E402
+from wire.schema import SamplingParams  # noqa: E402
 from worker.llm import LLM  # noqa: E402
 from worker.models.registry import DEFAULT_MODEL  # noqa: E402
 

@@ -125,7 +125,7 @@ def kernel_family(name: str) -> str:
 def run_engine(args: argparse.Namespace) -> dict:
     import torch
 
-    from producer.schema import SamplingParams
+    from wire.schema import SamplingParams
     from worker.attention.base import BatchLayout
     from worker.engine.config import EngineConfig
     from worker.engine.engine import Engine

@@ -35,7 +35,7 @@ def main() -> None:
 
     import torch
 
-    from producer.schema import SamplingParams
+    from wire.schema import SamplingParams
     from worker import LLM
 
     schema = json.loads(Path(args.json_schema).read_text())

@@ -31,11 +31,11 @@ sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
 import torch  # noqa: E402
 from prompt_set import chat_prompts  # noqa: E402
 
-from producer.schema import SamplingParams  # noqa: E402
+from wire.schema import SamplingParams  # noqa: E402
 from worker.attention.base import BatchLayout  # noqa: E402
 from worker.attention.torch_ref import TorchRefBackend  # noqa: E402
 from worker.engine.forward import ForwardBatch  # noqa: E402
-from worker.engine.kv_pool import KVPool  # noqa: E402
+from worker.kvcache.pool import KVPool  # noqa: E402
 from worker.llm import LLM  # noqa: E402
 
 BINS = [(0, 8), (8, 16), (16, 32), (32, 64), (64, 1 << 30)]

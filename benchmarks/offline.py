@@ -119,7 +119,7 @@ def radixq_options(args: argparse.Namespace, variant: str) -> dict:
 
 def timed_generate(args: argparse.Namespace, llm, w: Workload, finish_reasons: collections.Counter) -> tuple[float, int]:
     """One synchronised, timed ``llm.generate`` of the workload: (seconds, output tokens)."""
-    from producer.schema import SamplingParams
+    from wire.schema import SamplingParams
 
     extras = sampling_extras(args)
     params = [

@@ -33,10 +33,10 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from producer.client import Client  # noqa: E402
 from producer.collector import Collector  # noqa: E402
-from producer.keys import QueueKeys  # noqa: E402
 from producer.local_redis import LocalRedis  # noqa: E402
 from producer.runner import worker_command, worker_env  # noqa: E402
-from producer.schema import Job, SamplingParams  # noqa: E402
+from wire.keys import QueueKeys  # noqa: E402
+from wire.schema import Job, SamplingParams  # noqa: E402
 
 # A tiny Llama for CPU runs (random weights: ``load_format = "dummy"``).
 TINY_LLAMA = {

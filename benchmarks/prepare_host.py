@@ -23,12 +23,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from producer.schema import SamplingParams  # noqa: E402
+from wire.schema import SamplingParams  # noqa: E402
+from worker.kvcache.table import TableManager  # noqa: E402
 from worker.scheduler.intake import make_group  # noqa: E402
 from worker.scheduler.messages import GenerateRequest  # noqa: E402
 from worker.scheduler.prepare import BatchPreparer  # noqa: E402
 from worker.scheduler.req import Req  # noqa: E402
-from worker.scheduler.table import TableManager  # noqa: E402
 
 
 def decode_batch(batch: int, seq_len: int, graph_bs: int) -> tuple[BatchPreparer, list[Req]]:

@@ -33,7 +33,7 @@ from offline import Workload, fresh_copy, standard_workload, warmup_workload  # 
 
 
 def make_jobs(prefix: str, workload: Workload, temperature: float) -> list:
-    from producer.schema import Job, SamplingParams
+    from wire.schema import Job, SamplingParams
 
     return [
         Job(

@@ -27,8 +27,8 @@ import redis
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
-from producer.keys import QueueKeys  # noqa: E402
 from producer.local_redis import LocalRedis  # noqa: E402
+from wire.keys import QueueKeys  # noqa: E402
 
 
 def radixq(code: Path, *args: str) -> None:

@@ -21,7 +21,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
 from benchmarks.prefix_sched import tiny_model_path  # noqa: E402
-from producer.schema import SamplingParams  # noqa: E402
+from wire.schema import SamplingParams  # noqa: E402
 from worker.llm import LLM  # noqa: E402
 from worker.scheduler.messages import GenerateRequest, RequestFinished  # noqa: E402
 

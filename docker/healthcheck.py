@@ -24,9 +24,9 @@ import sys
 import redis
 
 from producer.cli import DEFAULT_REDIS_URL
-from producer.keys import DEFAULT_QUEUE, QueueKeys
-from producer.redis_errors import describe
-from producer.status import DEAD_AFTER_BEATS, Heartbeat, decode_heartbeat, now_ms
+from wire.keys import DEFAULT_QUEUE, QueueKeys
+from wire.redis_errors import describe
+from wire.status import DEAD_AFTER_BEATS, Heartbeat, decode_heartbeat, now_ms
 
 HEALTHY, UNHEALTHY = 0, 1  # Docker's meanings; 2 is reserved
 

@@ -1,7 +1,7 @@
 """radixq client side: the job contract, Redis key names, the Client API and the CLI (no torch)."""
 
-from producer.keys import QueueKeys
-from producer.schema import (
+from wire.keys import QueueKeys
+from wire.schema import (
     ChatMessage,
     Choice,
     ErrorInfo,

@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
-from producer import exits
+from wire import exits
 
 if TYPE_CHECKING:
     from producer.client import Client
     from producer.datasets import ColumnMapping
     from producer.jsonl import InputFile
-    from producer.schema import Job, Result
-    from producer.status import ConsumerStatus, Heartbeat
+    from wire.schema import Job, Result
+    from wire.status import ConsumerStatus, Heartbeat
 
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 
@@ -242,9 +242,9 @@ def expected_errors(url: str) -> Iterator[None]:
     from producer.client import UnknownQueueError
     from producer.outfile import OutputFileError, os_error_line
     from producer.outlock import OutputBusy
-    from producer.redis_errors import describe
-    from producer.retry import RedisUnavailable
-    from producer.routing import RoutingCorrupt
+    from wire.redis_errors import describe
+    from wire.retry import RedisUnavailable
+    from wire.routing import RoutingCorrupt
 
     try:
         yield
@@ -267,7 +267,7 @@ def open_client(url: str, queue: str, **options: Any) -> Client:
     try:
         return Client.from_url(url, queue, **options)
     except ValueError as exc:  # a malformed URL
-        from producer.redis_errors import redact
+        from wire.redis_errors import redact
 
         fail(f"--redis-url {redact(url)!r}: {exc}", exits.USAGE)
 
@@ -340,7 +340,7 @@ def enqueue_file(
     from producer.digest import changed_line
     from producer.jsonl import InputFile
     from producer.outfile import write_rejected
-    from producer.redis_errors import classify, describe
+    from wire.redis_errors import classify, describe
 
     client = open_client(
         url,
@@ -552,7 +552,7 @@ def status(
         typer.echo(json.dumps(snapshot.to_dict(), indent=2))
         return
     if prometheus:
-        from producer.status import exposition
+        from wire.status import exposition
 
         typer.echo(exposition(snapshot), nl=False)
         return

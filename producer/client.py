@@ -9,11 +9,10 @@ from typing import Any
 import msgspec
 import redis
 
-from producer import cluster
-from producer.cluster import together
 from producer.digest import changed_ids, changed_line, job_digest, stored_digests
-from producer.epoch import create_epoch
-from producer.keys import (
+from wire.cluster import together
+from wire.epoch import create_epoch
+from wire.keys import (
     DEFAULT_QUEUE,
     ENTRY_REJECTED,
     FIELD_ATTEMPTS,
@@ -28,9 +27,9 @@ from producer.keys import (
     META_PREFIX_CHARS,
     QueueKeys,
 )
-from producer.redis_errors import url_of
-from producer.retry import Backoff, RedisUnavailable
-from producer.routing import (
+from wire.redis_errors import url_of
+from wire.retry import Backoff, RedisUnavailable
+from wire.routing import (
     DEFAULT_PARTITIONS,
     DEFAULT_PREFIX_CHARS,
     check_partitions,
@@ -38,8 +37,9 @@ from producer.routing import (
     prefix_key,
     read_routing,
 )
-from producer.schema import Job, JobError, Result, decode_job, encode, encode_job
-from producer.status import QueueStatus, now_ms, read_status
+from wire.schema import Job, JobError, Result, decode_job, encode, encode_job
+from wire.status import QueueStatus, now_ms, read_status
+from wire.streams import connect, ensure_groups
 
 
 @dataclass
@@ -94,23 +94,6 @@ class DeadLetter:
     reason: str
     attempts: int
     job: bytes
-
-
-def connect(url: str) -> redis.Redis:
-    """A client with the timeouts radixq expects (bytes replies, health checks, no retries
-    inside redis-py): a cluster client when ``url`` names a Redis Cluster node
-    (producer.cluster)."""
-    return cluster.connect(url)
-
-
-def ensure_groups(client: redis.Redis, keys: QueueKeys, partitions: int = 1) -> None:
-    """Create the partition streams and their consumer groups (reading from the start) if missing."""
-    for stream in keys.partitions(partitions):
-        try:
-            client.xgroup_create(stream, keys.group, id="0", mkstream=True)
-        except redis.ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
 
 
 def read_order(client: redis.Redis, keys: QueueKeys) -> list[str]:
@@ -171,7 +154,7 @@ class Client:
     (connection loss, LOADING, OOM at maxmemory, READONLY) are retried with backoff for up to
     ``retry_timeout_s`` without progress; ``say`` hears about each outage once.
 
-    ``partitions`` and ``prefix_chars`` set the queue's routing (producer.routing) when this
+    ``partitions`` and ``prefix_chars`` set the queue's routing (wire.routing) when this
     client enqueues first; a queue keeps the routing its first enqueue gave it.
     """
 

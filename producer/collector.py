@@ -10,7 +10,7 @@ those too, and the collect that completes the queue puts the file back in order
 resumed: ids already in it are not written again, except dead-letter rows of jobs requeued
 since (the ``requeued`` hash), which are replaced in place by the new result.
 
-Redis trouble: transient errors are waited out (producer.retry); a queue Redis lost (epoch
+Redis trouble: transient errors are waited out (wire.retry); a queue Redis lost (epoch
 gone or changed, order list shorter than seen, results written for another epoch than the
 queue's) stops the collect with ``lost`` set, and such results are never written; results
 trimmed (``trim``) by an earlier collect that wrote them elsewhere are reported, not awaited.
@@ -28,9 +28,13 @@ from typing import Any
 import redis
 
 from producer.client import UnknownQueueError, queue_known
-from producer.epoch import EpochWatch
 from producer.forget import forget_written, forgotten
-from producer.keys import (
+from producer.outfile import OutputFile, result_line
+from producer.progress import Progress
+from producer.resume import changed_rows, done_marks, superseded_rows
+from producer.rewrite import put_in_order
+from wire.epoch import EpochWatch
+from wire.keys import (
     DEFAULT_QUEUE,
     FIELD_ENTRY,
     FIELD_EPOCH,
@@ -41,12 +45,8 @@ from producer.keys import (
     META_RESULTS_TRIMMED,
     QueueKeys,
 )
-from producer.outfile import OutputFile, result_line
-from producer.progress import Progress
-from producer.redis_errors import classify, describe, url_of
-from producer.resume import changed_rows, done_marks, superseded_rows
-from producer.retry import Backoff, RedisUnavailable
-from producer.rewrite import put_in_order
+from wire.redis_errors import classify, describe, url_of
+from wire.retry import Backoff, RedisUnavailable
 
 _READ_COUNT = 2000
 EntryId = tuple[int, int]

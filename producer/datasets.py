@@ -41,7 +41,7 @@ from producer.jsonl import (
     open_binary,
     read_lines,
 )
-from producer.schema import Job, JobError, validation_error
+from wire.schema import Job, JobError, validation_error
 
 _JOB_COLUMNS = ("id", "prompt", "messages", "input_ids", "metadata")
 _BATCH_ROWS = 1024  # Parquet rows read at a time

@@ -18,8 +18,8 @@ from typing import Any
 
 import msgspec
 
-from producer.keys import QueueKeys
-from producer.schema import Job, Result
+from wire.keys import QueueKeys
+from wire.schema import Job, Result
 
 REJECTED = "rejected"
 _NOT_CONTENT = frozenset({"enqueued_at_ms", "v", "prefix_key"})

@@ -28,7 +28,7 @@ from typing import Any
 
 import redis
 
-from producer.keys import META_FORGOTTEN, META_FORGOTTEN_FAILED, QueueKeys
+from wire.keys import META_FORGOTTEN, META_FORGOTTEN_FAILED, QueueKeys
 
 CHUNK = 10_000  # ids forgotten per transaction
 

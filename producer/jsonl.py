@@ -30,8 +30,8 @@ from typing import Any, BinaryIO, cast
 import msgspec
 
 from producer import openai_batch
-from producer.nesting import json_outline
-from producer.schema import (
+from wire.nesting import json_outline
+from wire.schema import (
     MAX_ID_CHARS,
     MAX_JOB_BYTES,
     Choice,

@@ -11,7 +11,6 @@ removed by the next LocalRedis that makes a folder of its own.
 from __future__ import annotations
 
 import os
-import re
 import secrets
 import shutil
 import signal
@@ -27,13 +26,13 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from producer.lifetime import start_child
+from wire.lifetime import start_child
+from wire.owned_dirs import OWNER_FILE, process_tag, remove_stale_dirs
 
 if TYPE_CHECKING:
     from fakeredis import TcpFakeServer
 
 DIR_PREFIX = "radixq-redis-"
-OWNER_FILE = "owner.pid"
 
 
 def free_port() -> int:
@@ -41,63 +40,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def process_tag(pid: int) -> str | None:
-    """``"PID START"`` for a live process (START: its start time, so that a reused pid does
-    not pass for the old process); None for one that is gone or a zombie. Without /proc
-    (not Linux) the tag is just ``"PID"``."""
-    if not Path("/proc/self/stat").exists():
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return None
-        except PermissionError:
-            pass
-        return str(pid)
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2 :].split()  # NOTE: the name in parentheses may hold spaces
-    if fields[0] in ("Z", "X"):
-        return None
-    return f"{pid} {fields[19]}"  # field 22 of proc(5): starttime
-
-
-def _owner_alive(owner: str) -> bool:
-    pid, _, start = owner.partition(" ")
-    tag = process_tag(int(pid))
-    return tag is not None and (not start or tag == owner)
-
-
-def owned_dir(prefix: str) -> Path:
-    """A new private folder in the temp directory (``prefix`` + random), marked as this
-    process's: ``remove_stale_dirs(prefix=prefix)`` removes it once this process is gone
-    (after a ``kill -9``, which leaves no chance to remove it)."""
-    folder = Path(tempfile.mkdtemp(prefix=prefix))
-    (folder / OWNER_FILE).write_text(f"{process_tag(os.getpid())}\n")
-    return folder
-
-
-def remove_stale_dirs(parent: Path | None = None, prefix: str = DIR_PREFIX) -> list[Path]:
-    """Remove this user's ``prefix*`` folders (default: private Redis folders) whose owner
-    process is gone; return them.
-
-    A folder without a readable owner file (made by an older radixq, or being made right
-    now) is left alone."""
-    removed = []
-    for folder in Path(parent or tempfile.gettempdir()).glob(f"{prefix}*"):
-        try:
-            if folder.stat().st_uid != os.getuid():
-                continue
-            owner = (folder / OWNER_FILE).read_text().strip()
-        except OSError:
-            continue
-        if re.fullmatch(r"\d+( \d+)?", owner) and not _owner_alive(owner):
-            shutil.rmtree(folder, ignore_errors=True)
-            removed.append(folder)
-    return removed
 
 
 class LocalRedis:
@@ -136,7 +78,7 @@ class LocalRedis:
         self.password = secrets.token_urlsafe(24) if with_password and self.binary else None
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         if data_dir is None:
-            remove_stale_dirs()
+            remove_stale_dirs(DIR_PREFIX)
             self._tmp = tempfile.TemporaryDirectory(prefix=DIR_PREFIX, ignore_cleanup_errors=True)
             data_dir = Path(self._tmp.name)
             (data_dir / OWNER_FILE).write_text(f"{process_tag(os.getpid())}\n")

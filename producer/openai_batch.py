@@ -14,7 +14,7 @@ from typing import Any
 
 from producer.openai_request import CHAT_URL, COMPLETIONS_URL, body_fields
 from producer.openai_response import response_body
-from producer.schema import JobError, Result
+from wire.schema import JobError, Result
 
 RESERVED_KEY = "_radixq"
 

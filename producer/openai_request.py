@@ -20,9 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from producer.schema import JobError
+from wire.schema import JobError
 
-MAX_OPENAI_TEMPERATURE = 2.0  # OpenAI's bound; a native job's is producer.schema.MAX_TEMPERATURE
+MAX_OPENAI_TEMPERATURE = 2.0  # OpenAI's bound; a native job's is wire.schema.MAX_TEMPERATURE
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
 CHAT = (CHAT_URL,)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from producer.openai_request import CHAT_URL
-from producer.schema import Choice, Result, TokenLogprob
+from wire.schema import Choice, Result, TokenLogprob
 
 
 def package_version() -> str:

@@ -20,7 +20,7 @@ import msgspec
 from producer.digest import REJECTED
 from producer.jsonl import Rejected, output_line
 from producer.outlock import output_lock
-from producer.schema import decode_result, error_result
+from wire.schema import decode_result, error_result
 
 
 class OutputFileError(Exception):

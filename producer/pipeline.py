@@ -28,10 +28,10 @@ from producer.client import Client, ContentChanged
 from producer.datasets import NATIVE_COLUMNS, ColumnMapping, row_job
 from producer.forget import unrecorded
 from producer.jsonl import InputFile, output_record
-from producer.keys import DEFAULT_QUEUE, FIELD_ENTRY, FIELD_ID, FIELD_RESULT
 from producer.resume import done_marks
-from producer.schema import Job, JobError, Result, decode_result
 from producer.tables import RESULT_COLUMNS, result_columns
+from wire.keys import DEFAULT_QUEUE, FIELD_ENTRY, FIELD_ID, FIELD_RESULT
+from wire.schema import Job, JobError, Result, decode_result
 
 _READ_COUNT = 1000
 

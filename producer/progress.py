@@ -17,39 +17,17 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, Any
 
 import msgspec
 
-from producer.schema import Usage
+from wire.schema import Usage
+from wire.status import RateWindow
 
 # NOTE: long enough for an engine that finishes its running batch at once, every minute or so
 RATE_WINDOW_S = 120.0
-
-
-class RateWindow:
-    """Rates of cumulative counters over the last ``window_s`` seconds: the counts are
-    sampled (time, *counts) and the rate is the change between the oldest sample in the
-    window and the newest, divided by the time between them."""
-
-    def __init__(self, window_s: float = RATE_WINDOW_S) -> None:
-        self.window_s = window_s
-        self._samples: deque[tuple[float, tuple[float, ...]]] = deque()
-
-    def sample(self, at_s: float, *counts: float) -> tuple[float, ...]:
-        """Record ``counts`` at ``at_s``; returns their rates per second (zeros until two
-        samples are at least a tenth of a second apart)."""
-        self._samples.append((at_s, counts))
-        while len(self._samples) > 2 and at_s - self._samples[1][0] >= self.window_s:
-            self._samples.popleft()
-        first_s, first = self._samples[0]
-        elapsed = at_s - first_s
-        if elapsed < 0.1:
-            return tuple(0.0 for _ in counts)
-        return tuple((now - then) / elapsed for now, then in zip(counts, first, strict=True))
 
 
 class _Seen(msgspec.Struct):
@@ -110,7 +88,7 @@ class Progress:
         self.prompt_tokens = 0
         self.cached_tokens = 0
         self.output_tokens = 0
-        self._rates = RateWindow()
+        self._rates = RateWindow(RATE_WINDOW_S)
         self._started_s = clock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -135,7 +113,7 @@ class Progress:
         """What is happening before results come (``text``), or None once work has started:
         the rate window starts then, so the wait does not dilute the rates."""
         if self._phase is not None and text is None:
-            self._rates = RateWindow()
+            self._rates = RateWindow(RATE_WINDOW_S)
             self._rates.sample(self.clock(), self._all_read, self.output_tokens)
         self._phase = text
 

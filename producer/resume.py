@@ -9,7 +9,7 @@ from typing import Any
 import redis
 
 from producer.digest import stored_digests
-from producer.keys import QueueKeys
+from wire.keys import QueueKeys
 
 _CHUNK = 10_000
 

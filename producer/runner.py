@@ -1,7 +1,7 @@
 """``radixq run``: one file in, one file out - enqueue, start workers, collect, shut down.
 
 Workers are ``radixq worker`` subprocesses (``python -m worker.cli worker``) in sessions of
-their own (producer.lifetime), so a Ctrl-C in the terminal reaches ``run`` alone and ``run``
+their own (wire.lifetime), so a Ctrl-C in the terminal reaches ``run`` alone and ``run``
 decides how they stop. With no Redis URL a private Redis is started for the run (LocalRedis:
 loopback only, a random password) and removed afterwards. Workers get the URL through their
 environment (RADIXQ_REDIS_URL), never on their command line, where ``ps`` would show it.
@@ -30,22 +30,22 @@ from pathlib import Path
 import msgspec
 import redis
 
-from producer import exits
 from producer.client import Client, ContentChanged, EnqueueStopped
 from producer.collector import Collector
 from producer.datasets import NATIVE_COLUMNS, ColumnMapping, input_columns, read_input
 from producer.digest import changed_ids, changed_line
 from producer.jsonl import InputFile, Rejected, written_ids
-from producer.lifetime import start_child
 from producer.local_redis import LocalRedis
 from producer.outfile import OutputFileError, os_error_line, row_keys
 from producer.outlock import OutputBusy, output_lock
 from producer.progress import Progress
-from producer.redis_errors import FatalRedisError, describe, redact
 from producer.rewrite import put_in_order, split_errors
-from producer.schema import Job, Result
 from producer.tables import is_parquet, rows_path, write_parquet
 from producer.worker_pool import GRACE_S, Readiness, WorkerPool, relay_output
+from wire import exits
+from wire.lifetime import start_child
+from wire.redis_errors import FatalRedisError, describe, redact
+from wire.schema import Job, Result
 
 POLL_S = 0.2  # how soon collecting notices a signal or an exited worker
 
@@ -63,7 +63,7 @@ class RunOptions:
     quiet: bool = False  # no progress display
     progress_interval_s: float = 10.0  # plain progress lines when stderr is not a terminal
     metrics_port: int = 0  # >0: worker i serves /metrics on metrics_port + i
-    partitions: int = 1  # partition streams of a new queue (producer.routing)
+    partitions: int = 1  # partition streams of a new queue (wire.routing)
     mapping: ColumnMapping = NATIVE_COLUMNS
     errors_path: Path | None = None  # rejected rows go here instead of into the output
     join_input: bool = False  # Parquet output: joined to the input's columns

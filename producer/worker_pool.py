@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from producer.keys import QueueKeys
+from wire.keys import QueueKeys
 
 GRACE_S = 2.0  # how long a worker may overrun a step before the next, harder one
 _MIN_STEP_GAP_S = 0.1  # NOTE: two SIGTERMs in a row may reach a worker's handler as one

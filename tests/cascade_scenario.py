@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from worker.attention.base import BatchLayout, PrefixGroups
-from worker.engine.kv_pool import KVPool
+from worker.kvcache.pool import KVPool
 
 A, B = 0, 1  # group ids
 PREFIX_PAGES = {A: 3, B: 1}

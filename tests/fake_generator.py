@@ -14,7 +14,7 @@ import os
 import time
 from typing import Any
 
-from producer.schema import Choice, Job, Result, Usage, error_result
+from wire.schema import Choice, Job, Result, Usage, error_result
 
 
 def fake_token_ids(job_id: str, count: int) -> list[int]:

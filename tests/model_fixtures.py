@@ -16,7 +16,7 @@ import torch
 from worker.attention.base import BatchLayout
 from worker.attention.torch_ref import TorchRefBackend
 from worker.engine.forward import ForwardBatch
-from worker.engine.kv_pool import KVPool
+from worker.kvcache.pool import KVPool
 from worker.models import LoadedModel
 
 TINY_SHAPE = dict(

@@ -107,11 +107,11 @@ def worker(
     configuration or Redis connection errors (wrong password, ACL, TLS)."""
     import redis
 
-    from producer import exits
-    from producer.client import connect
-    from producer.cluster import upgrade
-    from producer.redis_errors import describe
-    from producer.retry import RedisUnavailable
+    from wire import exits
+    from wire.cluster import upgrade
+    from wire.redis_errors import describe
+    from wire.retry import RedisUnavailable
+    from wire.streams import connect
     from worker.config import ConfigError, load_worker_config
     from worker.preflight import PreflightError, check_model, wait_for_redis
     from worker.queue.consumer import Consumer
@@ -292,9 +292,9 @@ def run(
     failed or has no result (interrupted: run the same command again to resume); 2: usage,
     configuration or connection error, unreadable input.
     """
-    from producer import exits
-    from producer.redis_errors import check_url
     from producer.runner import RunError, RunOptions, run_file, worker_env
+    from wire import exits
+    from wire.redis_errors import check_url
     from worker.preflight import PreflightError, check_run
 
     if redis_url is not None:

@@ -31,7 +31,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from producer.keys import DEFAULT_QUEUE
+from wire.keys import DEFAULT_QUEUE
 from worker.engine.config import DEFAULT_MODEL, EngineConfig
 from worker.queue.config import ConsumerConfig, default_worker_name
 
@@ -60,7 +60,7 @@ class WorkerSection:
             raise ValueError(f"metrics_port={self.metrics_port}: must be a port in [1, 65535], or 0 for none")
         if not self.connect_timeout_s >= 0:
             raise ValueError(f"connect_timeout_s={self.connect_timeout_s}: must be >= 0")
-        from producer.redis_errors import check_url
+        from wire.redis_errors import check_url
 
         try:
             check_url(self.redis_url)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, cast
 
-from producer.schema import ChatMessage, Result, SamplingParams, error_result
+from wire.schema import ChatMessage, Result, SamplingParams, error_result
 from worker.engine.config import EngineConfig
 from worker.models.registry import DEFAULT_MODEL
 from worker.models.tokenizer import NoTokenizer, load_tokenizer_or_none
@@ -29,7 +29,7 @@ class LLM:
     """Batch generation on one engine, in this process.
 
     ``LLM("smollm2-135m", device="cpu", page_size=16)`` takes any EngineConfig option as a
-    keyword. ``generate`` returns one producer.schema.Result per prompt, in order.
+    keyword. ``generate`` returns one wire.schema.Result per prompt, in order.
     """
 
     def __init__(self, model: str = DEFAULT_MODEL, **engine_options: Any) -> None:

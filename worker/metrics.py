@@ -16,7 +16,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from producer.schema import Job, Result
+from wire.schema import Job, Result
 
 # Seconds: from milliseconds (a fast fake job) to an hour (a long queue wait).
 _BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)

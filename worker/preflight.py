@@ -14,7 +14,7 @@ from pathlib import Path
 
 import redis
 
-from producer.retry import Backoff
+from wire.retry import Backoff
 from worker.config import ConfigError, WorkerConfig, load_worker_config
 from worker.engine.config import EngineConfig
 
@@ -74,7 +74,7 @@ def check_ports(ports: list[int], what: str = "--metrics-port") -> None:
 
 def wait_for_redis(client: redis.Redis, url: str, timeout_s: float, say: Callable[[str], None]) -> None:
     """Ping until Redis answers, for up to ``timeout_s`` (a worker started beside its Redis
-    waits for it); raises producer.retry.RedisUnavailable after that, and fatal errors (a wrong
+    waits for it); raises wire.retry.RedisUnavailable after that, and fatal errors (a wrong
     password, ACL, TLS) at once."""
     backoff = Backoff(url, give_up_s=timeout_s, say=say, max_wait_s=1.0)
     backoff.reached = True  # NOTE: "refused" is an outage to wait out here, not a wrong URL at once

@@ -17,11 +17,11 @@ import msgspec
 import redis
 
 from producer.client import Client
-from producer.keys import FIELD_ID, FIELD_JOB
-from producer.schema import Job, SamplingParams
-from producer.status import Heartbeat, now_ms
 from tests.chaos.lab import KEYS, Lab
 from tests.chaos.row import Observed
+from wire.keys import FIELD_ID, FIELD_JOB
+from wire.schema import Job, SamplingParams
+from wire.status import Heartbeat, now_ms
 
 POISON_TOKEN = 77  # the token id RADIXQ_FAULT's raise-on-token rule reacts to
 LOAD_TIMEOUT_S = 240  # an engine worker loads in ~10 s alone on 2 cores; more beside others

@@ -21,9 +21,7 @@ from typing import Any
 
 import redis
 
-from producer.keys import QueueKeys
 from producer.local_redis import LocalRedis
-from producer.status import Heartbeat, decode_heartbeat
 from tests.integration.procs import (
     REPO_ROOT,
     cmdline,
@@ -35,6 +33,8 @@ from tests.integration.procs import (
     still_running,
     subprocess_env,
 )
+from wire.keys import QueueKeys
+from wire.status import Heartbeat, decode_heartbeat
 
 KEYS = QueueKeys()
 SWEEP_EVERY_S = 0.5

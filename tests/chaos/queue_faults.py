@@ -19,12 +19,12 @@ from typing import Any
 
 import redis
 
-from producer.keys import FIELD_ID
 from tests.chaos.lab import KEYS, Lab, line_count
 from tests.chaos.row import Observed
+from wire.keys import FIELD_ID
 
 COLLECT_TIMEOUT_S = 600  # far above any run here: a timeout means the scenario stalled
-# What collect says when Redis lost the queue's data (producer.epoch, producer.collector).
+# What collect says when Redis lost the queue's data (wire.epoch, producer.collector).
 LOSS_PHRASES = (
     "Redis no longer knows this queue",
     "Redis lost this queue's data",

@@ -50,7 +50,7 @@ def tiny_dir(request, tmp_path_factory):
 
 
 def _generate(path, **options) -> list[list[int]]:
-    from producer.schema import SamplingParams
+    from wire.schema import SamplingParams
     from worker import LLM
 
     llm = LLM(str(path), dtype="bfloat16", max_running_reqs=16, num_pages=8192, max_seq_len=512, **options)
@@ -134,7 +134,7 @@ def test_fused_kernels_match_torch_on_cuda():
 
 def test_fused_sampler_draws_what_the_torch_sampler_draws():
     """Temperature-only rows: the CUDA kernel against the torch inverse-CDF path on CPU."""
-    from producer.schema import SamplingParams
+    from wire.schema import SamplingParams
     from worker.engine.sampler import Sampler
     from worker.scheduler.prepare import sampling_tensors
 
@@ -156,8 +156,8 @@ def test_fused_sampler_draws_what_the_torch_sampler_draws():
 
 def test_fused_fp8_store_matches_kv_pool_store_on_cuda():
     """The fused qk-norm/rope/store kernel writes FP8 pages bit for bit as KVPool.store does."""
-    from worker.engine.kv_pool import KVPool
     from worker.kernels import ops
+    from worker.kvcache.pool import KVPool
     from worker.models.rope import RotaryEmbedding
 
     gen = torch.Generator(device="cuda").manual_seed(1)

@@ -97,9 +97,9 @@ def test_engine_cascade_tokens_match_transformers(device, tmp_path) -> None:
     """A shared-prefix workload through LLM with cascade on (threshold 0, CUDA graphs on):
     cascade passes ran (and none with it off), and the greedy tokens of both runs agree with
     transformers' up to bf16 near-ties (tests/gpu/test_engine_gpu.py's margin rule)."""
-    from producer.schema import SamplingParams
     from tests.gpu.test_engine_gpu import _assert_matches_oracle
     from tests.model_fixtures import tiny_hf_model
+    from wire.schema import SamplingParams
     from worker import LLM
 
     hf = tiny_hf_model(

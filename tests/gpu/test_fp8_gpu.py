@@ -105,7 +105,7 @@ def test_fp8_engine_tokens_agree_with_the_cpu_emulation(tiny_dir, kv_cache_dtype
     sys.path.insert(0, str(bench))
     from fp8_quality import teacher_forced_argmax
 
-    from producer.schema import SamplingParams
+    from wire.schema import SamplingParams
     from worker import LLM
 
     chain = markov_chain(VOCAB)
@@ -136,7 +136,7 @@ def test_fp8_kv_fa2_fast_path_agrees_with_the_torch_path(tiny_dir):
     against the same FP8 cache read by the torch reference backend (eager): the same
     dequantized K/V, bf16 arithmetic on both sides, so on the trained model the greedy streams
     agree but for a rare near-tie (at most one of 8 prompts may part, not before its 8th token)."""
-    from producer.schema import SamplingParams
+    from wire.schema import SamplingParams
     from worker import LLM
 
     chain = markov_chain(VOCAB)

@@ -11,8 +11,8 @@ import torch
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
-from producer.schema import SamplingParams  # noqa: E402
 from tests.model_fixtures import PagedRunner, tiny_hf_model  # noqa: E402
+from wire.schema import SamplingParams  # noqa: E402
 from worker.engine.sampler import Sampler  # noqa: E402
 from worker.models import load_model  # noqa: E402
 from worker.scheduler.prepare import sampling_tensors  # noqa: E402

@@ -26,7 +26,7 @@ EOS = (5, 7)
 
 
 def _penalty_batch(device: str):
-    from producer.schema import SamplingParams
+    from wire.schema import SamplingParams
     from worker.engine.penalties import build_penalties, penalty_row
 
     gen = torch.Generator().manual_seed(0)
@@ -104,7 +104,7 @@ def _prompts() -> list[list[int]]:
 
 
 def _params():
-    from producer.schema import SamplingParams
+    from wire.schema import SamplingParams
 
     common = dict(max_tokens=12, ignore_eos=True)
     return [
@@ -164,7 +164,7 @@ def test_a_complete_grammar_wins_over_min_tokens_on_cuda(temperature: float) -> 
     token (worker.engine.sampler): on CUDA (the fused unfiltered kernel included at
     temperature 1) as on CPU, the grammar's EOS is drawn; a row with another allowed token
     draws it; an unconstrained row never draws EOS while min_tokens holds."""
-    from producer.schema import SamplingParams
+    from wire.schema import SamplingParams
     from worker.engine.penalties import build_penalties, penalty_row
     from worker.engine.sampler import Sampler
     from worker.scheduler.prepare import sampling_tensors

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import redis
 
-from producer.keys import FIELD_ENTRY, FIELD_ID, FIELD_RESULT, QueueKeys
-from producer.schema import Choice, Result, encode
+from wire.keys import FIELD_ENTRY, FIELD_ID, FIELD_RESULT, QueueKeys
+from wire.schema import Choice, Result, encode
 
 
 def complete_all(client: redis.Redis, ids: list[str], keys: QueueKeys | None = None) -> None:

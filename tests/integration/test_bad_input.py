@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import redis
 
-from producer.keys import FIELD_ID, FIELD_JOB, QueueKeys
-from producer.schema import MAX_JOB_BYTES
 from tests.fake_generator import fake_text
 from tests.integration.procs import radixq, start_worker
+from wire.keys import FIELD_ID, FIELD_JOB, QueueKeys
+from wire.schema import MAX_JOB_BYTES
 
 pytestmark = pytest.mark.integration
 

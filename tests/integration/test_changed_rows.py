@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from producer import exits
 from producer.digest import job_digest
 from producer.jsonl import parse_line
 from tests.integration.procs import FAKE_GENERATOR, radixq, start_worker
+from wire import exits
 
 pytestmark = pytest.mark.integration
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from producer import exits
-from producer.keys import QueueKeys
 from tests.integration.procs import REPO_ROOT, radixq, subprocess_env
+from wire import exits
+from wire.keys import QueueKeys
 
 pytestmark = pytest.mark.integration
 KEYS = QueueKeys()

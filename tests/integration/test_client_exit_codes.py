@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 import redis
 
-from producer import exits
 from producer.client import Client
-from producer.keys import FIELD_ENTRY, FIELD_ID, FIELD_RESULT, QueueKeys
 from producer.local_redis import LocalRedis, free_port
-from producer.schema import Choice, Job, Result, encode, error_result
 from tests.conftest import require_redis_server
 from tests.integration.procs import radixq
+from wire import exits
+from wire.keys import FIELD_ENTRY, FIELD_ID, FIELD_RESULT, QueueKeys
+from wire.schema import Choice, Job, Result, encode, error_result
 
 pytestmark = pytest.mark.integration
 KEYS = QueueKeys()

@@ -15,16 +15,16 @@ from pathlib import Path
 import pytest
 import redis
 
-from producer import exits
 from producer.client import Client, EnqueueStopped
 from producer.collector import Collector, _next, _parse
-from producer.keys import META_RESULTS_TRIMMED, QueueKeys
 from producer.local_redis import LocalRedis
-from producer.redis_errors import classify
-from producer.schema import Job
 from tests.conftest import require_redis_server
 from tests.fake_generator import fake_text
 from tests.integration.procs import REPO_ROOT, radixq, start_worker, subprocess_env
+from wire import exits
+from wire.keys import META_RESULTS_TRIMMED, QueueKeys
+from wire.redis_errors import classify
+from wire.schema import Job
 
 pytestmark = pytest.mark.integration
 KEYS = QueueKeys()

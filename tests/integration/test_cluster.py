@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 import redis
 
-from producer.keys import QueueKeys
 from tests.fake_generator import fake_text
 from tests.integration.procs import FAKE_GENERATOR, radixq, start_worker, wait_until
 from tests.redis_cluster import LocalCluster, cluster_client, running_cluster
+from wire.keys import QueueKeys
 
 pytestmark = pytest.mark.integration
 

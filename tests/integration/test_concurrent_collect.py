@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 import redis
 
-from producer import exits
 from producer.client import Client
-from producer.keys import QueueKeys
 from producer.outlock import lock_path
-from producer.schema import Job
 from tests.integration.procs import REPO_ROOT, subprocess_env
 from tests.integration.results import complete_all
+from wire import exits
+from wire.keys import QueueKeys
+from wire.schema import Job
 
 pytestmark = pytest.mark.integration
 KEYS = QueueKeys()

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import redis
 
-from producer.keys import QueueKeys
 from tests.integration.procs import radixq, start_engine_worker
 from tests.model_fixtures import smollm2_dir  # noqa: F401  (fixture)
+from wire.keys import QueueKeys
 from worker.config import CPU_DEFAULTS
 from worker.queue.consumer import HELD_PER_SLOT
 

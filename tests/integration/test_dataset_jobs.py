@@ -15,9 +15,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from producer import exits
 from tests.fake_generator import fake_text
 from tests.integration.procs import FAKE_GENERATOR, radixq, start_worker
+from wire import exits
 
 pytestmark = pytest.mark.integration
 

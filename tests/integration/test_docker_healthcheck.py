@@ -15,9 +15,9 @@ import msgspec
 import pytest
 import redis
 
-from producer.keys import QueueKeys
-from producer.status import DEAD_AFTER_BEATS, Heartbeat, now_ms
 from tests.integration.procs import FAKE_GENERATOR, REPO_ROOT, subprocess_env
+from wire.keys import QueueKeys
+from wire.status import DEAD_AFTER_BEATS, Heartbeat, now_ms
 
 pytestmark = pytest.mark.integration
 

@@ -17,11 +17,11 @@ import pytest
 
 from producer.client import Client
 from producer.collector import Collector
-from producer.keys import QueueKeys
-from producer.schema import Job, SamplingParams
-from producer.status import Heartbeat, decode_heartbeat
 from tests.integration.procs import children, is_alive, radixq, start_engine_worker
 from tests.model_fixtures import hf_from_dir, hf_greedy, tiny_hf_model
+from wire.keys import QueueKeys
+from wire.schema import Job, SamplingParams
+from wire.status import Heartbeat, decode_heartbeat
 
 pytestmark = pytest.mark.integration
 
@@ -100,7 +100,7 @@ def test_kill_9_of_the_worker_takes_its_scheduler_along(
 
 def socket_dirs_of(pid: int) -> list[Path]:
     """The scheduler socket folders whose owner file names ``pid`` (worker.frontend.process)."""
-    from producer.local_redis import OWNER_FILE
+    from wire.owned_dirs import OWNER_FILE
     from worker.frontend.process import SOCKET_DIR_PREFIX
 
     found = []

@@ -16,10 +16,10 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from producer.client import Client
-from producer.keys import QueueKeys
 from producer.local_redis import free_port
-from producer.schema import Job, SamplingParams, decode_result
 from tests.integration.procs import REPO_ROOT, radixq, start_worker, wait_for
+from wire.keys import QueueKeys
+from wire.schema import Job, SamplingParams, decode_result
 
 pytestmark = pytest.mark.integration
 

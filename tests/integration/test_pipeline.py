@@ -19,9 +19,9 @@ import pytest
 from producer.client import ContentChanged
 from producer.datasets import ColumnMapping
 from producer.pipeline import Pipeline, ResultsGone
-from producer.schema import Job
 from tests.fake_generator import fake_text
 from tests.integration.procs import radixq, start_worker
+from wire.schema import Job
 
 pytestmark = pytest.mark.integration
 

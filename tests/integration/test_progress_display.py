@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from producer.client import Client
-from producer.schema import Job
 from tests.integration.procs import FAKE_GENERATOR, REPO_ROOT, radixq, start_worker, subprocess_env
+from wire.schema import Job
 
 pytestmark = pytest.mark.integration
 

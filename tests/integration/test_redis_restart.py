@@ -12,15 +12,15 @@ from pathlib import Path
 import pytest
 import redis
 
-from producer import exits
 from producer.client import Client
 from producer.collector import Collector
-from producer.keys import QueueKeys
 from producer.local_redis import LocalRedis
-from producer.schema import Job
 from tests.conftest import require_redis_server
 from tests.fake_generator import fake_text
 from tests.integration.procs import radixq, start_worker
+from wire import exits
+from wire.keys import QueueKeys
+from wire.schema import Job
 from worker.queue.streams import RedisJobQueue
 from worker.queue.streams.lag import LagCount
 

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from producer.keys import FIELD_RESULT, QueueKeys
-from producer.schema import Choice, Result, decode_result
+from wire.keys import FIELD_RESULT, QueueKeys
+from wire.schema import Choice, Result, decode_result
 from worker.queue import outbox as outbox_module
 from worker.queue.jobqueue import Completion, Write
 from worker.queue.outbox import Outbox

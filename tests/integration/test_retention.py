@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import redis
 
-from producer import exits
 from producer.client import Client
-from producer.keys import QueueKeys
-from producer.schema import Job
 from tests.integration.procs import radixq
 from tests.integration.results import complete_all
+from wire import exits
+from wire.keys import QueueKeys
+from wire.schema import Job
 
 pytestmark = pytest.mark.integration
 KEYS = QueueKeys()

@@ -13,15 +13,15 @@ import pytest
 
 from producer.client import Client
 from producer.collector import Collector
-from producer.keys import QueueKeys
-from producer.routing import partition_of, prefix_key
-from producer.schema import decode_result
-from producer.status import decode_heartbeat
 from tests.fake_generator import FakeGenerator, fake_text
 from tests.integration.procs import radixq, start_worker, wait_until
 from tests.redis_cluster import cluster_client, local_cluster
 from tests.unit.queue_worlds import config_for
 from tests.unit.test_routing import group_jobs, group_keys
+from wire.keys import QueueKeys
+from wire.routing import partition_of, prefix_key
+from wire.schema import decode_result
+from wire.status import decode_heartbeat
 from worker.queue.consumer import Consumer
 from worker.queue.routing import assign
 from worker.queue.streams import RedisJobQueue

@@ -13,12 +13,12 @@ import pytest
 
 from producer.client import Client
 from producer.collector import Collector
-from producer.keys import QueueKeys
 from producer.local_redis import LocalRedis, free_port
-from producer.schema import Job
-from producer.status import Heartbeat, now_ms
 from tests.fake_generator import fake_text
 from tests.integration.procs import FAKE_GENERATOR, REPO_ROOT, radixq, start_worker, subprocess_env
+from wire.keys import QueueKeys
+from wire.schema import Job
+from wire.status import Heartbeat, now_ms
 
 pytestmark = pytest.mark.integration
 

@@ -24,7 +24,6 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from producer.keys import QueueKeys
 from producer.local_redis import LocalRedis
 from tests.conftest import require_redis_server
 from tests.fake_generator import fake_text
@@ -41,6 +40,7 @@ from tests.integration.procs import (
     still_running,
     subprocess_env,
 )
+from wire.keys import QueueKeys
 
 pytestmark = pytest.mark.integration
 

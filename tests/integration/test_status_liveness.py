@@ -12,10 +12,10 @@ import pytest
 import redis
 
 from producer.client import Client
-from producer.keys import QueueKeys
-from producer.schema import Job
-from producer.status import read_status
 from tests.integration.procs import radixq, start_worker, wait_for
+from wire.keys import QueueKeys
+from wire.schema import Job
+from wire.status import read_status
 
 pytestmark = pytest.mark.integration
 

@@ -10,10 +10,10 @@ import pytest
 
 from producer.client import Client
 from producer.collector import Collector
-from producer.keys import QueueKeys
-from producer.schema import Job, SamplingParams
 from tests.fake_generator import fake_text
 from tests.integration.procs import start_worker, wait_until
+from wire.keys import QueueKeys
+from wire.schema import Job, SamplingParams
 
 pytestmark = pytest.mark.integration
 

@@ -10,13 +10,14 @@ from pathlib import Path
 import pytest
 import redis
 
-from producer.client import Client, ensure_groups
-from producer.epoch import create_epoch
-from producer.keys import QueueKeys
+from producer.client import Client
 from producer.local_redis import LocalRedis
-from producer.schema import Job
 from tests.conftest import require_redis_server
 from tests.integration.procs import start_worker
+from wire.epoch import create_epoch
+from wire.keys import QueueKeys
+from wire.schema import Job
+from wire.streams import ensure_groups
 from worker.queue.streams.retention import trim_acked_jobs
 
 pytestmark = pytest.mark.integration

@@ -13,9 +13,9 @@ from typing import Any, Protocol
 import fakeredis
 
 from producer.client import Client
-from producer.keys import FIELD_ID, FIELD_JOB, QueueKeys
-from producer.schema import Job, Result, decode_result
 from tests.fake_generator import FakeGenerator
+from wire.keys import FIELD_ID, FIELD_JOB, QueueKeys
+from wire.schema import Job, Result, decode_result
 from worker.queue.config import ConsumerConfig
 from worker.queue.consumer import Consumer
 from worker.queue.jobqueue import QueueUnavailable

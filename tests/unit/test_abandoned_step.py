@@ -15,8 +15,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from producer.schema import SamplingParams
 from tests.model_fixtures import tiny_hf_model
+from wire.schema import SamplingParams
 from worker.llm import LLM
 from worker.scheduler.messages import GenerateRequest
 

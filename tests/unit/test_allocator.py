@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker.cache.allocator import PageAllocator, locations_to_pages, pages_to_locations
+from worker.kvcache.allocator import PageAllocator, locations_to_pages, pages_to_locations
 
 
 def test_locations_are_runs_of_page_size() -> None:

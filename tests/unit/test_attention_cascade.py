@@ -15,7 +15,7 @@ from tests.cascade_scenario import DECODE, PREFILL, PREFIX_PAGES, A, B, scenario
 from worker.attention.registry import create_backend
 from worker.attention.torch_cascade import TorchCascadeBackend, attend_with_lse, merge_states
 from worker.attention.torch_ref import TorchRefBackend
-from worker.engine.kv_pool import KVPool
+from worker.kvcache.pool import KVPool
 from worker.models.config import ModelConfig
 
 

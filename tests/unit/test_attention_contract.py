@@ -9,7 +9,7 @@ import torch
 
 from worker.attention.base import AttentionBackend, BatchLayout
 from worker.attention.registry import create_backend
-from worker.engine.kv_pool import KVPool
+from worker.kvcache.pool import KVPool
 
 
 class _EagerOnly(AttentionBackend):

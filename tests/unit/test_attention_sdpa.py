@@ -10,7 +10,7 @@ from tests.unit.test_attention_torch_ref import HEAD_DIM, LAYER, paged_scenario
 from worker.attention.registry import create_backend
 from worker.attention.torch_ref import TorchRefBackend
 from worker.attention.torch_sdpa import TorchSdpaBackend
-from worker.engine.kv_pool import KVPool
+from worker.kvcache.pool import KVPool
 from worker.models.config import ModelConfig
 
 DECODES = [(0, 7, 1), (2, 30, 1), (4, 0, 1), (6, 15, 1)]  # (slot, cached_len, extend_len)

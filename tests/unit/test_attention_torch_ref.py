@@ -10,7 +10,7 @@ import torch
 from worker.attention.base import BatchLayout
 from worker.attention.registry import create_backend, resolve_backend_name
 from worker.attention.torch_ref import TorchRefBackend
-from worker.engine.kv_pool import KVPool
+from worker.kvcache.pool import KVPool
 from worker.models.config import ModelConfig
 
 HEAD_DIM, NUM_LAYERS, LAYER, MAX_LEN = 16, 2, 1, 48

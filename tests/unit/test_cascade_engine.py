@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from producer.schema import SamplingParams
 from tests.model_fixtures import hf_greedy, tiny_hf_model
+from wire.schema import SamplingParams
 from worker.attention.base import BatchLayout
 from worker.attention.torch_cascade import TorchCascadeBackend
 from worker.llm import LLM

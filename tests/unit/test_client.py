@@ -9,9 +9,9 @@ import fakeredis
 
 from producer.client import Client
 from producer.collector import Collector
-from producer.keys import FIELD_ENTRY, FIELD_ID, FIELD_RESULT, QueueKeys
-from producer.schema import Choice, Job, Result, decode_job, encode, error_result
-from producer.status import Heartbeat, is_alive
+from wire.keys import FIELD_ENTRY, FIELD_ID, FIELD_RESULT, QueueKeys
+from wire.schema import Choice, Job, Result, decode_job, encode, error_result
+from wire.status import Heartbeat, is_alive
 
 KEYS = QueueKeys()
 

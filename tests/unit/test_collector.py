@@ -14,7 +14,7 @@ import pytest
 
 from producer.client import Client, UnknownQueueError
 from producer.collector import Collector
-from producer.keys import (
+from wire.keys import (
     FIELD_ATTEMPTS,
     FIELD_ENTRY,
     FIELD_EPOCH,
@@ -25,7 +25,7 @@ from producer.keys import (
     META_RESULTS_TRIMMED,
     QueueKeys,
 )
-from producer.schema import Choice, Job, Result, encode, error_result
+from wire.schema import Choice, Job, Result, encode, error_result
 
 KEYS = QueueKeys()
 

@@ -9,9 +9,9 @@ import time
 import msgspec
 import pytest
 
-from producer.schema import Job, Result, SamplingParams, encode_job
 from tests.fake_generator import FakeGenerator, fake_text, fake_token_ids
 from tests.unit.queue_worlds import MemoryWorld, World, config_for, make_world, step_until
+from wire.schema import Job, Result, SamplingParams, encode_job
 from worker.queue.config import ConsumerConfig
 from worker.queue.consumer import Consumer
 from worker.queue.generator import ENGINE_CRASH

@@ -14,12 +14,12 @@ import pytest
 
 from producer.client import Client
 from producer.collector import Collector
-from producer.keys import FIELD_ID, FIELD_JOB, QueueKeys
-from producer.schema import Result, decode_result, encode_job
-from producer.status import decode_heartbeat
 from tests.fake_generator import FakeGenerator
 from tests.unit.queue_worlds import RedisWorld, config_for
 from tests.unit.test_consumer import make_jobs
+from wire.keys import FIELD_ID, FIELD_JOB, QueueKeys
+from wire.schema import Result, decode_result, encode_job
+from wire.status import decode_heartbeat
 from worker.queue.consumer import Consumer
 from worker.queue.streams import RedisJobQueue
 

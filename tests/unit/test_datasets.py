@@ -18,8 +18,8 @@ import pytest
 
 from producer.datasets import ColumnMapping, input_columns, read_input
 from producer.jsonl import Rejected, output_line, output_record, read_jobs
-from producer.schema import Choice, Job, Result, Usage
 from producer.tables import RESULT_COLUMNS, write_parquet
+from wire.schema import Choice, Job, Result, Usage
 
 RECORDS = [
     {"qid": 7, "question": "What is 2+2?", "topic": "math"},

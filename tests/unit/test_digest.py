@@ -15,8 +15,8 @@ from producer.client import Client, ContentChanged
 from producer.collector import Collector
 from producer.digest import REJECTED, job_digest
 from producer.jsonl import parse_line
-from producer.keys import FIELD_ENTRY, FIELD_ID, FIELD_RESULT, QueueKeys
-from producer.schema import Choice, Job, Result, SamplingParams, encode, error_result
+from wire.keys import FIELD_ENTRY, FIELD_ID, FIELD_RESULT, QueueKeys
+from wire.schema import Choice, Job, Result, SamplingParams, encode, error_result
 
 KEYS = QueueKeys()
 

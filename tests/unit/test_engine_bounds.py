@@ -7,8 +7,9 @@ import msgspec
 import pytest
 import torch
 
-from producer.bounds import TOKEN_ID_LIMIT
-from producer.schema import (
+from tests.model_fixtures import TINY_SHAPE, hf_greedy, tiny_hf_model
+from wire.bounds import TOKEN_ID_LIMIT
+from wire.schema import (
     MAX_N,
     MAX_STOP_CHARS,
     MAX_STOP_STRINGS,
@@ -19,7 +20,6 @@ from producer.schema import (
     MIN_TOP_P,
     SamplingParams,
 )
-from tests.model_fixtures import TINY_SHAPE, hf_greedy, tiny_hf_model
 from worker.engine.config import EngineConfig
 from worker.llm import LLM
 from worker.scheduler import InMemoryIO, build_scheduler

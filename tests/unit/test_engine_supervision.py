@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from producer.schema import Job, Result, SamplingParams
 from tests.model_fixtures import hf_from_dir, hf_greedy, tiny_hf_model
+from wire.schema import Job, Result, SamplingParams
 from worker.engine.config import EngineConfig
 from worker.frontend import EngineGenerator, EngineStartError
 from worker.queue.generator import ENGINE_CRASH, GeneratorUnavailable

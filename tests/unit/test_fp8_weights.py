@@ -13,8 +13,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from producer.schema import SamplingParams
 from tests.model_fixtures import tiny_hf_model
+from wire.schema import SamplingParams
 from worker.kernels import ops
 from worker.models.fp8 import Fp8Linear, quantize_model
 

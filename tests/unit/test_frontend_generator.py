@@ -9,8 +9,8 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from producer.schema import Job, SamplingParams
 from tests.model_fixtures import hf_from_dir, hf_greedy, tiny_hf_model
+from wire.schema import Job, SamplingParams
 from worker.engine.config import EngineConfig
 from worker.frontend import EngineGenerator
 from worker.metrics import WorkerMetrics

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from producer.schema import SamplingParams
 from tests.model_fixtures import smollm2_dir  # noqa: F401  (fixture)
+from wire.schema import SamplingParams
 from worker.engine import grammar as grammar_module
 from worker.engine.grammar import GrammarError, Grammars, apply_token_bitmask
 from worker.engine.sampler import Sampler

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from producer.schema import SamplingParams
 from tests.model_fixtures import smollm2_dir  # noqa: F401  (fixture)
+from wire.schema import SamplingParams
 from worker.engine.grammar import GrammarError, Grammars, grammar_key, load_grammars
 from worker.engine.grammar_compiler import BackgroundCompiler, Outcome
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from producer.schema import SamplingParams
 from tests.model_fixtures import hf_from_dir, hf_greedy, smollm2_dir  # noqa: F401  (fixture)
+from wire.schema import SamplingParams
 from worker.llm import LLM
 from worker.scheduler.messages import AbortRequest, GenerateRequest, RequestFinished
 

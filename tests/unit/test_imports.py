@@ -23,7 +23,7 @@ def loaded_after(code: str) -> set[str]:
 
 def test_producer_modules_import_neither_worker_nor_torch() -> None:
     names = sorted(f"producer.{info.name}" for info in pkgutil.iter_modules(producer.__path__))
-    assert {"producer.cli", "producer.client", "producer.jsonl", "producer.schema"} <= set(names)
+    assert {"producer.cli", "producer.client", "producer.jsonl", "wire.schema"} <= set(names)
     modules = loaded_after("\n".join(f"import {name}" for name in names))
     assert set(names) <= modules
     offending = sorted(

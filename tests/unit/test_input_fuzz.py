@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from producer.jsonl import parse_line
-from producer.nesting import json_outline, msgpack_outline
-from producer.schema import (
+from wire.nesting import json_outline, msgpack_outline
+from wire.schema import (
     SCHEMA_VERSION,
     Job,
     JobError,

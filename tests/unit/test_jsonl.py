@@ -11,7 +11,7 @@ import pytest
 
 from producer.jsonl import derive_id, output_line, output_record, parse_line, read_jobs, written_ids
 from producer.openai_batch import RESERVED_KEY
-from producer.schema import (
+from wire.schema import (
     MAX_JOB_BYTES,
     ChatMessage,
     Choice,

@@ -71,7 +71,7 @@ def test_silu_and_mul(ops):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fused_sampling_draws_what_the_torch_sampler_draws(ops, dtype):
-    from producer.schema import SamplingParams
+    from wire.schema import SamplingParams
     from worker.engine.sampler import Sampler
     from worker.kernels.sampling import sample_unfiltered
     from worker.scheduler.prepare import sampling_tensors
@@ -95,7 +95,7 @@ def test_fused_sampling_draws_what_the_torch_sampler_draws(ops, dtype):
 @pytest.mark.parametrize("page_size", [1, 4])
 @pytest.mark.parametrize("with_norm", [False, True])
 def test_qk_norm_rope_store_matches_the_unfused_path(ops, with_norm, page_size):
-    from worker.engine.kv_pool import KVPool
+    from worker.kvcache.pool import KVPool
     from worker.models.rope import RotaryEmbedding
 
     gen = torch.Generator().manual_seed(6)
@@ -136,7 +136,7 @@ def test_qk_norm_rope_store_matches_the_unfused_path(ops, with_norm, page_size):
 
 def test_qk_norm_rope_store_into_fp8_pages(ops):
     """The fused store into an FP8 pool scales, saturates and rounds as KVPool.store does."""
-    from worker.engine.kv_pool import KVPool
+    from worker.kvcache.pool import KVPool
     from worker.models.rope import RotaryEmbedding
 
     gen = torch.Generator().manual_seed(7)

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from producer.schema import SamplingParams
 from tests.model_fixtures import tiny_hf_model
+from wire.schema import SamplingParams
 from worker.engine.config import EngineConfig
 from worker.scheduler import InMemoryIO, build_scheduler
 from worker.scheduler.messages import GenerateRequest, RequestFinished

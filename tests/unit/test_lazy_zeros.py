@@ -1,4 +1,4 @@
-"""A CPU KV pool is resident only as its pages are written (worker.engine.lazy_zeros), and
+"""A CPU KV pool is resident only as its pages are written (worker.kvcache.lazy_zeros), and
 reads as zeros like torch.zeros, for every cache dtype."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from worker.engine.kv_pool import KVPool
-from worker.engine.lazy_zeros import ALIGN_BYTES, lazy_zeros
+from worker.kvcache.lazy_zeros import ALIGN_BYTES, lazy_zeros
+from worker.kvcache.pool import KVPool
 
 MIB = 2**20
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from producer.schema import SamplingParams
 from tests.model_fixtures import tiny_hf_model
+from wire.schema import SamplingParams
 from worker.llm import LLM
 
 _GEN = torch.Generator().manual_seed(3)

@@ -16,8 +16,8 @@ import jsonschema
 import pytest
 import torch
 
-from producer.schema import SamplingParams
 from tests.model_fixtures import smollm2_dir  # noqa: F401  (fixture)
+from wire.schema import SamplingParams
 from worker.llm import LLM
 
 pytestmark = pytest.mark.slow

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from producer.jsonl import output_record
-from producer.schema import Choice, SamplingParams
 from tests.model_fixtures import smollm2_dir  # noqa: F401  (fixture)
+from wire.schema import Choice, SamplingParams
 from worker.llm import LLM
 
 pytestmark = pytest.mark.slow

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from producer.schema import SamplingParams
 from tests.model_fixtures import hf_greedy, tiny_hf_model
+from wire.schema import SamplingParams
 from worker.engine.config import EngineConfig
 from worker.scheduler import InMemoryIO, build_scheduler
 from worker.scheduler.messages import GenerateRequest, RequestFinished

@@ -71,7 +71,7 @@ def test_smollm2_tokenizer_helpers(smollm2_dir):  # noqa: F811
 def test_message_name_reaches_the_chat_template(smollm2_dir):  # noqa: F811
     """A message's ``name`` (OpenAI's) is handed to the chat template; without one the template
     sees no ``name`` key. The expected text is written out here, independently of the template."""
-    from producer.schema import ChatMessage
+    from wire.schema import ChatMessage
 
     tokenizer = load_tokenizer(str(smollm2_dir))
     tokenizer.chat_template = (

@@ -18,7 +18,7 @@ from openai.types.chat import completion_create_params as chat_params
 
 from producer.jsonl import output_record, parse_line, read_jobs
 from producer.openai_request import CHAT_URL, COMPLETIONS_URL, FIELDS, conformance_table
-from producer.schema import (
+from wire.schema import (
     ChatMessage,
     Choice,
     ErrorInfo,

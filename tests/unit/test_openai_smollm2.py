@@ -16,8 +16,8 @@ from openai.types import Completion
 from openai.types.chat import ChatCompletion
 
 from producer.jsonl import output_record, parse_line
-from producer.schema import Result
 from tests.model_fixtures import smollm2_dir  # noqa: F401  (fixture)
+from wire.schema import Result
 from worker.engine.config import EngineConfig
 from worker.frontend import EngineGenerator
 from worker.queue.prompts import PromptLists

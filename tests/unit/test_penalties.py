@@ -24,8 +24,8 @@ from transformers import (
     SequenceBiasLogitsProcessor,
 )
 
-from producer.schema import SamplingParams
 from tests.model_fixtures import tiny_hf_model
+from wire.schema import SamplingParams
 from worker.engine.penalties import apply_penalties, build_penalties, penalty_row
 from worker.engine.sampler import Sampler
 from worker.llm import LLM
@@ -309,7 +309,7 @@ def test_repetition_penalty_is_bounded_where_float32_logits_stay_finite() -> Non
     positive logit into +inf (sampling then drew from NaN probabilities): such values are the
     job's error naming the field; at the lowest accepted value, logits up to the float32
     range's 1e30 stay finite, as transformers' processor computes them."""
-    from producer.schema import JobError
+    from wire.schema import JobError
 
     for tiny_value in (1e-300, 1e-40, 1e-3):
         with pytest.raises(JobError) as info:
@@ -333,7 +333,7 @@ def test_building_a_batch_of_large_logit_bias_rows_is_cheap() -> None:
     cost every request of the batch would pay), and they equal the per-row dicts."""
     import time
 
-    from producer.schema import MAX_LOGIT_BIAS
+    from wire.schema import MAX_LOGIT_BIAS
 
     rows = []
     for i in range(256):

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from worker.cache.naive import NaiveCache
-from worker.cache.radix import RadixCache
+from worker.kvcache.naive import NaiveCache
+from worker.kvcache.radix import RadixCache
 from worker.scheduler.groups import Group, cascade_pays, choose_groups, saved_kv_tokens, to_prefix_groups
 
 

@@ -8,10 +8,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from producer.schema import SamplingParams
+from wire.schema import SamplingParams
+from worker.kvcache.table import TableManager
 from worker.scheduler.prepare import PASS_FLOAT32, PASS_INT64, BatchPreparer, sampling_tensors
 from worker.scheduler.req import ChunkedReq, PendingReq, Req, RequestGroup
-from worker.scheduler.table import TableManager
 
 MAX_REQS, ROW_LEN, VOCAB = 8, 32, 100
 DUMMY_LOC = 9999

@@ -6,8 +6,9 @@ import io
 
 import pytest
 
-from producer.progress import Progress, RateWindow
-from producer.schema import ErrorInfo, Result, Usage, encode
+from producer.progress import Progress
+from wire.schema import ErrorInfo, Result, Usage, encode
+from wire.status import RateWindow
 
 
 def test_rate_window_uses_only_the_last_window() -> None:

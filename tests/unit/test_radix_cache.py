@@ -11,9 +11,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from worker.cache.allocator import PageAllocator
-from worker.cache.prefix import create_prefix_cache
-from worker.cache.radix import RadixCache
+from worker.kvcache.allocator import PageAllocator
+from worker.kvcache.prefix import create_prefix_cache
+from worker.kvcache.radix import RadixCache
 
 NUM_PAGES = 24
 

@@ -1,4 +1,4 @@
-"""Routing across a pool (worker.queue.routing, producer.routing), on both queues: jobs of a
+"""Routing across a pool (worker.queue.routing, wire.routing), on both queues: jobs of a
 prefix group run on the worker that owns its partition; workers joining, leaving, dying and
 running dry (stealing) keep every job done exactly once."""
 
@@ -12,11 +12,11 @@ import fakeredis
 import pytest
 
 from producer.client import Client
-from producer.keys import QueueKeys
-from producer.routing import partition_of, prefix_key, qualify, split_id
-from producer.schema import Job
 from tests.fake_generator import FakeGenerator
 from tests.unit.queue_worlds import World, config_for, make_world
+from wire.keys import QueueKeys
+from wire.routing import partition_of, prefix_key, qualify, split_id
+from wire.schema import Job
 from worker.queue.consumer import Consumer
 from worker.queue.routing import PrefixTally, Router, Survey, assign
 from worker.queue.streams import RedisJobQueue

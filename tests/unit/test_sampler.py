@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from producer.schema import MAX_TOP_K, SamplingParams
+from wire.schema import MAX_TOP_K, SamplingParams
 from worker.engine.sampler import Sampler, row_uniforms
 from worker.scheduler.prepare import sampling_tensors
 

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from producer.schema import SamplingParams
 from tests.model_fixtures import hf_greedy, tiny_hf_model
-from worker.cache.allocator import PageAllocator
-from worker.cache.radix import RadixCache
+from wire.schema import SamplingParams
 from worker.engine.config import EngineConfig
+from worker.kvcache.allocator import PageAllocator
+from worker.kvcache.radix import RadixCache
 from worker.scheduler import InMemoryIO, build_scheduler
 from worker.scheduler.messages import GenerateRequest, RequestFinished
 from worker.scheduler.req import PendingReq, RequestGroup

@@ -7,8 +7,8 @@ import json
 import msgspec
 import pytest
 
-from producer.bounds import TOKEN_ID_LIMIT
-from producer.schema import (
+from wire.bounds import TOKEN_ID_LIMIT
+from wire.schema import (
     GREEDY_EPSILON,
     MAX_JOB_BYTES,
     MAX_METADATA_DEPTH,
@@ -243,7 +243,7 @@ def test_a_chat_role_a_template_does_not_know_is_refused_at_enqueue_and_at_intak
     """Roles are system, user, assistant; "wizard" (which ran before, as whatever the chat
     template made of it) is that job's error, read from a file or from the stream."""
     from producer.jsonl import parse_line
-    from producer.schema import CHAT_ROLES, decode_job
+    from wire.schema import CHAT_ROLES, decode_job
 
     assert CHAT_ROLES == ("system", "user", "assistant")
     for role in CHAT_ROLES:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from producer.schema import SamplingParams
+from wire.schema import SamplingParams
 from worker.engine.config import EngineConfig
 from worker.scheduler import InMemoryIO, build_scheduler
 from worker.scheduler.hooks import StepHooks

@@ -1,6 +1,6 @@
 """The attention backend contract shared by the engine, the models and every backend.
 
-Layout of the KV cache (see worker.engine.kv_pool.KVPool): per layer one K and one V tensor
+Layout of the KV cache (see worker.kvcache.pool.KVPool): per layer one K and one V tensor
 of pages, [num_pages, num_kv_heads, page_size, head_dim] (FlashInfer's "HND" layout). A KV
 *location* ``loc`` names one token's slot in the pool: token ``loc % page_size`` of page
 ``loc // page_size``. ``page_table[slot, i]`` is the location of token i of the request in

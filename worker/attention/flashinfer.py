@@ -56,7 +56,7 @@ from flashinfer import BatchDecodeWithPagedKVCacheWrapper, BatchPrefillWithPaged
 
 from worker.attention.base import AttentionBackend, BatchLayout
 from worker.attention.xqa import XqaDecode, XqaMeta, xqa_supported
-from worker.engine.kv_pool import KVPool
+from worker.kvcache.pool import KVPool
 
 _INT_WORKSPACE_BYTES = 8 * 1024 * 1024  # FlashInfer's own default for plan data
 # Measured on an H200 (benchmarks/decode_breakdown.py attention, 16/8 heads, bf16, page 16):

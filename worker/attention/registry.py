@@ -11,7 +11,7 @@ from worker.lazy import load_callable
 
 if TYPE_CHECKING:
     from worker.attention.base import AttentionBackend
-    from worker.engine.kv_pool import KVPool
+    from worker.kvcache.pool import KVPool
     from worker.models.config import ModelConfig
 
 # name -> "module:factory"; the factory is called with the keyword arguments of create_backend.

@@ -25,7 +25,7 @@ import torch
 
 from worker.attention.base import BatchLayout
 from worker.attention.torch_ref import TorchRefBackend, _RequestPlan
-from worker.engine.kv_pool import KVPool
+from worker.kvcache.pool import KVPool
 
 
 def attend_with_lse(

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from worker.attention.base import AttentionBackend, BatchLayout
-from worker.engine.kv_pool import KVPool
+from worker.kvcache.pool import KVPool
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from worker.attention.base import BatchLayout
 from worker.attention.torch_ref import PagedTorchBackend
-from worker.engine.kv_pool import KVPool
+from worker.kvcache.pool import KVPool
 
 
 @dataclass(frozen=True)
@@ -128,7 +128,7 @@ class TorchSdpaBackend(PagedTorchBackend):
         kv = self.kv
         k = kv.k_buffer(layer_id).index_select(0, pages)
         v = kv.v_buffer(layer_id).index_select(0, pages)
-        if kv.quantized:  # pages hold k / k_scale (worker.engine.kv_pool)
+        if kv.quantized:  # pages hold k / k_scale (worker.kvcache.pool)
             return k.float() * kv.k_scale[layer_id], v.float() * kv.v_scale[layer_id]
         return k.float(), v.float()
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from worker.engine.kv_pool import KVPool
+from worker.kvcache.pool import KVPool
 
 PAGE_SIZES = (16, 32, 64, 128)
 _SEMAPHORE_BYTES = 8 * 1024 * 1024  # XQA reserves the workspace's first 8 MiB for semaphores

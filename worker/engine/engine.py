@@ -12,8 +12,8 @@ import torch
 from worker.engine.config import EngineConfig
 from worker.engine.forward import ForwardBatch, ForwardOutput
 from worker.engine.input import ForwardInput
-from worker.engine.kv_pool import KVPool, cache_dtype_of
 from worker.engine.logprobs import pack_with_tokens, raw_logprobs, unpack
+from worker.kvcache.pool import KVPool, cache_dtype_of
 
 if TYPE_CHECKING:
     from worker.engine.graph import GraphRunner
@@ -118,7 +118,7 @@ class Engine:
         )
         self.sampler = Sampler()
         if self.kv.quantized and config.kv_scales == "calibrated":
-            from worker.engine.kv_calibration import calibrate_kv_scales, calibration_ids
+            from worker.kvcache.calibration import calibrate_kv_scales, calibration_ids
 
             with self.kernels():
                 calibrate_kv_scales(self, calibration_ids(self))  # before CUDA graphs bake the scales in

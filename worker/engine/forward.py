@@ -9,8 +9,8 @@ if TYPE_CHECKING:
     import torch
 
     from worker.attention.base import AttentionBackend, BatchLayout
-    from worker.engine.kv_pool import KVPool
     from worker.engine.logprobs import HostLogprobs
+    from worker.kvcache.pool import KVPool
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Structured output: grammars compiled by xgrammar, one matcher per choice, a token bitmask per step.
 
 A job constrained by ``json_schema``, ``json_object``, ``regex`` or ``choice``
-(producer.schema.SamplingParams) gets a grammar before it is admitted: compiled once per
+(wire.schema.SamplingParams) gets a grammar before it is admitted: compiled once per
 canonical key, in a child process off the scheduler's loop and within a time limit
 (worker.engine.grammar_compiler; ``Grammars.submit`` / ``poll``), and kept in a bounded LRU
 cache, then one ``Matcher`` per choice. Each step that samples a constrained choice, the host fills one bitmask row per
@@ -34,7 +34,7 @@ from worker.engine.grammar_compiler import (
 )
 
 if TYPE_CHECKING:
-    from producer.schema import SamplingParams
+    from wire.schema import SamplingParams
 
 GRAMMAR_CACHE_SIZE = 256  # compiled grammars kept by the scheduler process (least recently used go)
 GRAMMAR_CACHE_BYTES = 1 << 30  # and at most this much of them (xgrammar's memory_size_bytes)

@@ -36,7 +36,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from producer.lifetime import start_child
+from wire.lifetime import start_child
 from worker.engine.grammar_memory import MemoryWatch, cap_address_space
 
 logger = logging.getLogger(__name__)

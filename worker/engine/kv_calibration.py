@@ -1,5 +1,5 @@
 """FP8 KV scales fitted at load: one prefill pass over a calibration text, per layer the
-largest |k| and |v| it stores, scale = amax * HEADROOM / 448 (worker.engine.kv_pool).
+largest |k| and |v| it stores, scale = amax * HEADROOM / 448 (worker.kvcache.pool).
 
 Why at load and per layer: FlashInfer takes one K and one V scale a layer, fixed for the
 captured CUDA graphs, so scales cannot follow the traffic; and one fixed scale of 1.0 for
@@ -17,7 +17,7 @@ import torch
 
 from worker.attention.base import BatchLayout
 from worker.engine.forward import ForwardBatch
-from worker.engine.kv_pool import FP8_E4M3_MAX, HEADROOM, KVPool
+from worker.kvcache.pool import FP8_E4M3_MAX, HEADROOM, KVPool
 
 if TYPE_CHECKING:
     from worker.engine.engine import Engine

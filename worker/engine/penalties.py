@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 if TYPE_CHECKING:
-    from producer.schema import SamplingParams
+    from wire.schema import SamplingParams
 
 
 class PenaltyRow(NamedTuple):

@@ -22,8 +22,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from producer.schema import Job, Result, Timings, error_result
-from producer.status import now_ms
+from wire.schema import Job, Result, Timings, error_result
+from wire.status import now_ms
 from worker.engine.config import EngineConfig
 from worker.frontend.channel import PeerGone
 from worker.frontend.process import SchedulerProcess

@@ -18,8 +18,8 @@ import sys
 import time
 from pathlib import Path
 
-from producer.lifetime import start_child
-from producer.local_redis import owned_dir, remove_stale_dirs
+from wire.lifetime import start_child
+from wire.owned_dirs import owned_dir, remove_stale_dirs
 from worker.engine.config import EngineConfig
 from worker.engine.threads import openmp_env
 from worker.frontend.channel import FrontendChannel, PeerGone
@@ -56,7 +56,7 @@ class SchedulerProcess:
         self.failure: SchedulerFailed | None = None
         self.started_at = time.monotonic()
         # NOTE: a worker killed with -9 cannot remove its folder: the next one to start does
-        remove_stale_dirs(prefix=SOCKET_DIR_PREFIX)
+        remove_stale_dirs(SOCKET_DIR_PREFIX)
         self._socket_dir = str(owned_dir(SOCKET_DIR_PREFIX))
         self._channel = FrontendChannel(self._socket_dir)
         env = dict(os.environ)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from producer.schema import Choice, ErrorInfo, Result, Timings, TokenLogprob, TopLogprob, Usage
+from wire.schema import Choice, ErrorInfo, Result, Timings, TokenLogprob, TopLogprob, Usage
 from worker.scheduler.messages import ChoiceOutput, RequestFinished
 
 

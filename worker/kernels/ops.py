@@ -266,7 +266,7 @@ def qk_norm_rope_store(
 ) -> torch.Tensor | None:
     """One kernel for a layer's qkv [T, (Hq + 2 Hkv) * D]: q = rope(norm(q)) returned as a
     contiguous [T, Hq, D]; rope(norm(k)) and v written to the layer's KV pages
-    ([num_pages, Hkv, page_size, D], worker.engine.kv_pool) at out_loc, divided by k_scale
+    ([num_pages, Hkv, page_size, D], worker.kvcache.pool) at out_loc, divided by k_scale
     and v_scale when the pages are FP8. None when it cannot run here: the caller takes the
     unfused path."""
     k = _kernels_for(qkv)

@@ -287,7 +287,7 @@ def qk_norm_rope_store_kernel(
     """Program t, all heads of token t at once: q heads -> q_out[t]; k heads: rope(norm(k)) -> K
     and v -> V at location out_loc[t] (the pass's KV store). A location is token
     loc % page_size of page loc // page_size (strides in elements). An FP8 cache (FP8_MAX > 0)
-    gets k * k_inv_scale and v * v_inv_scale, saturated at +-FP8_MAX (worker.engine.kv_pool)."""
+    gets k * k_inv_scale and v * v_inv_scale, saturated at +-FP8_MAX (worker.kvcache.pool)."""
     row = tl.program_id(0)
     heads = tl.arange(0, HEADS_PAD)[:, None]  # q heads, then k heads (qkv's order), then padding
     cols = tl.arange(0, HALF)[None, :]

@@ -6,7 +6,7 @@ import os
 import socket
 from dataclasses import dataclass, field
 
-from producer.keys import DEFAULT_QUEUE
+from wire.keys import DEFAULT_QUEUE
 
 
 def default_worker_name() -> str:

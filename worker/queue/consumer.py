@@ -33,9 +33,8 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from producer.progress import RateWindow
-from producer.schema import Job, JobError, Result, Timings, error_result
-from producer.status import Heartbeat, now_ms
+from wire.schema import Job, JobError, Result, Timings, error_result
+from wire.status import Heartbeat, RateWindow, now_ms
 from worker.queue.config import ConsumerConfig
 from worker.queue.generator import ENGINE_CRASH, Generator, GeneratorUnavailable
 from worker.queue.guard import Guard

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from producer.schema import Job, Result
+from wire.schema import Job, Result
 
 ENGINE_CRASH = "engine_crash"  # error code: the job crashed the engine while it ran alone
 

@@ -10,7 +10,7 @@ QueueLost (the queue's state is gone: its consumer group no longer exists), Queu
 (retrying cannot help: a wrong password, an ACL denial; ``str()`` is the one line to show),
 or anything else for a bug. ``complete`` and ``release`` are all or nothing.
 
-Epochs: each delivery carries the queue's epoch as read with it (producer.epoch; None: the
+Epochs: each delivery carries the queue's epoch as read with it (wire.epoch; None: the
 queue has none). A completion or release of a job read under one epoch is not written once
 the queue has another one, or none: Redis lost the queue since (restarted empty, then maybe
 enqueued again), and the result or job would land in a queue that never had it.
@@ -21,10 +21,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from producer.keys import FIELD_JOB
-from producer.routing import split_id
-from producer.schema import Job, JobError, Result, decode_job
-from producer.status import Heartbeat
+from wire.keys import FIELD_JOB
+from wire.routing import split_id
+from wire.schema import Job, JobError, Result, decode_job
+from wire.status import Heartbeat
 from worker.queue.routing import Survey
 
 
@@ -45,7 +45,7 @@ class Entry:
     """One delivered entry. ``job_id`` is always printable text, so the entry can be answered and
     acknowledged whatever it holds; ``problem`` says why its id cannot be trusted."""
 
-    entry_id: str  # qualified by its partition (producer.routing)
+    entry_id: str  # qualified by its partition (wire.routing)
     job_id: str
     data: bytes  # the encoded job, b"" when missing
     problem: str | None = None

@@ -1,7 +1,7 @@
 """InMemoryJobQueue: the JobQueue contract in one process (tests of the consumer's policy).
 
 It keeps what Redis Streams consumer groups keep: entries in order per partition (routed as
-the producer routes them, producer.routing; read as worker.queue.routing says), a pending list of
+the producer routes them, wire.routing; read as worker.queue.routing says), a pending list of
 (entry -> consumer, deliveries, last touched), the done marks and error codes, results and
 dead letters, heartbeats and an epoch. Time is the given clock (seconds), so a test can make
 entries idle without sleeping. ``add`` plays the producer; ``fail_with`` makes the next calls
@@ -16,9 +16,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from producer.routing import DEFAULT_PREFIX_CHARS, partition_of, prefix_key, qualify, split_id
-from producer.schema import Job, Result, decode_result, encode_job
-from producer.status import Heartbeat, now_ms
+from wire.routing import DEFAULT_PREFIX_CHARS, partition_of, prefix_key, qualify, split_id
+from wire.schema import Job, Result, decode_result, encode_job
+from wire.status import Heartbeat, now_ms
 from worker.queue.jobqueue import Delivery, Entry, Release, Write, entry_key, of_epoch
 from worker.queue.routing import Router, Survey, live_workers, read_routed
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 
-from producer.schema import encode, error_result
+from wire.schema import encode, error_result
 from worker.queue.jobqueue import Completion, JobQueue, Write
 
 log = logging.getLogger("radixq.worker")

@@ -18,7 +18,7 @@ from typing import Any
 
 import msgspec
 
-from producer.schema import Choice, Job, Result, Usage
+from wire.schema import Choice, Job, Result, Usage
 from worker.queue.generator import ENGINE_CRASH, Generator
 
 

@@ -1,6 +1,6 @@
 """Which partitions a worker reads: its own first, then others' when it runs dry.
 
-A queue's jobs sit in P partition streams by prefix key (producer.routing). Every worker
+A queue's jobs sit in P partition streams by prefix key (wire.routing). Every worker
 computes the same owner for each partition from the live workers it sees in the heartbeats
 (``assign``): rendezvous hashing with a bound on load, so each worker owns at most
 ceil(P / workers) partitions and a worker joining or leaving moves few of them. A worker reads
@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
-from producer.status import Heartbeat, is_alive
+from wire.status import Heartbeat, is_alive
 
 T = TypeVar("T")
 PREFIX_KEYS_KEPT = 4096  # distinct prefix keys a worker remembers for its heartbeat

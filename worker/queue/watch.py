@@ -1,7 +1,7 @@
 """What a worker checks the queue still knows.
 
 Every heartbeat returns the queue's epoch: one that disappears or changes means Redis lost the
-queue's data (producer.epoch). After an outage or a lost group, the jobs stream must still
+queue's data (wire.epoch). After an outage or a lost group, the jobs stream must still
 reach the newest entry this worker read: a Redis restarted without its data, or from an AOF
 that missed the last writes, does not. Either is logged as DATA LOSS with what to do, and
 counted in the heartbeat.
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import logging
 
-from producer.epoch import EpochWatch
-from producer.keys import QueueKeys
-from producer.status import Heartbeat
+from wire.epoch import EpochWatch
+from wire.keys import QueueKeys
+from wire.status import Heartbeat
 from worker.queue.jobqueue import JobQueue, entry_key
 
 log = logging.getLogger("radixq.worker")

@@ -6,7 +6,7 @@ import random
 
 import msgspec
 
-from producer.schema import SamplingParams
+from wire.schema import SamplingParams
 from worker.engine.penalties import bias_refusal
 from worker.scheduler.messages import GenerateRequest
 from worker.scheduler.req import PendingReq, RequestGroup

@@ -11,7 +11,7 @@ from typing import Literal, Protocol
 
 import msgspec
 
-from producer.schema import SamplingParams
+from wire.schema import SamplingParams
 
 
 class GenerateRequest(msgspec.Struct, tag="generate", frozen=True):

@@ -5,9 +5,9 @@ from __future__ import annotations
 from contextlib import closing
 
 from worker.engine.penalties import needs_token_history
-from worker.scheduler.cache import CacheManager
+from worker.kvcache.manager import CacheManager
+from worker.kvcache.table import TableManager
 from worker.scheduler.req import ChunkedReq, PendingReq, Req, RequestGroup, output_reserve
-from worker.scheduler.table import TableManager
 from worker.scheduler.waiting import WaitQueue
 
 _SHARE_PROBE_TOKENS = 32  # in-batch sharing is probed, and prefix keys taken, at this granularity

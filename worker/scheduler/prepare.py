@@ -25,15 +25,15 @@ from worker.engine.input import ForwardInput
 from worker.engine.logprobs import logprob_rows
 from worker.engine.penalties import PenaltyRow, build_penalties, penalty_row
 from worker.engine.sampler import SamplingTensors
+from worker.kvcache.table import TableManager
 from worker.scheduler.groups import cascade_pays, choose_groups, saved_kv_tokens, to_prefix_groups
 from worker.scheduler.intake import choice_seed
 from worker.scheduler.req import PendingReq, Req
-from worker.scheduler.table import TableManager
 
 if TYPE_CHECKING:
-    from producer.schema import SamplingParams
-    from worker.cache.prefix import PrefixCache
+    from wire.schema import SamplingParams
     from worker.engine.engine import Engine
+    from worker.kvcache.prefix import PrefixCache
 
 ROWS = "rows"  # one entry per computed token, padding rows included
 REQUESTS = "requests"  # one entry per request

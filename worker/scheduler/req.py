@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from producer.schema import SamplingParams
+from wire.schema import SamplingParams
 from worker.scheduler.messages import ChoiceOutput, TokenLogprobs
 
 if TYPE_CHECKING:

@@ -24,7 +24,8 @@ from worker.engine.config import EngineConfig
 from worker.engine.engine import Engine
 from worker.engine.forward import ForwardOutput
 from worker.engine.input import ForwardInput
-from worker.scheduler.cache import CacheManager
+from worker.kvcache.manager import CacheManager
+from worker.kvcache.table import TableManager
 from worker.scheduler.decode import DecodeManager
 from worker.scheduler.faults import Fault
 from worker.scheduler.hooks import StepHooks
@@ -45,7 +46,6 @@ from worker.scheduler.prepare import BatchPreparer
 from worker.scheduler.req import ChunkedReq, Req, RequestGroup
 from worker.scheduler.stop import Detokenize, Stop, check_stop
 from worker.scheduler.structured import GrammarWaits
-from worker.scheduler.table import TableManager
 
 logger = logging.getLogger(__name__)
 

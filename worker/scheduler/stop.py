@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
-from producer.schema import SamplingParams
+from wire.schema import SamplingParams
 from worker.scheduler.req import Req
 
 Detokenize = Callable[[list[int]], str]

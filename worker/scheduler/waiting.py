@@ -26,7 +26,7 @@ from collections.abc import Callable, Generator, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
-from worker.cache.prefix import PrefixCache
+from worker.kvcache.prefix import PrefixCache
 from worker.scheduler.req import PendingReq
 
 SCHEDULE_POLICIES = ("lpm", "fcfs")

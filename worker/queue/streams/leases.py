@@ -15,7 +15,7 @@ from typing import Any
 
 import redis
 
-from producer.keys import QueueKeys
+from wire.keys import QueueKeys
 
 
 @dataclass(frozen=True)

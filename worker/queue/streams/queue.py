@@ -1,9 +1,9 @@
-"""RedisJobQueue: the JobQueue contract on Redis Streams consumer groups (keys: producer.keys).
+"""RedisJobQueue: the JobQueue contract on Redis Streams consumer groups (keys: wire.keys).
 
-A queue has one stream per partition (producer.routing), each with the consumer group; every
+A queue has one stream per partition (wire.routing), each with the consumer group; every
 command below runs on the partitions concerned (worker.queue.routing says which to read).
 On a Redis Cluster the partitions other than 0 have hash slots of their own
-(producer.keys): reads go per slot, and writes that must be atomic stay in one (streams.writes).
+(wire.keys): reads go per slot, and writes that must be atomic stay in one (streams.writes).
 
     survey       XINFO GROUPS per partition, HGETALL workers, HGET meta partitions
     read         XREADGROUP > + HGET meta epoch     complete  one MULTI: XADD result, HSETNX done,
@@ -16,7 +16,7 @@ On a Redis Cluster the partitions other than 0 have hash slots of their own
 A lag Redis cannot tell (nil after an AOF restart) is counted by the survey
 (worker.queue.streams.lag).
 
-Redis errors leave as the contract's: transient ones (producer.redis_errors) as
+Redis errors leave as the contract's: transient ones (wire.redis_errors) as
 QueueUnavailable, a missing group as QueueLost, fatal ones as QueueRefused (one line).
 """
 
@@ -29,18 +29,18 @@ from typing import Any, TypeVar
 import msgspec
 import redis
 
-from producer.client import ensure_groups
-from producer.cluster import by_slot, is_cluster
-from producer.keys import (
+from wire.cluster import by_slot, is_cluster
+from wire.keys import (
     FIELD_ID,
     FIELD_JOB,
     FIELD_KEY,
     META_EPOCH,
     QueueKeys,
 )
-from producer.redis_errors import classify, describe, url_of
-from producer.routing import RoutingCorrupt, qualify, read_routing, split_id
-from producer.status import Heartbeat, decode_heartbeat, now_ms
+from wire.redis_errors import classify, describe, url_of
+from wire.routing import RoutingCorrupt, qualify, read_routing, split_id
+from wire.status import Heartbeat, decode_heartbeat, now_ms
+from wire.streams import ensure_groups
 from worker.queue.jobqueue import (
     Delivery,
     Entry,

@@ -21,9 +21,9 @@ from typing import Any
 
 import redis
 
-from producer.cluster import together
-from producer.keys import QueueKeys
-from producer.status import decode_heartbeat, now_ms
+from wire.cluster import together
+from wire.keys import QueueKeys
+from wire.status import decode_heartbeat, now_ms
 
 _FORGET = """
 local held = redis.call('XPENDING', KEYS[1], ARGV[1], '-', '+', 1, ARGV[2])

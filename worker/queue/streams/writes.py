@@ -17,8 +17,8 @@ from typing import Any, TypeVar
 
 import redis
 
-from producer.cluster import together
-from producer.keys import (
+from wire.cluster import together
+from wire.keys import (
     FIELD_ATTEMPTS,
     FIELD_ENTRY,
     FIELD_EPOCH,
@@ -30,7 +30,7 @@ from producer.keys import (
     META_EPOCH,
     QueueKeys,
 )
-from producer.routing import split_id
+from wire.routing import split_id
 from worker.queue.jobqueue import Release, Write, of_epoch
 
 T = TypeVar("T", Write, Release)

@@ -1,6 +1,6 @@
 """Waiting out transient Redis errors on the producer side (enqueue, collect, dlq requeue).
 
-A ``Backoff`` runs one Redis step; a transient error (producer.redis_errors.classify) is
+A ``Backoff`` runs one Redis step; a transient error (wire.redis_errors.classify) is
 retried with exponential backoff until ``give_up_s`` pass without a successful step, then
 ``RedisUnavailable`` is raised with the last error; a Redis that never answered (a wrong URL,
 a server not started) is reported at once. Fatal and other errors propagate at once.
@@ -15,7 +15,7 @@ from typing import TypeVar
 
 import redis
 
-from producer.redis_errors import classify, describe
+from wire.redis_errors import classify, describe
 
 T = TypeVar("T")
 

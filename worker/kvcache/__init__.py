@@ -1,6 +1,6 @@
 """KV page allocation and prefix caches (radix tree, naive)."""
 
-from worker.cache.allocator import PageAllocator
-from worker.cache.prefix import Match, PrefixCache, create_prefix_cache
+from worker.kvcache.allocator import PageAllocator
+from worker.kvcache.prefix import Match, PrefixCache, create_prefix_cache
 
 __all__ = ["Match", "PageAllocator", "PrefixCache", "create_prefix_cache"]

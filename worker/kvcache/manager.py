@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from worker.cache.allocator import PageAllocator
-from worker.cache.prefix import Match, create_prefix_cache
+from worker.kvcache.allocator import PageAllocator
+from worker.kvcache.prefix import Match, create_prefix_cache
+from worker.kvcache.table import TableManager
 from worker.scheduler.req import Req
-from worker.scheduler.table import TableManager
 
 
 class CacheManager:

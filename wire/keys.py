@@ -24,7 +24,7 @@ class QueueKeys:
         return self._key("jobs")
 
     def partition(self, index: int) -> str:
-        """Stream of partition ``index`` (producer.routing): partition 0 is ``jobs`` itself.
+        """Stream of partition ``index`` (wire.routing): partition 0 is ``jobs`` itself.
 
         NOTE: the others carry their own hash tag ``{Q:index}``, so a Redis Cluster spreads
         them over its nodes; every other key of the queue (partition 0 included) shares
@@ -84,7 +84,7 @@ class QueueKeys:
     @property
     def meta(self) -> str:
         """Hash with the queue's ``epoch`` (a random token written once, by the first enqueue),
-        ``created_ms``, and its routing (``partitions``, ``prefix_chars``: producer.routing). Workers and collectors remember the epoch they saw: when Redis
+        ``created_ms``, and its routing (``partitions``, ``prefix_chars``: wire.routing). Workers and collectors remember the epoch they saw: when Redis
         comes back without it, or with another one, they know it lost the queue's data."""
         return self._key("meta")
 
@@ -99,7 +99,7 @@ class QueueKeys:
         return GROUP
 
 
-# Field names inside stream entries. jobs: id, job, key (the prefix key, producer.routing). results: id, entry (the jobs-stream entry
+# Field names inside stream entries. jobs: id, job, key (the prefix key, wire.routing). results: id, entry (the jobs-stream entry
 # id it answers), result, epoch (the queue's epoch its job was read under; absent: none).
 # dead: id, entry, job, reason, attempts.
 FIELD_ID = "id"

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from worker.cache.prefix import Match, PrefixCache
+from worker.kvcache.prefix import Match, PrefixCache
 
 _EMPTY = torch.empty(0, dtype=torch.int32)
 

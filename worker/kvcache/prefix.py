@@ -92,8 +92,8 @@ class PrefixCache(ABC):
 
 # name -> "module:class"; the class is built with the page size (worker.lazy's registry style).
 PREFIX_CACHES: dict[str, str] = {
-    "radix": "worker.cache.radix:RadixCache",
-    "naive": "worker.cache.naive:NaiveCache",
+    "radix": "worker.kvcache.radix:RadixCache",
+    "naive": "worker.kvcache.naive:NaiveCache",
 }
 
 

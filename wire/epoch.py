@@ -15,8 +15,8 @@ from typing import Any
 
 import redis
 
-from producer.keys import META_CREATED_MS, META_EPOCH, QueueKeys
-from producer.status import now_ms
+from wire.keys import META_CREATED_MS, META_EPOCH, QueueKeys
+from wire.status import now_ms
 
 
 def create_epoch(client: redis.Redis, keys: QueueKeys) -> str:

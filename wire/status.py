@@ -4,13 +4,14 @@
 from __future__ import annotations
 
 import time
+from collections import deque
 from typing import Any, NamedTuple
 
 import msgspec
 import redis
 
-from producer.cluster import is_cluster
-from producer.keys import META_EPOCH, META_FORGOTTEN, META_FORGOTTEN_FAILED, QueueKeys
+from wire.cluster import is_cluster
+from wire.keys import META_EPOCH, META_FORGOTTEN, META_FORGOTTEN_FAILED, QueueKeys
 
 
 class Heartbeat(msgspec.Struct, frozen=True, kw_only=True):
@@ -58,7 +59,7 @@ class ConsumerStatus(msgspec.Struct, frozen=True, kw_only=True):
 class QueueStatus(msgspec.Struct, frozen=True, kw_only=True):
     queue: str
     epoch: str | None = None  # written by the first enqueue; None: never enqueued, or Redis lost it
-    partitions: int = 1  # partition streams (producer.routing)
+    partitions: int = 1  # partition streams (wire.routing)
     enqueued: int  # distinct job ids ever enqueued
     queued: int  # in the stream, not yet delivered to any worker
     in_flight: int
@@ -206,8 +207,8 @@ def _node_of(client: Any, key: str) -> redis.Redis:
 
 
 def read_partitions(client: redis.Redis, keys: QueueKeys) -> int:
-    """The queue's partition count (producer.routing.read_routing: raises RoutingCorrupt)."""
-    from producer.routing import read_routing
+    """The queue's partition count (wire.routing.read_routing: raises RoutingCorrupt)."""
+    from wire.routing import read_routing
 
     return read_routing(client, keys)[0]
 
@@ -256,3 +257,25 @@ def now_ms() -> int:
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+class RateWindow:
+    """Rates of cumulative counters over the last ``window_s`` seconds: the counts are
+    sampled (time, *counts) and the rate is the change between the oldest sample in the
+    window and the newest, divided by the time between them."""
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self._samples: deque[tuple[float, tuple[float, ...]]] = deque()
+
+    def sample(self, at_s: float, *counts: float) -> tuple[float, ...]:
+        """Record ``counts`` at ``at_s``; returns their rates per second (zeros until two
+        samples are at least a tenth of a second apart)."""
+        self._samples.append((at_s, counts))
+        while len(self._samples) > 2 and at_s - self._samples[1][0] >= self.window_s:
+            self._samples.popleft()
+        first_s, first = self._samples[0]
+        elapsed = at_s - first_s
+        if elapsed < 0.1:
+            return tuple(0.0 for _ in counts)
+        return tuple((now - then) / elapsed for now, then in zip(counts, first, strict=True))

@@ -18,8 +18,8 @@ from typing import Any
 
 import redis
 
-from producer.keys import META_PARTITIONS, META_PREFIX_CHARS, QueueKeys
-from producer.schema import Job
+from wire.keys import META_PARTITIONS, META_PREFIX_CHARS, QueueKeys
+from wire.schema import Job
 
 DEFAULT_PARTITIONS = 1
 DEFAULT_PREFIX_CHARS = 256

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from producer.bounds import (
+from wire.bounds import (
     JobError,
     check,
     check_int,
@@ -22,7 +22,7 @@ from producer.bounds import (
     check_token_ids,
     is_int,
 )
-from producer.nesting import Outline, msgpack_outline
+from wire.nesting import Outline, msgpack_outline
 
 SCHEMA_VERSION = 1
 MAX_JOB_BYTES = 1 << 20  # a job's encoded payload, prompt included
@@ -217,7 +217,7 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True)
     input_ids: list[int] | None = None
     sampling: SamplingParams = SamplingParams()
     metadata: dict[str, Any] = {}
-    prefix_key: str | None = None  # jobs with equal keys share a prompt prefix (producer.routing)
+    prefix_key: str | None = None  # jobs with equal keys share a prompt prefix (wire.routing)
     enqueued_at_ms: int = 0
     v: int = SCHEMA_VERSION
     model: str | None = None

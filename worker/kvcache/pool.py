@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from worker.engine.lazy_zeros import lazy_zeros
+from worker.kvcache.lazy_zeros import lazy_zeros
 
 FP8_E4M3_MAX = 448.0  # the largest finite float8_e4m3fn value
 # Calibrated scales map the largest |k| or |v| seen at load to FP8_E4M3_MAX / HEADROOM, so
@@ -26,7 +26,7 @@ class KVPool:
     (``cache_dtype=torch.float8_e4m3fn``): a page then holds k / k_scale[layer] and
     v / v_scale[layer], saturated at +-448, and readers multiply back (FlashInfer takes the
     two scales per layer as its ``k_scale`` / ``v_scale``). Scales are 1.0 until
-    ``set_scales`` (worker.engine.kv_calibration fits them at load).
+    ``set_scales`` (worker.kvcache.calibration fits them at load).
     """
 
     layout = "HND"

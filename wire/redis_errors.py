@@ -74,7 +74,7 @@ def check_url(url: str) -> None:
     from redis.connection import parse_url
 
     scheme, sep, rest = url.partition("://")
-    if sep and scheme.endswith("+cluster"):  # producer.cluster
+    if sep and scheme.endswith("+cluster"):  # wire.cluster
         url = f"{scheme.removesuffix('+cluster')}://{rest}"
     try:
         parse_url(url)

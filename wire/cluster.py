@@ -7,7 +7,7 @@ the new slot map after a failover or a reshard) when its scheme says so (``redis
 
 On a plain client every key of a queue lives on one server and one MULTI may hold them all.
 On a cluster one MULTI (or one script, or one multi-key command) holds keys of one hash slot
-only: ``together`` says whether it may (producer.keys says which keys share a slot).
+only: ``together`` says whether it may (wire.keys says which keys share a slot).
 """
 
 from __future__ import annotations
