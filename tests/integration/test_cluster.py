@@ -91,7 +91,7 @@ def test_every_command_works_pointed_at_any_node(cluster: LocalCluster, tmp_path
     total = sum(served.values())
     shares = {port: round(calls / total, 3) for port, calls in served.items()}
     print(f"commands per node: {served} shares: {shares}")
-    assert min(shares.values()) >= 0.15  # each node serves a real part of the load
+    assert min(shares.values()) >= 0.15  # six queues ({Q} slots) and their partitions: every node works
 
 
 def test_a_node_killed_mid_run_loses_no_job_and_duplicates_no_id(
