@@ -126,5 +126,13 @@ def test_a_node_killed_mid_run_loses_no_job_and_duplicates_no_id(
             assert worker.wait(timeout=60) == 0, (tmp_path / f"w{i}.log").read_text()
         client.close()
     rows = [json.loads(line)["id"] for line in out.read_text().splitlines()]
-    print(f"killed node {victim} at {killed_at_done} done; rows {len(rows)}, unique {len(set(rows))}")
+    back = [
+        line.split("back after ")[1]
+        for i in range(2)
+        for line in (tmp_path / f"w{i}.log").read_text().splitlines()
+        if "back after" in line
+    ]
+    print(
+        f"killed node {victim} at {killed_at_done} done; queue back after {back}; rows {len(rows)}, unique {len(set(rows))}"
+    )
     assert rows == ids  # 0 jobs lost, 0 duplicate ids, in enqueue order
