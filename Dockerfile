@@ -11,6 +11,7 @@ WORKDIR /app
 RUN pip install --index-url https://download.pytorch.org/whl/cpu torch==2.13.0
 COPY pyproject.toml README.md ./
 COPY producer ./producer
+COPY radixq ./radixq
 COPY wire ./wire
 COPY worker ./worker
 COPY configs ./configs

@@ -163,6 +163,7 @@ def run_queue(
     from producer.client import Client
     from producer.collector import Collector
     from producer.runner import worker_command, worker_env
+    from radixq.cli import WORKER_COMMAND
 
     queue = f"atscale-{round_}-{variant.replace(' ', '-').replace('=', '-')}"
     config = work / f"{queue}.toml"
@@ -172,7 +173,7 @@ def run_queue(
     start = time.perf_counter()
     with open(log_path, "wb") as log:
         worker = subprocess.Popen(
-            worker_command(queue, f"{queue}-0", ["--config", str(config)]),
+            worker_command(WORKER_COMMAND, queue, f"{queue}-0", ["--config", str(config)]),
             env=worker_env(redis_url),
             stdin=subprocess.DEVNULL,
             stdout=log,

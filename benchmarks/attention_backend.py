@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from worker.attention.base import BatchLayout  # noqa: E402
 from worker.attention.registry import create_backend  # noqa: E402
+from worker.forward import BatchLayout  # noqa: E402
 from worker.kvcache.pool import KVPool  # noqa: E402
 
 HEAD_DIM = 128

@@ -53,7 +53,11 @@ def peak_rss_mb(args: list[str], code: Path) -> tuple[float, float, int]:
     """(peak RSS in MB, wall time in s, exit code) of one radixq command run from ``code``."""
     env = {**os.environ, "PYTHONPATH": str(code)}
     start = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "worker.cli", *args], cwd=code, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "radixq" if (code / "radixq").is_dir() else "worker.cli", *args],
+        cwd=code,
+        env=env,
+    )
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
     return usage.ru_maxrss / 1024, time.monotonic() - start, proc.returncode

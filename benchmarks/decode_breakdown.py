@@ -126,9 +126,9 @@ def run_engine(args: argparse.Namespace) -> dict:
     import torch
 
     from wire.schema import SamplingParams
-    from worker.attention.base import BatchLayout
     from worker.engine.config import EngineConfig
     from worker.engine.engine import Engine
+    from worker.forward import BatchLayout
     from worker.scheduler.prepare import sampling_tensors
 
     workload = standard_workload()
@@ -210,8 +210,7 @@ def _prefill_step(engine, prompt_lens: list[int], rows, num_tokens: int) -> dict
     """One eager prefill pass of the first prompts (fresh, nothing cached) up to num_tokens."""
     import torch
 
-    from worker.attention.base import BatchLayout
-    from worker.engine.forward import ForwardBatch
+    from worker.forward import BatchLayout, ForwardBatch
 
     lens, total = [], 0
     for n in prompt_lens:

@@ -42,14 +42,19 @@ def peak_rss_mb(args: list[str], code: Path) -> tuple[float, float, int]:
     env = {**os.environ, "PYTHONPATH": str(code)}
     start = time.monotonic()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "worker.cli", *args], cwd=code, env=env, stdout=subprocess.DEVNULL
+        [sys.executable, "-m", "radixq" if (code / "radixq").is_dir() else "worker.cli", *args],
+        cwd=code,
+        env=env,
+        stdout=subprocess.DEVNULL,
     )
     _, status, usage = os.wait4(proc.pid, 0)
     return usage.ru_maxrss / 1024, time.monotonic() - start, os.waitstatus_to_exitcode(status)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--lines", type=int, nargs="+", default=[50_000, 200_000, 800_000])
     parser.add_argument("--code", type=Path, default=REPO_ROOT, help="checkout whose radixq to measure")
     options = parser.parse_args()

@@ -32,9 +32,8 @@ import torch  # noqa: E402
 from prompt_set import chat_prompts  # noqa: E402
 
 from wire.schema import SamplingParams  # noqa: E402
-from worker.attention.base import BatchLayout  # noqa: E402
 from worker.attention.torch_ref import TorchRefBackend  # noqa: E402
-from worker.engine.forward import ForwardBatch  # noqa: E402
+from worker.forward import BatchLayout, ForwardBatch  # noqa: E402
 from worker.kvcache.pool import KVPool  # noqa: E402
 from worker.llm import LLM  # noqa: E402
 

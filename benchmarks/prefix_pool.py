@@ -35,6 +35,7 @@ from producer.client import Client  # noqa: E402
 from producer.collector import Collector  # noqa: E402
 from producer.local_redis import LocalRedis  # noqa: E402
 from producer.runner import worker_command, worker_env  # noqa: E402
+from radixq.cli import WORKER_COMMAND  # noqa: E402
 from wire.keys import QueueKeys  # noqa: E402
 from wire.schema import Job, SamplingParams  # noqa: E402
 
@@ -116,7 +117,7 @@ def run_pool(args: argparse.Namespace, model: str, redis_url: str, partitions: i
             env["CUDA_VISIBLE_DEVICES"] = str(w)  # one worker per GPU
         extra = ["--config", str(config), *args.worker_args.split()]
         log = open(work / f"worker{w}.log", "wb")  # noqa: SIM115 (closed with the process)
-        procs.append(subprocess.Popen(worker_command(queue, f"w{w}", extra), env=env, stdout=log, stderr=log))
+        procs.append(subprocess.Popen(worker_command(WORKER_COMMAND, queue, f"w{w}", extra), env=env, stdout=log, stderr=log))
     client = Client.from_url(redis_url, queue, partitions=partitions)
     collector = Collector(client.redis, queue)
     try:

@@ -98,6 +98,7 @@ def main() -> None:
     from producer.collector import Collector
     from producer.local_redis import LocalRedis
     from producer.runner import worker_command, worker_env
+    from radixq.cli import WORKER_COMMAND
 
     workload = standard_workload(args.num_requests)
     work = Path(tempfile.mkdtemp(prefix="radixq-e2e-"))
@@ -106,7 +107,7 @@ def main() -> None:
     with LocalRedis(use_server=True, fsync="everysec") as redis_server:
         extra = ["--config", str(config)] + (["--device", args.device] if args.device else [])
         extra += args.worker_args.split()
-        worker = subprocess.Popen(worker_command("e2e", "e2e-0", extra), env=worker_env(redis_server.url))
+        worker = subprocess.Popen(worker_command(WORKER_COMMAND, "e2e", "e2e-0", extra), env=worker_env(redis_server.url))
         try:
             client = Client.from_url(redis_server.url, "e2e")
             collector = Collector(client.redis, "e2e")

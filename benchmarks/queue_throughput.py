@@ -59,7 +59,7 @@ def run_workers(
     procs = []
     for i in range(count):
         log = open(log_dir / f"worker-{queue}-{i}.log", "wb")  # noqa: SIM115
-        cmd = [sys.executable, "-m", "worker.cli", "worker", "--redis-url", url, "--queue", queue]
+        cmd = [sys.executable, "-m", "radixq", "worker", "--redis-url", url, "--queue", queue]
         cmd += ["--name", f"bench-{i}", "--backend", FAKE_GENERATOR]
         procs.append(subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
         log.close()

@@ -33,16 +33,38 @@ from wire.keys import QueueKeys  # noqa: E402
 
 def radixq(code: Path, *args: str) -> None:
     env = {**os.environ, "PYTHONPATH": str(code)}
-    subprocess.run([sys.executable, "-m", "worker.cli", *args], cwd=code, env=env, check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "radixq" if (code / "radixq").is_dir() else "worker.cli", *args],
+        cwd=code,
+        env=env,
+        check=True,
+        capture_output=True,
+    )
 
 
 def run_jobs(code: Path, url: str, source: Path, out: Path, count: int) -> None:
-    source.write_text("".join(json.dumps({"id": f"j{i:07d}", "prompt": f"question {i}"}) + "\n" for i in count))
+    source.write_text(
+        "".join(json.dumps({"id": f"j{i:07d}", "prompt": f"question {i}"}) + "\n" for i in count)
+    )
     radixq(code, "enqueue", str(source), "--redis-url", url)
-    env = {**os.environ, "PYTHONPATH": str(code), "RADIXQ_FAKE_CAPACITY": "64", "RADIXQ_HOUSEKEEPING_S": "0.5"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(code),
+        "RADIXQ_FAKE_CAPACITY": "64",
+        "RADIXQ_HOUSEKEEPING_S": "0.5",
+    }
     workers = [
         subprocess.Popen(
-            [sys.executable, "-m", "worker.cli", "worker", "--redis-url", url, "--name", f"w{i}"]
+            [
+                sys.executable,
+                "-m",
+                "radixq" if (code / "radixq").is_dir() else "worker.cli",
+                "worker",
+                "--redis-url",
+                url,
+                "--name",
+                f"w{i}",
+            ]
             + ["--backend", "tests.fake_generator:create_generator"],
             cwd=code,
             env=env,
@@ -75,7 +97,9 @@ def used_memory(url: str) -> tuple[int, dict[str, int]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--jobs", type=int, default=100_000)
     parser.add_argument("--code", type=Path, default=REPO_ROOT, help="checkout whose radixq to measure")
     options = parser.parse_args()
@@ -88,7 +112,9 @@ def main() -> None:
         after, after_keys = used_memory(server.url)
         rows = sum(1 for _ in open(out))
     print(f"{rows:,} rows collected in {time.monotonic() - started:.0f} s")
-    print(f"used_memory: empty queue {empty / 2**20:.2f} MiB, after {options.jobs:,} jobs {after / 2**20:.2f} MiB")
+    print(
+        f"used_memory: empty queue {empty / 2**20:.2f} MiB, after {options.jobs:,} jobs {after / 2**20:.2f} MiB"
+    )
     print(f"difference: {(after - empty) / 2**20:+.2f} MiB")
     print("| key | empty queue (bytes) | after (bytes) |")
     print("|---|---|---|")

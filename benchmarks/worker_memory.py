@@ -43,7 +43,7 @@ def rss_mb_and_role(pid: int) -> tuple[float, str] | None:
     except OSError:
         return None
     kib = next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")), 0)
-    role = "engine" if "worker.scheduler.main" in cmdline else "front end" if " worker " in cmdline else ""
+    role = "engine" if "worker.frontend.scheduler_main" in cmdline else "front end" if " worker " in cmdline else ""
     return kib / 1024, role
 
 
@@ -64,7 +64,7 @@ def main() -> None:
                 for i in range(args.jobs)
             )
         )  # fmt: skip
-        command = [sys.executable, "-m", "worker.cli", "run", str(source), "-o", str(out), "--quiet"]
+        command = [sys.executable, "-m", "radixq", "run", str(source), "-o", str(out), "--quiet"]
         command += ["--device", "cpu", "--workers", str(args.workers)]
         run = subprocess.Popen(command, cwd=REPO_ROOT, stderr=subprocess.DEVNULL)
         peaks: dict[int, tuple[float, str]] = {}

@@ -1,7 +1,7 @@
 """The radixq command line (typer): the client commands (enqueue, collect, status, dlq) and
 what every command shares (the app, the queue and Redis options, one-line errors).
 
-The console script is worker.cli:main, which adds the worker-side commands (worker, run) to
+The console script is radixq.cli:main (the composition root), which adds the worker-side commands (worker, run) to
 this app: producer never imports worker (the layering tests check it).
 """
 
@@ -11,11 +11,12 @@ import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from wire import exits
+from wire.exits import fail
 
 if TYPE_CHECKING:
     from producer.client import Client
@@ -218,11 +219,6 @@ def write_table(rows_file: Path, output: Path, join_input: Path | None, mapping:
 
 def resolve_redis_url(url: str | None) -> str:
     return url or DEFAULT_REDIS_URL
-
-
-def fail(message: str, code: int = 1) -> NoReturn:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code)
 
 
 def counted(count: int, noun: str = "job") -> str:

@@ -1,6 +1,6 @@
 """``radixq run``: one file in, one file out - enqueue, start workers, collect, shut down.
 
-Workers are ``radixq worker`` subprocesses (``python -m worker.cli worker``) in sessions of
+Workers are ``radixq worker`` subprocesses (``python -m radixq worker``) in sessions of
 their own (wire.lifetime), so a Ctrl-C in the terminal reaches ``run`` alone and ``run``
 decides how they stop. With no Redis URL a private Redis is started for the run (LocalRedis:
 loopback only, a random password) and removed afterwards. Workers get the URL through their
@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -54,6 +53,9 @@ POLL_S = 0.2  # how soon collecting notices a signal or an exited worker
 class RunOptions:
     input_path: Path
     output_path: Path
+    # How to start one `radixq worker` (the composition root, radixq.cli, says): the queue,
+    # name and worker_args are appended
+    worker_command: list[str]
     queue: str = "default"
     redis_url: str | None = None  # None: a private Redis for this run
     num_workers: int = 1
@@ -103,9 +105,10 @@ class RunError(Exception):
     the one line to show."""
 
 
-def worker_command(queue: str, name: str, extra: list[str]) -> list[str]:
-    """One ``radixq worker`` command line; its Redis URL goes in its environment (worker_env)."""
-    return [sys.executable, "-m", "worker.cli", "worker", "--queue", queue, "--name", name, *extra]
+def worker_command(base: list[str], queue: str, name: str, extra: list[str]) -> list[str]:
+    """One ``radixq worker`` command line (``base``: how to start the command); its Redis URL
+    goes in its environment (worker_env)."""
+    return [*base, "--queue", queue, "--name", name, *extra]
 
 
 def worker_env(redis_url: str) -> dict[str, str]:
@@ -367,6 +370,7 @@ def _start_workers(options: RunOptions, redis_url: str, private: bool) -> list[s
     return [
         start_child(
             worker_command(
+                options.worker_command,
                 options.queue,
                 name,
                 [

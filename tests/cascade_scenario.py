@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from worker.attention.base import BatchLayout, PrefixGroups
+from worker.forward import BatchLayout, PrefixGroups
 from worker.kvcache.pool import KVPool
 
 A, B = 0, 1  # group ids

@@ -13,11 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from worker.attention.base import BatchLayout
 from worker.attention.torch_ref import TorchRefBackend
-from worker.engine.forward import ForwardBatch
+from worker.forward import BatchLayout, ForwardBatch
 from worker.kvcache.pool import KVPool
-from worker.models import LoadedModel
+from worker.models.loader import LoadedModel
 
 TINY_SHAPE = dict(
     vocab_size=256,

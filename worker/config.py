@@ -32,7 +32,8 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from wire.keys import DEFAULT_QUEUE
-from worker.engine.config import DEFAULT_MODEL, EngineConfig
+from worker.engine.config import EngineConfig
+from worker.models.registry import DEFAULT_MODEL
 from worker.queue.config import ConsumerConfig, default_worker_name
 
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"

@@ -1,6 +1,6 @@
 """Engine scenarios: `radixq worker` with the real engine on CPU (a tiny random Llama saved by
 tests.model_fixtures) against a private redis-server, faults injected into its scheduler
-process with RADIXQ_FAULT (worker/scheduler/faults.py) or written straight into the jobs
+process with RADIXQ_FAULT (worker/engine/faults.py) or written straight into the jobs
 stream. Each returns what it observed (tests.chaos.lab.Observed).
 """
 

@@ -110,7 +110,7 @@ class Lab:
         """A radixq command in the background, its output in ``label``.log."""
         with open(self.dir / f"{label}.log", "ab") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "worker.cli", *map(str, args)],
+                [sys.executable, "-m", "radixq", *map(str, args)],
                 cwd=REPO_ROOT,
                 env=subprocess_env(**(env or {})),
                 stdin=subprocess.DEVNULL,

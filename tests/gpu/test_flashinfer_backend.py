@@ -16,8 +16,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from worker.attention.base import BatchLayout  # noqa: E402
 from worker.engine.graph import fitting_batch_size  # noqa: E402
+from worker.forward import BatchLayout  # noqa: E402
 from worker.kvcache.pool import FP8_E4M3_MAX, KVPool  # noqa: E402
 
 pytestmark = pytest.mark.gpu

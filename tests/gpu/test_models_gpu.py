@@ -14,7 +14,7 @@ sys.path.insert(0, str(REPO))
 from tests.model_fixtures import PagedRunner, tiny_hf_model  # noqa: E402
 from wire.schema import SamplingParams  # noqa: E402
 from worker.engine.sampler import Sampler  # noqa: E402
-from worker.models import load_model  # noqa: E402
+from worker.models.loader import load_model  # noqa: E402
 from worker.scheduler.prepare import sampling_tensors  # noqa: E402
 
 pytestmark = pytest.mark.gpu

@@ -29,9 +29,9 @@ def subprocess_env(**extra: str) -> dict[str, str]:
 def radixq(
     *args: str, env: dict[str, str] | None = None, timeout_s: float = 120
 ) -> subprocess.CompletedProcess[str]:
-    """Run the radixq CLI (worker.cli:main, the console script's target) to completion."""
+    """Run the radixq CLI (radixq.cli:main, the console script's target) to completion."""
     return subprocess.run(
-        [sys.executable, "-m", "worker.cli", *args],
+        [sys.executable, "-m", "radixq", *args],
         cwd=REPO_ROOT,
         env=env or subprocess_env(),
         capture_output=True,
@@ -46,7 +46,7 @@ def start_worker(
     """A `radixq worker` subprocess with the fake backend, logging to ``log_path``."""
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "worker.cli", "worker", "--redis-url", redis_url, "--name", name]
+            [sys.executable, "-m", "radixq", "worker", "--redis-url", redis_url, "--name", name]
             + ["--backend", FAKE_GENERATOR, *args],
             cwd=REPO_ROOT,
             env=subprocess_env(**env),
@@ -68,11 +68,11 @@ def start_engine_worker(
     **env: str,
 ) -> subprocess.Popen[bytes]:
     """`radixq worker` with the real engine on CPU, in a session of its own (as a shell runs
-    it); ``fault`` is a RADIXQ_FAULT rule (worker/scheduler/faults.py)."""
+    it); ``fault`` is a RADIXQ_FAULT rule (worker/engine/faults.py)."""
     extra = {**env, **({"RADIXQ_FAULT": fault} if fault else {})}
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "worker.cli", "worker", "--redis-url", redis_url, "--name", name]
+            [sys.executable, "-m", "radixq", "worker", "--redis-url", redis_url, "--name", name]
             + ["--model", str(model_dir), "--device", "cpu", "--min-idle-s", "5", *args],
             cwd=REPO_ROOT,
             env=subprocess_env(**extra),
@@ -193,7 +193,7 @@ def run_children(
         found.clear()
         for pid in descendants(run.pid):
             text = cmdline(pid)
-            kind = "redis" if "redis-server" in text else "worker" if "worker.cli worker" in text else "other"
+            kind = "redis" if "redis-server" in text else "worker" if "radixq worker" in text else "other"
             found.setdefault(kind, []).append(pid)
         return len(found.get("redis", [])) == num_servers and len(found.get("worker", [])) == num_workers
 

@@ -110,7 +110,7 @@ def test_enqueue_streams_an_input_that_is_still_being_written(redis_url: str, tm
     fifo = tmp_path / "in.fifo"
     os.mkfifo(fifo)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "worker.cli", "enqueue", str(fifo), "--redis-url", redis_url],
+        [sys.executable, "-m", "radixq", "enqueue", str(fifo), "--redis-url", redis_url],
         cwd=REPO_ROOT,
         env=subprocess_env(),
         stdout=subprocess.PIPE,

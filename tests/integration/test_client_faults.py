@@ -40,7 +40,7 @@ def start_radixq(*args: str, log: Path) -> subprocess.Popen[str]:
     """A radixq command in the background, stdout and stderr into ``log``."""
     with open(log, "w") as sink:
         return subprocess.Popen(
-            [sys.executable, "-m", "worker.cli", *args],
+            [sys.executable, "-m", "radixq", *args],
             cwd=REPO_ROOT,
             env=subprocess_env(),
             stdin=subprocess.DEVNULL,

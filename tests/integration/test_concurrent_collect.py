@@ -28,7 +28,7 @@ JOBS = 3000
 
 def start_collect(url: str, out: Path, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "worker.cli", "collect", "-o", str(out), "--redis-url", url, "--quiet", *args],
+        [sys.executable, "-m", "radixq", "collect", "-o", str(out), "--redis-url", url, "--quiet", *args],
         cwd=REPO_ROOT,
         env=subprocess_env(),
         stdout=subprocess.PIPE,

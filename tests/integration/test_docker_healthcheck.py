@@ -47,7 +47,7 @@ def test_healthy_while_the_worker_heartbeats_unhealthy_once_it_stops(redis_url: 
     # No --name: the worker calls itself <hostname>-<pid>, as it does in a container.
     with open(tmp_path / "worker.log", "wb") as log:
         worker = subprocess.Popen(
-            [sys.executable, "-m", "worker.cli", "worker", "--backend", FAKE_GENERATOR],
+            [sys.executable, "-m", "radixq", "worker", "--backend", FAKE_GENERATOR],
             cwd=REPO_ROOT,
             env=subprocess_env(RADIXQ_REDIS_URL=redis_url),
             stdin=subprocess.DEVNULL,

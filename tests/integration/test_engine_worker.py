@@ -63,7 +63,7 @@ def test_engine_worker_matches_transformers_through_redis(
     log_path = tmp_path / "worker.log"
     with open(log_path, "wb") as log:
         worker = subprocess.Popen(
-            [sys.executable, "-m", "worker.cli", "worker", "--redis-url", redis_url, "--device", "cpu"],
+            [sys.executable, "-m", "radixq", "worker", "--redis-url", redis_url, "--device", "cpu"],
             cwd=REPO_ROOT,
             env=subprocess_env(),
             stdout=log,

@@ -1,6 +1,6 @@
 """The real engine worker (a tiny random Llama on CPU) behind a real redis-server, under faults:
 signals, kill -9, a slow engine and a job that crashes the engine. Faults are injected into the
-scheduler process with RADIXQ_FAULT (worker/scheduler/faults.py); expected tokens come from
+scheduler process with RADIXQ_FAULT (worker/engine/faults.py); expected tokens come from
 transformers."""
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def registered(client: Client) -> bool:
 
 
 def scheduler_of(worker: subprocess.Popen[bytes]) -> int:
-    (pid,) = children(worker.pid, "worker.scheduler.main")
+    (pid,) = children(worker.pid, "worker.frontend.scheduler_main")
     return pid
 
 

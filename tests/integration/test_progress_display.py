@@ -65,7 +65,7 @@ def test_collect_on_a_terminal_shows_a_live_display_reaching_the_totals(
         [
             sys.executable,
             "-m",
-            "worker.cli",
+            "radixq",
             "collect",
             "-o",
             str(out),
@@ -189,7 +189,7 @@ def test_run_on_a_terminal_keeps_worker_logs_out_of_the_bar_and_says_it_is_loadi
     env = subprocess_env(
         RADIXQ_FAKE_START_S="1.5", RADIXQ_FAKE_LOG="1", RADIXQ_FAKE_LATENCY_S="0.1", RADIXQ_FAKE_CAPACITY="2"
     )
-    command = [sys.executable, "-m", "worker.cli", "run", str(source), "-o", str(tmp_path / "out.jsonl")]
+    command = [sys.executable, "-m", "radixq", "run", str(source), "-o", str(tmp_path / "out.jsonl")]
     code, screen = run_in_pty([*command, "--backend", FAKE_GENERATOR, "--workers", "2"], env)
     assert code == 0, screen[-2000:]
     lines = [line for line in re.split(r"[\r\n]", ANSI.sub("", screen)) if line.strip()]

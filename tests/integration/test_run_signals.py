@@ -67,7 +67,7 @@ def start_run(tmp_path: Path, source: Path, out: Path, *args: str, **env: str) -
             [
                 sys.executable,
                 "-m",
-                "worker.cli",
+                "radixq",
                 "run",
                 str(source),
                 "-o",

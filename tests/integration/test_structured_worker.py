@@ -54,7 +54,7 @@ def test_grammar_jobs_fail_alone_and_the_compiler_leaves_with_the_worker(
     env = subprocess_env(RADIXQ_GRAMMAR_TIMEOUT_S="3")
     with open(log_path, "wb") as log:
         worker = subprocess.Popen(
-            [sys.executable, "-m", "worker.cli", "worker", "--redis-url", redis_url, "--device", "cpu"],
+            [sys.executable, "-m", "radixq", "worker", "--redis-url", redis_url, "--device", "cpu"],
             cwd=REPO_ROOT,
             env=env,
             stdout=log,

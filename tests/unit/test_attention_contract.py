@@ -7,8 +7,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from worker.attention.base import AttentionBackend, BatchLayout
+from worker.attention.base import AttentionBackend
 from worker.attention.registry import create_backend
+from worker.forward import BatchLayout
 from worker.kvcache.pool import KVPool
 
 

@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from worker.attention.base import BatchLayout
 from worker.attention.registry import create_backend, resolve_backend_name
 from worker.attention.torch_ref import TorchRefBackend
+from worker.forward import BatchLayout
 from worker.kvcache.pool import KVPool
 from worker.models.config import ModelConfig
 

@@ -15,8 +15,8 @@ import torch
 
 from tests.model_fixtures import hf_greedy, tiny_hf_model
 from wire.schema import SamplingParams
-from worker.attention.base import BatchLayout
 from worker.attention.torch_cascade import TorchCascadeBackend
+from worker.forward import BatchLayout
 from worker.llm import LLM
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)

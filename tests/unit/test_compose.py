@@ -199,9 +199,9 @@ def test_durations_are_go_durations(tmp_path: Path) -> None:
 
 def radixq_commands() -> dict[str, Any]:
     """The radixq CLI's commands, as the console script (ENTRYPOINT radixq) registers them."""
-    import worker.cli
+    import radixq.cli
 
-    return typer.main.get_command(worker.cli.build_app()).commands  # type: ignore[attr-defined]
+    return typer.main.get_command(radixq.cli.build_app()).commands  # type: ignore[attr-defined]
 
 
 def copied_paths(dockerfile: Path) -> dict[str, Path]:

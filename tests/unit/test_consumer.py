@@ -12,9 +12,9 @@ import pytest
 from tests.fake_generator import FakeGenerator, fake_text, fake_token_ids
 from tests.unit.queue_worlds import MemoryWorld, World, config_for, make_world, step_until
 from wire.schema import Job, Result, SamplingParams, encode_job
+from worker.frontend.contract import ENGINE_CRASH
 from worker.queue.config import ConsumerConfig
 from worker.queue.consumer import Consumer
-from worker.queue.generator import ENGINE_CRASH
 from worker.queue.jobqueue import Completion
 from worker.queue.outbox import Outbox
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from worker import cli
+from radixq import cli
 from worker.engine import threads
 from worker.llm import LLM
 

@@ -1,6 +1,6 @@
 """The engine backend survives its scheduler process: crashes are restarted, the culprit is
 found by running suspects alone, and only the culprit is blamed (tokens checked against
-transformers). Faults are injected with the engine setting ``fault`` (worker/scheduler/faults.py)."""
+transformers). Faults are injected with the engine setting ``fault`` (worker/engine/faults.py)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ import pytest
 from tests.model_fixtures import hf_from_dir, hf_greedy, tiny_hf_model
 from wire.schema import Job, Result, SamplingParams
 from worker.engine.config import EngineConfig
-from worker.frontend import EngineGenerator, EngineStartError
-from worker.queue.generator import ENGINE_CRASH, GeneratorUnavailable
+from worker.frontend.contract import ENGINE_CRASH, GeneratorUnavailable
+from worker.frontend.generator import EngineGenerator
+from worker.frontend.process import EngineStartError
 
 POISON = 77  # the token id the injected faults react to
 PROMPTS = {"a": [5, 6, 7, 8], "b": [9, 10], "c": [11, 12, 13], "d": [20, 21, 22, 23, 24]}

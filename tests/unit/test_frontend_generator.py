@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.model_fixtures import hf_from_dir, hf_greedy, tiny_hf_model
 from wire.schema import Job, SamplingParams
 from worker.engine.config import EngineConfig
-from worker.frontend import EngineGenerator
+from worker.frontend.generator import EngineGenerator
 from worker.metrics import WorkerMetrics
 
 

@@ -1,16 +1,193 @@
-"""The dependency rule: producer never imports worker or torch; worker.cli loads no torch."""
+"""The dependency rules (docs/architecture.md "Layers"), read from the source of every module.
+
+- ``wire`` imports no other project package; ``producer`` imports only ``wire``; ``worker``
+  imports only ``wire``; ``radixq`` (the composition root of the CLI) may import all three.
+- Inside ``worker``, a strict order: a part may import only parts below it (LAYERS).
+- Nothing on the producer side or in worker.cli loads torch.
+
+Every import counts: module level, inside functions, under ``if TYPE_CHECKING:``, and names
+given to ``importlib.import_module`` / ``find_spec`` / ``__import__``. The only arrows allowed
+against the order are the type-only ones in TYPE_ONLY, each with its reason.
+"""
 
 from __future__ import annotations
 
+import ast
 import json
-import pkgutil
 import subprocess
 import sys
 from pathlib import Path
 
-import producer
+import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("wire", "producer", "worker", "radixq")
+# Which project packages each package may import (itself always).
+MAY_IMPORT = {
+    "wire": set(),
+    "producer": {"wire"},
+    "worker": {"wire"},
+    "radixq": {"wire", "producer", "worker"},
+}
+
+# worker's parts, lowest first. A part imports only parts of lower rows; parts in one row do
+# not import each other. A part is a subpackage or a top-level module of worker.
+LAYERS: list[set[str]] = [
+    {"kernels", "lazy", "forward"},  # kernels; the lazy loader; the values crossing the engine boundary
+    {"kvcache"},  # pool (FP8 too), page table, allocator, prefix caches
+    {"models"},
+    {"attention"},  # reads the KV pool's layout; plans from a forward.BatchLayout
+    {"engine"},
+    {"scheduler"},
+    {"frontend"},  # the Generator contract, the engine-backed generator, the scheduler process
+    {"metrics"},
+    {"queue"},
+    {"config"},  # the worker's TOML/env/flag settings (engine + queue)
+    {"preflight"},  # the checks run before jobs go in
+    {"llm", "cli"},  # the offline API; the worker command
+    {"__init__"},  # `from worker import LLM`
+]
+RANK = {part: rank for rank, parts in enumerate(LAYERS) for part in parts}
+
+# (importer, imported module): type-only arrows against the order, and why they stay.
+TYPE_ONLY = {
+    ("worker.forward", "worker.attention.base"): "ForwardBatch names the backend its pass attends with",
+    ("worker.forward", "worker.kvcache.pool"): "ForwardBatch names the pool its pass writes",
+    ("worker.forward", "worker.engine.sampler"): "ForwardInput names the sampling tensors the engine reads",
+    ("worker.forward", "worker.engine.logprobs"): "ForwardOutput names the logprobs the engine returns",
+    ("worker.frontend.generator", "worker.config"): "create_generator is given the whole WorkerConfig",
+    ("worker.queue.factory", "worker.config"): "a generator factory is given the whole WorkerConfig",
+}
+
+
+class Import:
+    def __init__(self, importer: str, target: str, line: int, type_only: bool) -> None:
+        self.importer, self.target, self.line, self.type_only = importer, target, line, type_only
+
+    def __repr__(self) -> str:
+        return f"{self.importer}:{self.line} -> {self.target}{' (type only)' if self.type_only else ''}"
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__" and len(parts) > 2:
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports_of(source: str, module: str) -> list[Import]:
+    """Every project import in ``source`` (the module ``module``), relative ones resolved."""
+    tree = ast.parse(source)
+    type_only: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            type_only |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                package = module.split(".")[: -node.level]
+                base = ".".join([*package, base] if base else package)
+            targets = [base]
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) in (
+            "import_module",
+            "__import__",
+            "find_spec",
+        ):
+            targets = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+        else:
+            continue
+        for target in targets:
+            if target.split(".")[0] in PACKAGES:
+                found.append(Import(module, target, node.lineno, id(node) in type_only))
+    return found
+
+
+def part_of(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def violations(imports: list[Import]) -> list[str]:
+    """The imports that break a rule, as lines to read."""
+    bad = []
+    for imp in imports:
+        src_pkg, dst_pkg = imp.importer.split(".")[0], imp.target.split(".")[0]
+        if dst_pkg != src_pkg and dst_pkg not in MAY_IMPORT[src_pkg]:
+            bad.append(f"{imp}: {src_pkg} may not import {dst_pkg}")
+            continue
+        if src_pkg != "worker" or dst_pkg != "worker":
+            continue
+        src, dst = part_of(imp.importer), part_of(imp.target)
+        if src == dst:
+            continue
+        if src not in RANK or dst not in RANK:
+            bad.append(f"{imp}: {src if src not in RANK else dst} is in no layer (add it to LAYERS)")
+        elif RANK[dst] >= RANK[src] and not (imp.type_only and (imp.importer, imp.target) in TYPE_ONLY):
+            bad.append(f"{imp}: {src} (layer {RANK[src]}) may not import {dst} (layer {RANK[dst]})")
+    return bad
+
+
+def project_imports() -> list[Import]:
+    found = []
+    for package in PACKAGES:
+        for path in sorted((REPO_ROOT / package).rglob("*.py")):
+            found += imports_of(path.read_text(), module_name(path, REPO_ROOT))
+    return found
+
+
+def test_every_import_follows_the_layers() -> None:
+    assert violations(project_imports()) == []
+
+
+def test_the_type_only_exceptions_are_still_type_only_and_still_there() -> None:
+    seen = {(imp.importer, imp.target): imp.type_only for imp in project_imports()}
+    for arrow in TYPE_ONLY:
+        assert seen.get(arrow) is True, f"{arrow}: gone or no longer type-only: remove it from TYPE_ONLY"
+
+
+@pytest.mark.parametrize(
+    ("module", "source", "expected"),
+    [
+        (
+            "worker.engine.config",
+            "from worker.scheduler.faults import Fault\n",
+            "engine (layer 4) may not import scheduler",
+        ),
+        (
+            "worker.attention.torch_ref",
+            "def f():\n    import worker.engine.engine\n",
+            "attention (layer 3) may not import engine",
+        ),
+        (
+            "worker.queue.consumer",
+            "from producer.progress import RateWindow\n",
+            "worker may not import producer",
+        ),
+        ("wire.status", "from producer.client import Client\n", "wire may not import producer"),
+        (
+            "producer.runner",
+            "import importlib\nimportlib.import_module('worker.cli')\n",
+            "producer may not import worker",
+        ),
+        (
+            "worker.models.decoder",
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from worker.attention.base import AttentionBackend\n",
+            "models (layer 2) may not import attention",
+        ),
+        (
+            "worker.kvcache.pool",
+            "from ..scheduler import req\n",
+            "kvcache (layer 1) may not import scheduler",
+        ),
+    ],
+)
+def test_a_planted_bad_import_is_caught(module: str, source: str, expected: str) -> None:
+    (found,) = violations(imports_of(source, module))
+    assert expected in found
 
 
 def loaded_after(code: str) -> set[str]:
@@ -21,9 +198,13 @@ def loaded_after(code: str) -> set[str]:
     return set(json.loads(out.stdout.splitlines()[-1]))
 
 
-def test_producer_modules_import_neither_worker_nor_torch() -> None:
-    names = sorted(f"producer.{info.name}" for info in pkgutil.iter_modules(producer.__path__))
-    assert {"producer.cli", "producer.client", "producer.jsonl", "wire.schema"} <= set(names)
+def test_producer_and_wire_modules_load_neither_worker_nor_torch() -> None:
+    names = sorted(
+        module_name(path, REPO_ROOT)
+        for package in ("producer", "wire")
+        for path in (REPO_ROOT / package).rglob("*.py")
+    )
+    assert {"producer.cli", "producer.client", "producer.jsonl", "wire.schema", "wire.keys"} <= set(names)
     modules = loaded_after("\n".join(f"import {name}" for name in names))
     assert set(names) <= modules
     offending = sorted(
@@ -32,15 +213,17 @@ def test_producer_modules_import_neither_worker_nor_torch() -> None:
     assert offending == []
 
 
-def test_worker_cli_imports_no_torch() -> None:
-    modules = loaded_after("import worker.cli\nimport worker.queue.consumer\nimport worker.queue.factory")
-    assert "worker.cli" in modules
+def test_the_cli_imports_no_torch() -> None:
+    modules = loaded_after(
+        "import radixq.cli\nimport worker.cli\nimport worker.queue.consumer\nimport worker.queue.factory"
+    )
+    assert {"radixq.cli", "worker.cli"} <= modules
     assert not any(m == "torch" or m.startswith("torch.") for m in modules)
 
 
-def test_main_registers_worker_commands() -> None:
+def test_the_composition_root_registers_every_command() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "worker.cli", "--help"],
+        [sys.executable, "-m", "radixq", "--help"],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
@@ -48,30 +231,3 @@ def test_main_registers_worker_commands() -> None:
     )
     for command in ("enqueue", "collect", "status", "dlq", "worker", "run"):
         assert command in out.stdout
-
-
-def test_producer_source_names_no_worker_module() -> None:
-    """The layering, read from the source (lazy and importlib imports included): producer
-    never imports worker; the console script (worker.cli) is where the two meet. (runner.py
-    starts `python -m worker.cli worker` processes: a process boundary, not an import.)"""
-    import ast
-
-    for path in sorted((REPO_ROOT / "producer").glob("*.py")):
-        tree = ast.parse(path.read_text())
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                names = [node.module or ""]
-            elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) in (
-                "import_module",
-                "__import__",
-                "find_spec",
-            ):
-                names = [
-                    a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)
-                ]
-            else:
-                continue
-            offending = [n for n in names if n == "worker" or n.startswith("worker.")]
-            assert offending == [], f"{path.name} names {offending}"

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from tests.model_fixtures import smollm2_dir  # noqa: F401  (fixture)
-from worker.attention.base import BatchLayout
 from worker.attention.torch_ref import TorchRefBackend
 from worker.engine.config import EngineConfig
+from worker.forward import BatchLayout
 from worker.kvcache.pool import KVPool
 
 FP8 = torch.float8_e4m3fn
@@ -91,7 +91,8 @@ def test_calibrated_scales_fit_transformers_kv(fp8_llm, smollm2_dir) -> None:  #
     (fp32 engine and fp32 transformers agree on a maximum to a few 1e-3),
     with max|k| and max|v| read from transformers' own KV cache of the same tokens."""
     from transformers import AutoModelForCausalLM
-    from worker.kvcache.calibration import calibration_ids
+
+    from worker.engine.kv_calibration import calibration_ids
 
     ids = calibration_ids(fp8_llm.engine)
     assert len(ids) == 512

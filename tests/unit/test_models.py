@@ -13,8 +13,8 @@ import torch
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 from tests.model_fixtures import PagedRunner, tiny_hf_model  # noqa: E402
-from worker.models import load_model  # noqa: E402
 from worker.models.config import ModelConfig  # noqa: E402
+from worker.models.loader import load_model  # noqa: E402
 
 PROMPTS = [[5, 17, 33, 2, 90, 41, 7], [3, 11], list(range(20, 61))]
 

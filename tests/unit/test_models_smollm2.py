@@ -10,7 +10,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from tests.model_fixtures import PagedRunner, smollm2_dir  # noqa: E402, F401  (fixture)
-from worker.models import load_model  # noqa: E402
+from worker.models.loader import load_model  # noqa: E402
 from worker.models.tokenizer import load_tokenizer, prompt_ids  # noqa: E402
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]

@@ -19,7 +19,7 @@ from producer.jsonl import output_record, parse_line
 from tests.model_fixtures import smollm2_dir  # noqa: F401  (fixture)
 from wire.schema import Result
 from worker.engine.config import EngineConfig
-from worker.frontend import EngineGenerator
+from worker.frontend.generator import EngineGenerator
 from worker.queue.prompts import PromptLists
 
 pytestmark = pytest.mark.slow

@@ -13,8 +13,8 @@ from producer.jsonl import output_record, parse_line
 from tests.fake_generator import FakeGenerator, fake_text
 from tests.unit.queue_worlds import MemoryWorld, config_for, step_until
 from wire.schema import Job, Result, SamplingParams, error_result
+from worker.frontend.contract import ENGINE_CRASH
 from worker.queue.consumer import Consumer
-from worker.queue.generator import ENGINE_CRASH
 from worker.queue.prompts import PromptLists, sub_job_id
 
 

@@ -15,7 +15,7 @@ from producer.runner import RunOptions
 def started_commands(monkeypatch: pytest.MonkeyPatch, **options: Any) -> list[list[str]]:
     seen: list[list[str]] = []
     monkeypatch.setattr(runner, "start_child", lambda args, **_: seen.append(args))
-    runner._start_workers(RunOptions(Path("in"), Path("out"), **options), "redis://x", private=True)
+    runner._start_workers(RunOptions(Path("in"), Path("out"), ["radixq", "worker"], **options), "redis://x", private=True)
     return seen
 
 

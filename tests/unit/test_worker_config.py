@@ -10,7 +10,8 @@ import pytest
 
 from tests.integration.procs import radixq, subprocess_env
 from worker.config import CPU_DEFAULTS, ConfigError, load_worker_config, settings, settings_table
-from worker.engine.config import DEFAULT_MODEL, EngineConfig
+from worker.engine.config import EngineConfig
+from worker.models.registry import DEFAULT_MODEL
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

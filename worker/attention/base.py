@@ -19,69 +19,12 @@ causally to every earlier token of its own request, cached ones included.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     import torch
 
-
-@dataclass(frozen=True)
-class PrefixGroups:
-    """Requests of a pass that share the KV pages of a prefix (host-side, int32 [B] each).
-
-    Request i is in group ``group_ids_cpu[i]`` (-1: in none). Every member of a group holds
-    the same ``prefix_lens_cpu[i]`` tokens (whole pages, the same page locations in their
-    page_table rows; 0 outside groups), all of them already cached: prefix_len <= cached_len.
-    A group has at least two members. Backends may attend to a group's prefix once for all
-    its queries (cascade attention) or ignore this and read each row whole; both are exact.
-    Built by the scheduler (worker.scheduler.groups) when EngineConfig.cascade_attention is on.
-    """
-
-    group_ids_cpu: torch.Tensor
-    prefix_lens_cpu: torch.Tensor
-
-    @property
-    def num_groups(self) -> int:
-        return int(self.group_ids_cpu.max()) + 1 if self.group_ids_cpu.numel() else 0
-
-    def members(self) -> list[list[int]]:
-        """Per group, its requests' indices in the batch, ascending."""
-        out: list[list[int]] = [[] for _ in range(self.num_groups)]
-        for i, g in enumerate(self.group_ids_cpu.tolist()):
-            if g >= 0:
-                out[g].append(i)
-        return out
-
-
-@dataclass(frozen=True)
-class BatchLayout:
-    """Host-side shape of one forward pass: what a backend needs to plan it.
-
-    All tensors are int32 on the CPU (pinned where the device is CUDA), one entry a request.
-    """
-
-    slots_cpu: torch.Tensor  # rows of page_table
-    cached_lens_cpu: torch.Tensor  # tokens whose KV is already in the pool
-    extend_lens_cpu: torch.Tensor  # new tokens computed in this pass (>= 1)
-    prefix_groups: PrefixGroups | None = None  # shared-prefix groups, for cascade attention
-
-    @property
-    def batch_size(self) -> int:
-        return int(self.slots_cpu.shape[0])
-
-    @property
-    def seq_lens_cpu(self) -> torch.Tensor:
-        return self.cached_lens_cpu + self.extend_lens_cpu
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.extend_lens_cpu.sum())
-
-    @property
-    def is_decode(self) -> bool:
-        """True when every request extends by exactly one token."""
-        return bool((self.extend_lens_cpu == 1).all())
+    from worker.forward import BatchLayout
 
 
 class AttentionBackend(ABC):

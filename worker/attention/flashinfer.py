@@ -54,8 +54,9 @@ from typing import Any
 import torch
 from flashinfer import BatchDecodeWithPagedKVCacheWrapper, BatchPrefillWithPagedKVCacheWrapper
 
-from worker.attention.base import AttentionBackend, BatchLayout
+from worker.attention.base import AttentionBackend
 from worker.attention.xqa import XqaDecode, XqaMeta, xqa_supported
+from worker.forward import BatchLayout
 from worker.kvcache.pool import KVPool
 
 _INT_WORKSPACE_BYTES = 8 * 1024 * 1024  # FlashInfer's own default for plan data

@@ -36,7 +36,6 @@ from typing import Any
 import torch
 from flashinfer import BatchPrefillWithPagedKVCacheWrapper, merge_state
 
-from worker.attention.base import BatchLayout, PrefixGroups
 from worker.attention.flashinfer import (
     _INT_WORKSPACE_BYTES,
     FlashInferBackend,
@@ -44,6 +43,7 @@ from worker.attention.flashinfer import (
     _Lengths,
 )
 from worker.attention.xqa import XqaMeta
+from worker.forward import BatchLayout, PrefixGroups
 
 
 @dataclass(frozen=True)

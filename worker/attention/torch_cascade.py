@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from worker.attention.base import BatchLayout
 from worker.attention.torch_ref import TorchRefBackend, _RequestPlan
+from worker.forward import BatchLayout
 from worker.kvcache.pool import KVPool
 
 

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from worker.attention.base import AttentionBackend, BatchLayout
+from worker.attention.base import AttentionBackend
+from worker.forward import BatchLayout
 from worker.kvcache.pool import KVPool
 
 

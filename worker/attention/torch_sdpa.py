@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from worker.attention.base import BatchLayout
 from worker.attention.torch_ref import PagedTorchBackend
+from worker.forward import BatchLayout
 from worker.kvcache.pool import KVPool
 
 

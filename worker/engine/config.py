@@ -6,8 +6,6 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-DEFAULT_MODEL = "smollm2-135m"  # the bundled model's alias (worker.models.registry)
-
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -51,7 +49,7 @@ class EngineConfig:
     grammar_timeout_s: float = 60.0  # a job's grammar that compiles longer fails that job
     grammar_memory_mib: int = 2048  # what one compile may add to the compiler process; beyond: that job fails
     step_profile: bool = False  # record every scheduler step (profiling runs; logged at exit)
-    fault: str = ""  # injected failures, for the failure tests (worker.scheduler.faults)
+    fault: str = ""  # injected failures, for the failure tests (worker.engine.faults)
 
     def __post_init__(self) -> None:
         checks: list[tuple[bool, str, Any, str]] = [
@@ -114,7 +112,7 @@ class EngineConfig:
             ),
         ]
         if self.fault:
-            from worker.scheduler.faults import Fault
+            from worker.engine.faults import Fault
 
             Fault.parse(self.fault)  # raises ValueError naming the rule
         for ok, field, value, reason in checks:

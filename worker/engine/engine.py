@@ -10,9 +10,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from worker.engine.config import EngineConfig
-from worker.engine.forward import ForwardBatch, ForwardOutput
-from worker.engine.input import ForwardInput
 from worker.engine.logprobs import pack_with_tokens, raw_logprobs, unpack
+from worker.forward import ForwardBatch, ForwardInput, ForwardOutput
 from worker.kvcache.pool import KVPool, cache_dtype_of
 
 if TYPE_CHECKING:
@@ -42,8 +41,7 @@ class Engine:
     def __init__(self, config: EngineConfig) -> None:
         from worker.attention.registry import create_backend
         from worker.engine.sampler import Sampler
-        from worker.models import load_model
-        from worker.models.loader import resolve_dtype
+        from worker.models.loader import load_model, resolve_dtype
 
         config = config.resolved()
         self.config = config
@@ -118,7 +116,7 @@ class Engine:
         )
         self.sampler = Sampler()
         if self.kv.quantized and config.kv_scales == "calibrated":
-            from worker.kvcache.calibration import calibrate_kv_scales, calibration_ids
+            from worker.engine.kv_calibration import calibrate_kv_scales, calibration_ids
 
             with self.kernels():
                 calibrate_kv_scales(self, calibration_ids(self))  # before CUDA graphs bake the scales in

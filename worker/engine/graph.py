@@ -22,12 +22,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from worker.attention.base import BatchLayout
-from worker.engine.forward import ForwardBatch
+from worker.forward import BatchLayout, ForwardBatch
 
 if TYPE_CHECKING:
     from worker.engine.engine import Engine
-    from worker.engine.input import ForwardInput
+    from worker.forward import ForwardInput
 
 logger = logging.getLogger(__name__)
 

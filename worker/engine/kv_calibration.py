@@ -15,8 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from worker.attention.base import BatchLayout
-from worker.engine.forward import ForwardBatch
+from worker.forward import BatchLayout, ForwardBatch
 from worker.kvcache.pool import FP8_E4M3_MAX, HEADROOM, KVPool
 
 if TYPE_CHECKING:

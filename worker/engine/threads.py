@@ -3,7 +3,7 @@
 One engine per core set, never more threads than cores: OpenMP threads that outnumber the
 cores they share wait on each other at every parallel region (a matmul, a copy), and a
 decode step runs thousands of those. ``radixq run --workers N`` hands each worker
-``cores // N`` threads (worker.cli.run); a lone engine takes every core it may use.
+``cores // N`` threads (radixq.cli.run); a lone engine takes every core it may use.
 
 The scheduler process also starts with ``GOMP_SPINCOUNT=10000`` (``openmp_env``): an idle
 OpenMP thread spins for about 10k iterations (microseconds) waiting for its next region, then

@@ -1,6 +1,2 @@
-"""The worker's front end: tokenization, the supervised scheduler process, Results."""
-
-from worker.frontend.generator import EngineGenerator, create_generator
-from worker.frontend.process import EngineStartError
-
-__all__ = ["EngineGenerator", "EngineStartError", "create_generator"]
+"""The worker's front end: the Generator contract, tokenization, the supervised scheduler process,
+Results."""

@@ -26,10 +26,10 @@ from wire.schema import Job, Result, Timings, error_result
 from wire.status import now_ms
 from worker.engine.config import EngineConfig
 from worker.frontend.channel import PeerGone
+from worker.frontend.contract import ENGINE_CRASH, GeneratorUnavailable
 from worker.frontend.process import SchedulerProcess
 from worker.frontend.results import build_result
 from worker.models.tokenizer import NoTokenizer, load_tokenizer_or_none, prompt_ids
-from worker.queue.generator import ENGINE_CRASH, GeneratorUnavailable
 from worker.scheduler.messages import GenerateRequest, RequestFinished
 
 if TYPE_CHECKING:
@@ -64,7 +64,7 @@ class _Entry:
 
 
 class EngineGenerator:
-    """Runs jobs on a supervised scheduler process; see worker.queue.generator.Generator."""
+    """Runs jobs on a supervised scheduler process; see worker.frontend.contract.Generator."""
 
     def __init__(
         self,

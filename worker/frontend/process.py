@@ -1,6 +1,6 @@
 """One scheduler process and the channel to it (the front end starts a new one after a crash).
 
-The process runs ``python -m worker.scheduler.main`` in a session of its own (a Ctrl-C meant
+The process runs ``python -m worker.frontend.scheduler_main`` in a session of its own (a Ctrl-C meant
 for the worker does not reach it: the worker drains first, then stops it) with SIGKILL as its
 parent-death signal (it never outlives the worker, ``kill -9`` included). Each incarnation
 gets fresh sockets, so nothing sent to a dead one can reach the next.
@@ -67,7 +67,7 @@ class SchedulerProcess:
         args = [
             sys.executable,
             "-m",
-            "worker.scheduler.main",
+            "worker.frontend.scheduler_main",
             self._channel.inbound_addr,
             self._channel.outbound_addr,
             json.dumps(dataclasses.asdict(config)),

@@ -7,12 +7,28 @@ A page is in exactly one of three places: free (allocator), owned by the prefix 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any, Protocol
+
 import torch
 
 from worker.kvcache.allocator import PageAllocator
 from worker.kvcache.prefix import Match, create_prefix_cache
 from worker.kvcache.table import TableManager
-from worker.scheduler.req import Req
+
+
+class Req(Protocol):
+    """What the cache reads and writes of a request (worker.scheduler.req.Req is one)."""
+
+    slot: int  # its row of the page table
+    device_len: int  # tokens its row must back
+    cached_len: int  # tokens whose KV is computed
+    alloc_len: int  # tokens its row holds pages for (a multiple of page_size)
+    matched_len: int  # tokens at the head of its row owned by the prefix cache (locked)
+    handle: Any  # the prefix cache's handle of that locked prefix
+
+    @property
+    def input_ids(self) -> list[int]: ...
 
 
 class CacheManager:
@@ -47,7 +63,7 @@ class CacheManager:
     def unlock(self, match: Match) -> None:
         self.prefix.unlock(match.handle)
 
-    def allocate_batch(self, reqs: list[Req]) -> None:
+    def allocate_batch(self, reqs: Sequence[Req]) -> None:
         """Back each request's row with pages up to its device_len (evicting cached pages if
         needed): one allocator call and one table write for the whole batch."""
         ps = self.page_size
@@ -71,11 +87,11 @@ class CacheManager:
             req.alloc_len += n * ps
         self.num_private_pages += total
 
-    def pages_needed(self, reqs: list[Req]) -> int:
+    def pages_needed(self, reqs: Sequence[Req]) -> int:
         """Pages ``allocate_batch`` would take for ``reqs``."""
         return sum(max(0, self.pages_for(r.device_len) - r.alloc_len // self.page_size) for r in reqs)
 
-    def can_allocate(self, reqs: list[Req]) -> bool:
+    def can_allocate(self, reqs: Sequence[Req]) -> bool:
         return self.pages_needed(reqs) <= self.available_pages
 
     def cache_req(self, req: Req, *, finished: bool) -> None:
@@ -105,7 +121,7 @@ class CacheManager:
         self.num_private_pages -= (insert_len - req.matched_len) // self.page_size
         req.handle, req.matched_len = match.handle, insert_len
 
-    def check_integrity(self, running: list[Req] | None = None) -> None:
+    def check_integrity(self, running: Sequence[Req] | None = None) -> None:
         """Assert free + cached + private == total with no page in two places.
 
         ``running``: requests holding private pages (their rows are checked page by page).

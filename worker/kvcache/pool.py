@@ -26,7 +26,7 @@ class KVPool:
     (``cache_dtype=torch.float8_e4m3fn``): a page then holds k / k_scale[layer] and
     v / v_scale[layer], saturated at +-448, and readers multiply back (FlashInfer takes the
     two scales per layer as its ``k_scale`` / ``v_scale``). Scales are 1.0 until
-    ``set_scales`` (worker.kvcache.calibration fits them at load).
+    ``set_scales`` (worker.engine.kv_calibration fits them at load).
     """
 
     layout = "HND"

@@ -20,7 +20,7 @@ from worker.models.fp8 import takes_fp8
 from worker.models.rope import RotaryEmbedding
 
 if TYPE_CHECKING:
-    from worker.engine.forward import ForwardBatch
+    from worker.forward import ForwardBatch
 
 # HF checkpoint name fragment -> (fused parameter fragment, shard index)
 _FUSED_SHARDS = {

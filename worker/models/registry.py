@@ -6,7 +6,8 @@ import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
-from worker.engine.config import DEFAULT_MODEL
+DEFAULT_MODEL = "smollm2-135m"  # the bundled model's alias
+
 
 
 @dataclass(frozen=True)

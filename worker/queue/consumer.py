@@ -35,8 +35,8 @@ import msgspec
 
 from wire.schema import Job, JobError, Result, Timings, error_result
 from wire.status import Heartbeat, RateWindow, now_ms
+from worker.frontend.contract import ENGINE_CRASH, Generator, GeneratorUnavailable
 from worker.queue.config import ConsumerConfig
-from worker.queue.generator import ENGINE_CRASH, Generator, GeneratorUnavailable
 from worker.queue.guard import Guard
 from worker.queue.jobqueue import Completion, DeadLetter, Delivery, JobQueue, Release, decode_entry, of_epoch
 from worker.queue.outbox import Outbox

@@ -16,7 +16,7 @@ from worker.queue.prompts import PromptLists
 
 if TYPE_CHECKING:
     from worker.config import WorkerConfig
-    from worker.queue.generator import Generator
+    from worker.frontend.contract import Generator
 
 GENERATORS = {"engine": "worker.frontend:create_generator"}
 

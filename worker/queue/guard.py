@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from worker.queue.generator import GeneratorUnavailable
+from worker.frontend.contract import GeneratorUnavailable
 from worker.queue.jobqueue import QueueLost, QueueRefused, QueueUnavailable
 
 log = logging.getLogger("radixq.worker")

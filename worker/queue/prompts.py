@@ -19,7 +19,7 @@ from typing import Any
 import msgspec
 
 from wire.schema import Choice, Job, Result, Usage
-from worker.queue.generator import ENGINE_CRASH, Generator
+from worker.frontend.contract import ENGINE_CRASH, Generator
 
 
 @dataclass
@@ -35,7 +35,7 @@ def sub_job_id(job_id: str, index: int) -> str:
 
 
 class PromptLists:
-    """Implements worker.queue.generator.Generator around ``inner``."""
+    """Implements worker.frontend.contract.Generator around ``inner``."""
 
     def __init__(self, inner: Generator) -> None:
         self.inner = inner

@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 import torch
 
-from worker.attention.base import PrefixGroups
+from worker.forward import PrefixGroups
 
 # A request's path: (node, tokens from the root to the end of that node), root's child first.
 Path = Sequence[tuple[Hashable, int]]

@@ -24,8 +24,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from worker.engine.forward import ForwardOutput
-    from worker.engine.input import ForwardInput
+    from worker.forward import ForwardInput, ForwardOutput
     from worker.scheduler.scheduler import Step
 
 

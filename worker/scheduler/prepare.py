@@ -20,11 +20,10 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-from worker.attention.base import BatchLayout, PrefixGroups
-from worker.engine.input import ForwardInput
 from worker.engine.logprobs import logprob_rows
 from worker.engine.penalties import PenaltyRow, build_penalties, penalty_row
 from worker.engine.sampler import SamplingTensors
+from worker.forward import BatchLayout, ForwardInput, PrefixGroups
 from worker.kvcache.table import TableManager
 from worker.scheduler.groups import cascade_pays, choose_groups, saved_kv_tokens, to_prefix_groups
 from worker.scheduler.intake import choice_seed

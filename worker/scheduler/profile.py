@@ -21,8 +21,7 @@ from worker.scheduler.hooks import StepHooks
 
 if TYPE_CHECKING:
     from worker.engine.engine import Engine
-    from worker.engine.forward import ForwardOutput
-    from worker.engine.input import ForwardInput
+    from worker.forward import ForwardInput, ForwardOutput
     from worker.scheduler.scheduler import Scheduler, Step
 
 

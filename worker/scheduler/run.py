@@ -10,7 +10,7 @@ import torch
 
 from worker.engine.config import EngineConfig
 from worker.engine.engine import Engine
-from worker.scheduler.faults import Fault
+from worker.engine.faults import Fault
 from worker.scheduler.messages import SchedulerFailed, SchedulerIO, SchedulerReady
 from worker.scheduler.scheduler import Scheduler
 from worker.scheduler.stop import Detokenize

@@ -22,12 +22,11 @@ import msgspec
 
 from worker.engine.config import EngineConfig
 from worker.engine.engine import Engine
-from worker.engine.forward import ForwardOutput
-from worker.engine.input import ForwardInput
+from worker.engine.faults import Fault
+from worker.forward import ForwardInput, ForwardOutput
 from worker.kvcache.manager import CacheManager
 from worker.kvcache.table import TableManager
 from worker.scheduler.decode import DecodeManager
-from worker.scheduler.faults import Fault
 from worker.scheduler.hooks import StepHooks
 from worker.scheduler.intake import make_group, refusal
 from worker.scheduler.messages import (

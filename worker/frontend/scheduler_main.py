@@ -1,4 +1,4 @@
-"""The scheduler process: ``python -m worker.scheduler.main INBOUND OUTBOUND CONFIG_JSON LOG_LEVEL``.
+"""The scheduler process: ``python -m worker.frontend.scheduler_main INBOUND OUTBOUND CONFIG_JSON LOG_LEVEL``.
 
 Started by the front end (worker.frontend.process) in a session of its own with a parent-death
 signal: a Ctrl-C meant for the worker never reaches it, and it never outlives the worker.

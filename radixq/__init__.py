@@ -1,0 +1,1 @@
+"""The ``radixq`` command: radixq.cli composes the producer and worker commands into one CLI."""

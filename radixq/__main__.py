@@ -1,0 +1,5 @@
+"""``python -m radixq``: the console script."""
+
+from radixq.cli import main
+
+main()
