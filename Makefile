@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.radixq-installed
 
-.PHONY: setup run test lint bench-queue bench-reliability clean
+.PHONY: setup run test test-fast test-model lint bench-queue bench-reliability clean
 
 # torch first, pinned: a plain torch requirement would pull a multi-GB CUDA build.
 $(STAMP): pyproject.toml
@@ -23,8 +23,20 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
+# Two tiers, two pytest calls: everything but the real-model tests, then those (marked `model`;
+# tests/conftest.py refuses a real-model test without the mark). GPU tests run on the device.
+FAST_TIER := -m 'not gpu and not model'
+MODEL_TIER := -m 'model and not gpu'
+
 test: lint
-	$(PY) -m pytest
+	$(PY) -m pytest $(FAST_TIER)
+	$(PY) -m pytest $(MODEL_TIER)
+
+test-fast: $(STAMP)
+	$(PY) -m pytest $(FAST_TIER)
+
+test-model: $(STAMP)
+	$(PY) -m pytest $(MODEL_TIER)
 
 bench-queue: $(STAMP)
 	$(PY) benchmarks/queue_throughput.py

@@ -1,4 +1,4 @@
-"""The measured reliability table: each scenario of tests/chaos against private redis-servers
+"""The measured reliability table: each scenario of benchmarks/chaos against private redis-servers
 and real `radixq` processes, one row each (docs/reliability.md).
 
     python benchmarks/reliability.py --list
@@ -26,10 +26,10 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
-from tests.chaos.engine_faults import save_tiny_model  # noqa: E402
-from tests.chaos.lab import Lab  # noqa: E402
-from tests.chaos.row import MARKDOWN_HEADER, Row  # noqa: E402
-from tests.chaos.scenarios import BY_NAME, SCENARIOS  # noqa: E402
+from benchmarks.chaos.engine_faults import save_tiny_model  # noqa: E402
+from benchmarks.chaos.lab import Lab  # noqa: E402
+from benchmarks.chaos.row import MARKDOWN_HEADER, Row  # noqa: E402
+from benchmarks.chaos.scenarios import BY_NAME, SCENARIOS  # noqa: E402
 
 
 def describe(row: Row) -> str:

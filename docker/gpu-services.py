@@ -2,13 +2,15 @@
 
     python3 docker/gpu-services.py 4            # worker-gpu0..worker-gpu3 on GPUs 0..3
     python3 docker/gpu-services.py --ids 0,2    # worker-gpu0 and worker-gpu2 on GPUs 0 and 2
+    python3 docker/gpu-services.py 4 --tp 2     # worker-gpu0-1 and worker-gpu2-3: two TP=2 workers
     export COMPOSE_FILE=docker-compose.yml:docker/compose.gpus.yml    # or -f each file
     docker compose up -d
 
 Why a generated file: ``--scale worker=N`` with a ``count: 1`` reservation gives every replica
 the same GPU (Compose does not spread replicas over a host's GPUs), so each GPU gets a service
 of its own whose reservation names it in ``device_ids``; inside its container that GPU is
-``cuda:0``. The workers run the GPU image (docker/Dockerfile.gpu) and share three named
+``cuda:0``. With ``--tp N`` each service reserves N consecutive GPUs of the list and runs one
+tensor-parallel group on them (``cuda:0..N-1`` inside). The workers run the GPU image (docker/Dockerfile.gpu) and share three named
 volumes: converted models (~/.cache/radixq) and the FlashInfer and Triton compile caches, so
 kernels are compiled once per host, not once per container start.
 
@@ -41,12 +43,13 @@ METRICS_PORT = 9400
 WORKER_ALIAS = "worker"
 
 
-def gpu_worker(gpu_id: int) -> dict[str, Any]:
-    """One worker service reserving GPU ``gpu_id`` alone."""
+def gpu_worker(gpu_ids: list[int]) -> dict[str, Any]:
+    """One worker service reserving the GPUs ``gpu_ids`` alone (a TP group when several)."""
+    tp = ["--tensor-parallel-size", str(len(gpu_ids))] if len(gpu_ids) > 1 else []
     return {
         "build": {"context": ".", "dockerfile": "docker/Dockerfile.gpu"},
         "image": "radixq:gpu",
-        "command": ["worker", "--model", "${RADIXQ_MODEL:-smollm2-135m}", "--device", "cuda"],
+        "command": ["worker", "--model", "${RADIXQ_MODEL:-smollm2-135m}", "--device", "cuda", *tp],
         "environment": {
             "RADIXQ_REDIS_URL": "redis://redis:6379/0",
             "RADIXQ_QUEUE": "${RADIXQ_QUEUE:-default}",
@@ -71,19 +74,25 @@ def gpu_worker(gpu_id: int) -> dict[str, Any]:
         "deploy": {
             "resources": {
                 "reservations": {
-                    "devices": [{"driver": "nvidia", "device_ids": [str(gpu_id)], "capabilities": ["gpu"]}]
+                    "devices": [
+                        {"driver": "nvidia", "device_ids": [str(g) for g in gpu_ids], "capabilities": ["gpu"]}
+                    ]
                 }
             }
         },
     }
 
 
-def compose_override(gpu_ids: list[int]) -> dict[str, Any]:
-    """The override: services ``worker-gpu<i>`` for each id, and the volumes they use."""
+def compose_override(gpu_ids: list[int], tp: int = 1) -> dict[str, Any]:
+    """The override: services ``worker-gpu<i>`` for each id (``worker-gpu<i>-<j>`` for each
+    group of ``tp`` consecutive ids), and the volumes they use."""
     if not gpu_ids or len(set(gpu_ids)) != len(gpu_ids) or min(gpu_ids) < 0:
         raise ValueError(f"GPU ids must be distinct and non-negative, at least one: {gpu_ids}")
+    if tp < 1 or len(gpu_ids) % tp != 0:
+        raise ValueError(f"--tp {tp}: the {len(gpu_ids)} GPUs do not split into groups of {tp}")
+    groups = [gpu_ids[i : i + tp] for i in range(0, len(gpu_ids), tp)]
     return {
-        "services": {f"worker-gpu{gpu_id}": gpu_worker(gpu_id) for gpu_id in gpu_ids},
+        "services": {"worker-gpu" + "-".join(map(str, group)): gpu_worker(group) for group in groups},
         "volumes": {name: {} for name in CACHE_VOLUMES},
     }
 
@@ -104,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = OneLineErrors(description=__doc__.splitlines()[0])
     parser.add_argument("count", nargs="?", type=int, help="GPUs 0..COUNT-1 (see nvidia-smi -L)")
     parser.add_argument("--ids", type=parse_ids, help="GPU indices instead of COUNT, e.g. 0,2,3")
+    parser.add_argument("--tp", type=int, default=1, help="GPUs per worker (tensor-parallel size)")
     parser.add_argument("-o", "--output", type=Path, default=DEFAULT_OUTPUT, help="default: %(default)s")
     args = parser.parse_args(argv)
     if (args.count is None) == (args.ids is None):
@@ -112,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"COUNT must be at least 1, not {args.count}")
     gpu_ids = args.ids if args.ids is not None else list(range(args.count))
     try:
-        override = compose_override(gpu_ids)
+        override = compose_override(gpu_ids, args.tp)
     except ValueError as exc:
         parser.error(str(exc))
     command = " ".join(sys.argv[1:] if argv is None else argv)

@@ -64,3 +64,23 @@ def _reap_workers() -> Iterator[None]:
             proc.kill()
             proc.wait()
     del STARTED[first:]
+
+
+REAL_MODEL_FIXTURES = frozenset({"smollm2_dir"})
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The real-model tier is a mark: a test that reaches a real model's fixture (directly or
+    through another fixture) without ``@pytest.mark.model`` stops the run, so that the fast
+    tier (``-m 'not gpu and not model'``) never loads one by accident."""
+    unmarked = [
+        item.nodeid
+        for item in items
+        if REAL_MODEL_FIXTURES & set(getattr(item, "fixturenames", ()))
+        and item.get_closest_marker("model") is None
+    ]
+    if unmarked:
+        raise pytest.UsageError(
+            "these tests load a real model but are not marked @pytest.mark.model:\n  " + "\n  ".join(unmarked)
+        )

@@ -82,6 +82,19 @@ def worker(
             "--cpu-threads", min=0, help="Torch threads of a CPU engine (0: every core it may use)."
         ),
     ] = None,
+    tensor_parallel_size: Annotated[
+        int | None,
+        typer.Option(
+            "--tensor-parallel-size", "--tp", min=1, help="Processes (GPUs) the model is split over."
+        ),
+    ] = None,
+    gpus: Annotated[
+        str | None,
+        typer.Option(
+            "--gpus",
+            help="GPUs of this worker (sets CUDA_VISIBLE_DEVICES, e.g. 2,3); a TP group takes the first ones.",
+        ),
+    ] = None,
 ) -> None:
     """Consume jobs until SIGINT/SIGTERM, then drain (within the drain timeout) and exit 0.
 
@@ -116,16 +129,26 @@ def worker(
         "engine.model": model,
         "engine.device": device,
         "engine.cpu_threads": cpu_threads,
+        "engine.tensor_parallel_size": tensor_parallel_size,
         "queue.min_idle_s": min_idle_s,
         "queue.max_attempts": max_attempts,
         "queue.drain_timeout_s": drain_timeout_s,
         "queue.read_window": read_window,
         "queue.trim_jobs": trim_jobs,
     }
+    if gpus is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpus  # NOTE: before torch is imported; children inherit it
     try:
         settings = load_worker_config(config, os.environ, flags)
     except ConfigError as exc:
         fail(str(exc), exits.USAGE)
+    group_gpus = [g for g in (gpus or "").split(",") if g.strip()]
+    if group_gpus and settings.engine.tensor_parallel_size > len(group_gpus):
+        fail(
+            f"--gpus {gpus} names {len(group_gpus)} GPUs for tensor_parallel_size="
+            f"{settings.engine.tensor_parallel_size}",
+            exits.USAGE,
+        )
     logging.basicConfig(
         level=settings.worker.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

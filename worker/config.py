@@ -274,6 +274,7 @@ ENGINE_HELP: dict[str, str] = {
     "cache_dir": "where converted models are cached (empty: `~/.cache/radixq/models`)",
     "grammar_timeout_s": "seconds a job's grammar may take to compile (in a child process); a longer compile fails that job only",
     "grammar_memory_mib": "MiB one grammar compile may add to the compiler process (its size at rest, about 400 MiB, not counted); a compile that needs more fails that job only",
+    "tensor_parallel_size": "processes (GPUs) one model is split over, one per rank on `cuda:0..N-1` of the worker's `CUDA_VISIBLE_DEVICES` (`--gpus`); rank 0 schedules, the others follow its batches; structured output is refused with N > 1. A pool of TP=1 workers gives more throughput when the model fits one GPU",
     "step_profile": "record every scheduler step and log a summary at exit (profiling)",
     "fault": "injected failures for the failure tests: `raise-on-token:N`, `exit-on-token:N`, `raise-on-batch:K`, `sleep-per-step:MS`",
 }

@@ -107,13 +107,13 @@ def test_sampler_cuda_matches_cpu():
 
 @pytest.mark.parametrize("name", ["qwen3-0.6b", "llama-3.1-8b"])
 def test_dummy_real_size_loads_and_runs(name):
-    """Dummy weights at real size: load time and one prefill + decode pass on the GPU."""
+    """Dummy weights at real size load and run one prefill + decode pass on the GPU (the load
+    time is printed; `python benchmarks/speed_checks.py model-load` measures it on purpose)."""
     start_s = time.monotonic()
     loaded = load_model(str(REPO / "configs" / f"{name}.json"), load_format="dummy", device="cuda")
     torch.cuda.synchronize()
     load_s = time.monotonic() - start_s
     print(f"{name}: dummy load {load_s:.1f}s")
-    assert load_s < 120
     runner = PagedRunner(loaded, page_size=16, max_reqs=2, max_len=512)
     logits = runner.step([(0, 0, list(range(1, 500))), (1, 0, [7])])
     logits = runner.step([(0, 499, [3]), (1, 1, [4])])

@@ -18,7 +18,7 @@ from wire.keys import QueueKeys
 from worker.config import CPU_DEFAULTS
 from worker.queue.consumer import HELD_PER_SLOT
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.model]
 KEYS = QueueKeys()
 
 

@@ -20,7 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from tests.integration.procs import REPO_ROOT, radixq, subprocess_env
 from tests.model_fixtures import smollm2_dir  # noqa: F401  (fixture)
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.model]
 
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
 

@@ -1,7 +1,7 @@
 """Reliability scenarios of docs/reliability.md that had no regression test, with the real
 engine (a tiny random Llama on CPU): a job that crashes the engine under `radixq run`, and
 the bad stream entries of issue 8 under `radixq worker`. Each runs the table's own scenario
-(tests/chaos); completions are checked against transformers' greedy tokens.
+(benchmarks/chaos); completions are checked against transformers' greedy tokens.
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos.engine_faults import BAD_ID_SHOWN, save_tiny_model
-from tests.chaos.lab import Lab
-from tests.chaos.row import read_rows
-from tests.chaos.scenarios import BY_NAME
+from benchmarks.chaos.engine_faults import BAD_ID_SHOWN, save_tiny_model
+from benchmarks.chaos.lab import Lab
+from benchmarks.chaos.row import read_rows
+from benchmarks.chaos.scenarios import BY_NAME
 from tests.conftest import require_redis_server
 from tests.model_fixtures import hf_from_dir, hf_greedy
 
@@ -44,7 +44,6 @@ def innocent_rows_match_transformers(model_dir: Path, source: Path, out: Path) -
     return checked
 
 
-@pytest.mark.slow
 def test_poison_job_under_run_is_dead_lettered_within_the_run(model_dir: Path, tmp_path: Path) -> None:
     with Lab("poison-run", tmp_path / "lab") as lab:
         row = BY_NAME["poison-run"](lab, model_dir, jobs=6, max_attempts=1)
@@ -57,7 +56,6 @@ def test_poison_job_under_run_is_dead_lettered_within_the_run(model_dir: Path, t
     assert innocent_rows_match_transformers(model_dir, lab.dir / "in.jsonl", row.observed.output) == 6
 
 
-@pytest.mark.slow
 def test_bad_stream_entries_get_their_own_error_rows_and_the_rest_completes(
     model_dir: Path, tmp_path: Path
 ) -> None:

@@ -1,6 +1,6 @@
 """Reliability scenarios of docs/reliability.md that had no regression test, with the fake
 backend: repeated kill -9 of workers, a frozen (SIGSTOP) worker, and Redis losing its last
-writes. Each runs the table's own scenario (tests/chaos) at a smaller size against private
+writes. Each runs the table's own scenario (benchmarks/chaos) at a smaller size against private
 redis-servers and real `radixq` processes; the oracle is the list of ids the scenario gave.
 
 Every row must meet the table's targets (Row.misses): no id without a row after the
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos.lab import Lab
-from tests.chaos.row import Row
-from tests.chaos.scenarios import BY_NAME
+from benchmarks.chaos.lab import Lab
+from benchmarks.chaos.row import Row
+from benchmarks.chaos.scenarios import BY_NAME
 from tests.conftest import require_redis_server
 
 pytestmark = pytest.mark.integration
@@ -34,7 +34,6 @@ def run(name: str, tmp_path: Path, **sizes: object) -> tuple[Row, Lab]:
     return row, lab
 
 
-@pytest.mark.slow
 def test_workers_killed_again_and_again_lose_nothing_and_write_each_id_once(tmp_path: Path) -> None:
     # 3 workers x 8 jobs at a time x 200 ms: the run outlasts 4 kills, then the rest finish
     row, lab = run("kill9-chaos", tmp_path, jobs=600, latency_s=0.2, max_kills=4)
@@ -45,7 +44,6 @@ def test_workers_killed_again_and_again_lose_nothing_and_write_each_id_once(tmp_
     assert sorted(row.dead_lettered) == row.observed.culprits
 
 
-@pytest.mark.slow
 def test_a_frozen_worker_loses_its_jobs_to_the_others_and_nothing_is_written_twice(tmp_path: Path) -> None:
     row, lab = run("zombie-worker", tmp_path, jobs=600)
     assert lab.facts["taken_over"] > 0  # its jobs were run by others while it was stopped
@@ -59,7 +57,6 @@ def test_redis_kill_9_with_appendfsync_everysec_loses_nothing_or_says_so(tmp_pat
     assert row.lost == [] and row.duplicates == []
 
 
-@pytest.mark.slow
 def test_redis_losing_its_last_second_is_reported_and_recovered_exactly_once(tmp_path: Path) -> None:
     row, lab = run("redis-aof-last-second-lost", tmp_path, jobs=600, later=200)
     seen = row.observed

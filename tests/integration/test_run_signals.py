@@ -40,6 +40,7 @@ from tests.integration.procs import (
     still_running,
     subprocess_env,
 )
+from tests.waiting import LIVENESS_S
 from wire.keys import QueueKeys
 
 pytestmark = pytest.mark.integration
@@ -173,7 +174,7 @@ def test_shutdown_keeps_to_the_drain_timeout(tmp_path: Path, reaped: list[subpro
     source, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     write_input(source, 6)
     run = start_run(
-        tmp_path, source, out, "--drain-timeout-s", "2", RADIXQ_FAKE_LATENCY_S="60", RADIXQ_FAKE_CAPACITY="3"
+        tmp_path, source, out, "--drain-timeout-s", "2", RADIXQ_FAKE_LATENCY_S="600", RADIXQ_FAKE_CAPACITY="3"
     )
     reaped.append(run)
     _, (worker_pid,) = run_children(run, 1)
@@ -183,12 +184,14 @@ def test_shutdown_keeps_to_the_drain_timeout(tmp_path: Path, reaped: list[subpro
     client.close()
     signalled = time.monotonic()
     os.kill(run.pid, signal.SIGTERM)
-    assert run.wait(timeout=30) == 1
+    # NOTE: the jobs take 600 s: a run that exits before LIVENESS_S kept to its drain timeout
+    assert run.wait(timeout=LIVENESS_S) == 1
     shutdown_s = time.monotonic() - signalled
     print(f"shutdown with --drain-timeout-s 2 and jobs that never finish: {shutdown_s:.2f} s")
     # The drain is 2 s all told: held jobs get until the give-back point (a quarter of the drain
-    # before its end), then go back, then the generator stops; so not before 1.5 s, not much after 2.
-    assert 1.5 <= shutdown_s < 2.0 + 3.0
+    # before its end), then go back, then the generator stops; so not before 1.5 s (a load on
+    # the box can only make it later: how much later is not this test's business).
+    assert shutdown_s >= 1.5
     assert out.read_text() == ""
     assert still_running(children) == [] and run_folders(run.pid) == []
 
@@ -196,20 +199,31 @@ def test_shutdown_keeps_to_the_drain_timeout(tmp_path: Path, reaped: list[subpro
 def test_second_signal_hurries_the_shutdown(tmp_path: Path, reaped: list[subprocess.Popen[bytes]]) -> None:
     source, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     write_input(source, 6)
-    run = start_run(tmp_path, source, out, RADIXQ_FAKE_LATENCY_S="60", RADIXQ_FAKE_CAPACITY="3")
+    run = start_run(
+        tmp_path,
+        source,
+        out,
+        "--drain-timeout-s",
+        "600",
+        RADIXQ_FAKE_LATENCY_S="600",
+        RADIXQ_FAKE_CAPACITY="3",
+    )
     reaped.append(run)
     _, (worker_pid,) = run_children(run, 1)
     children = descendants(run.pid)
     client = queue_redis(worker_pid)
-    wait_for(lambda: client.xpending(KEYS.jobs, KEYS.group)["pending"] == 3, 30, "the worker to hold 3 jobs")
+    wait_for(
+        lambda: client.xpending(KEYS.jobs, KEYS.group)["pending"] == 3,
+        LIVENESS_S,
+        "the worker to hold 3 jobs",
+    )
     client.close()
     os.killpg(run.pid, signal.SIGINT)
     time.sleep(1.0)
-    assert run.poll() is None  # draining: up to 30 s by default
-    hurried = time.monotonic()
+    assert run.poll() is None  # draining: up to 600 s
     os.killpg(run.pid, signal.SIGINT)
-    assert run.wait(timeout=30) == 1
-    assert time.monotonic() - hurried < 3.0
+    # NOTE: the drain (and the jobs) would last 600 s: exiting before LIVENESS_S is the hurry
+    assert run.wait(timeout=LIVENESS_S) == 1
     assert still_running(children) == [] and run_folders(run.pid) == []
 
 
@@ -242,7 +256,9 @@ def test_kill_9_of_run_takes_its_children_and_a_later_run_removes_the_folder(
     (folder,) = run_folders(run.pid)
     os.kill(run.pid, signal.SIGKILL)
     run.wait()
-    wait_for(lambda: not still_running(children), 5, "the run's redis-server and workers to die with it")
+    wait_for(
+        lambda: not still_running(children), LIVENESS_S, "the run's redis-server and workers to die with it"
+    )
     assert folder.is_dir()  # nobody was left to remove it
 
     again = radixq("run", str(source), "-o", str(out), "--backend", FAKE_GENERATOR, "--timeout", "60")
@@ -302,7 +318,9 @@ def test_local_redis_failing_to_start_leaves_nothing_behind(monkeypatch: pytest.
 
     def fail_when_ready(self: LocalRedis) -> None:
         assert self.pid is not None
-        wait_for(lambda: redis.Redis(port=self.port, password=self.password).ping(), 10, "redis-server")
+        wait_for(
+            lambda: redis.Redis(port=self.port, password=self.password).ping(), LIVENESS_S, "redis-server"
+        )
         stat = proc_stat(self.pid)
         assert stat is not None
         started[self.pid] = stat[2]

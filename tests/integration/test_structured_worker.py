@@ -20,7 +20,7 @@ import pytest
 from tests.integration.procs import REPO_ROOT, cmdline, descendants, radixq, still_running, subprocess_env
 from tests.model_fixtures import smollm2_dir  # noqa: F401  (fixture)
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.model]
 
 SLOW_SCHEMA = {
     "type": "object",

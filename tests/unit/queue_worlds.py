@@ -14,6 +14,7 @@ import fakeredis
 
 from producer.client import Client
 from tests.fake_generator import FakeGenerator
+from tests.waiting import LIVENESS_S
 from wire.keys import FIELD_ID, FIELD_JOB, QueueKeys
 from wire.schema import Job, Result, decode_result
 from worker.queue.config import ConsumerConfig
@@ -134,7 +135,7 @@ def make_world(kind: str, partitions: int = 1) -> World:
     return MemoryWorld(partitions) if kind == "memory" else RedisWorld(partitions)
 
 
-def step_until(consumers: list[Consumer], done: int, world: World, timeout_s: float = 20) -> None:
+def step_until(consumers: list[Consumer], done: int, world: World, timeout_s: float = LIVENESS_S) -> None:
     deadline = time.monotonic() + timeout_s
     while world.done() < done:
         assert time.monotonic() < deadline, f"only {world.done()} of {done} done"

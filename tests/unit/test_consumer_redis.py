@@ -17,6 +17,7 @@ from producer.collector import Collector
 from tests.fake_generator import FakeGenerator
 from tests.unit.queue_worlds import RedisWorld, config_for
 from tests.unit.test_consumer import make_jobs
+from tests.waiting import LIVENESS_S
 from wire.keys import FIELD_ID, FIELD_JOB, QueueKeys
 from wire.schema import Result, decode_result, encode_job
 from wire.status import decode_heartbeat
@@ -36,7 +37,7 @@ def consumer_for(
 
 
 def step_until(
-    consumers: list[Consumer], done: int, client: fakeredis.FakeRedis, timeout_s: float = 20
+    consumers: list[Consumer], done: int, client: fakeredis.FakeRedis, timeout_s: float = LIVENESS_S
 ) -> None:
     deadline = time.monotonic() + timeout_s
     while client.hlen(KEYS.done) < done:

@@ -82,6 +82,7 @@ def grammars(smollm2_dir: Path) -> Grammars:  # noqa: F811
     return loaded
 
 
+@pytest.mark.model
 def test_compiled_grammars_are_cached_by_key(grammars: Grammars, monkeypatch: pytest.MonkeyPatch) -> None:
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
     first = grammars.compile(SamplingParams(json_schema=schema))
@@ -96,6 +97,7 @@ def test_compiled_grammars_are_cached_by_key(grammars: Grammars, monkeypatch: py
     assert grammars.cache_misses == misses + 1
 
 
+@pytest.mark.model
 @pytest.mark.parametrize(
     ("sampling", "field", "why"),
     [
@@ -114,6 +116,7 @@ def test_invalid_constraint_names_field(
     assert ".cc:" not in message  # xgrammar's source location is not the user's business
 
 
+@pytest.mark.model
 def test_choice_list_accepts_exactly_its_options(grammars: Grammars, smollm2_dir: Path) -> None:  # noqa: F811
     from worker.models.tokenizer import load_tokenizer_or_none
 
@@ -133,6 +136,7 @@ def test_choice_list_accepts_exactly_its_options(grammars: Grammars, smollm2_dir
     assert matcher.rejected and matcher.done
 
 
+@pytest.mark.model
 def test_token_bitmask_rows(grammars: Grammars) -> None:
     """Unconstrained and finished rows allow everything; a JSON row allows '{' and not EOS."""
     assert grammars.token_bitmask([None, None]) is None

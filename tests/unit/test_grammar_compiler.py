@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.model_fixtures import smollm2_dir  # noqa: F401  (fixture)
+from tests.waiting import LIVENESS_S
 from wire.schema import SamplingParams
 from worker.engine.grammar import GrammarError, Grammars, grammar_key, load_grammars
 from worker.engine.grammar_compiler import BackgroundCompiler, Outcome
@@ -64,6 +66,7 @@ def compiler(smollm2_dir: Path) -> Iterator[BackgroundCompiler]:  # noqa: F811
     compiler.close()
 
 
+@pytest.mark.model
 def test_grammars_from_the_child_equal_grammars_compiled_here(smollm2_dir: Path) -> None:  # noqa: F811
     """submit/poll answer every job, jobs sharing a key once compiled, an invalid grammar
     with its field; the grammar equals the one compiled on this thread."""
@@ -92,6 +95,7 @@ def test_grammars_from_the_child_equal_grammars_compiled_here(smollm2_dir: Path)
         background.close()
 
 
+@pytest.mark.model
 def test_time_limit_fails_that_key_only_and_the_child_restarts(compiler: BackgroundCompiler) -> None:
     compiler.timeout_s = 2.0
     compiler.submit("slow", SLOW)
@@ -104,6 +108,7 @@ def test_time_limit_fails_that_key_only_and_the_child_restarts(compiler: Backgro
     print(f"slow failed and quick compiled within {time.monotonic() - started:.1f} s")
 
 
+@pytest.mark.model
 def test_a_crashing_child_fails_the_key_it_was_compiling_only(compiler: BackgroundCompiler) -> None:
     """A child that dies while compiling (SIGKILL sent here, as the kernel's OOM killer does;
     a SIGSEGV sent from outside can leave Python's fault handler hung, which the time limit
@@ -123,6 +128,7 @@ def test_a_crashing_child_fails_the_key_it_was_compiling_only(compiler: Backgrou
     assert compiler.child_pid != pid and not _alive(pid)
 
 
+@pytest.mark.model
 def test_cancel_and_close_leave_no_process(compiler: BackgroundCompiler) -> None:
     compiler.submit("gone", SLOW)
     compiler.submit("kept", ("regex", "x+"))
@@ -135,6 +141,7 @@ def test_cancel_and_close_leave_no_process(compiler: BackgroundCompiler) -> None
     assert not _alive(pid)
 
 
+@pytest.mark.model
 def test_cancelling_the_running_compile_stops_the_child(compiler: BackgroundCompiler) -> None:
     """A compile no job waits for any more burns no CPU: its child is stopped at once, and
     the next key gets a new one."""
@@ -152,6 +159,7 @@ def test_cancelling_the_running_compile_stops_the_child(compiler: BackgroundComp
     assert uid == "next" and compiled is not None and error is None
 
 
+@pytest.mark.model
 def test_the_child_dies_with_its_parent(smollm2_dir: Path, tmp_path: Path) -> None:  # noqa: F811
     """kill -9 of the process holding the compiler (a scheduler) takes the compiling child
     with it (its parent-death signal)."""
@@ -177,7 +185,7 @@ time.sleep(600)
         assert _alive(child_pid)
         parent.kill()
         parent.wait()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + LIVENESS_S
         while _alive(child_pid):
             assert time.monotonic() < deadline, "the compiler outlived its parent"
             time.sleep(0.05)
@@ -186,6 +194,7 @@ time.sleep(600)
         parent.wait()
 
 
+@pytest.mark.model
 def test_a_key_that_failed_fails_at_once_next_time(smollm2_dir: Path) -> None:  # noqa: F811
     """A grammar that ran past the time limit is not compiled again for the next job that
     asks for it (a dataset of rows sharing one hostile schema would otherwise cost the limit
@@ -204,37 +213,47 @@ def test_a_key_that_failed_fails_at_once_next_time(smollm2_dir: Path) -> None:  
             assert time.monotonic() < deadline
         ((uid, error),) = done
         assert uid == "first" and isinstance(error, GrammarError) and "within 2 s" in str(error)
-        started = time.monotonic()
-        with pytest.raises(GrammarError) as again:
+        with pytest.raises(GrammarError) as again:  # from submit itself: no poll, no child
             grammars.submit("second", slow)
-        assert str(again.value) == str(error) and time.monotonic() - started < 0.1
+        assert str(again.value) == str(error)
         assert not grammars.background.pending
     finally:
         grammars.close()
 
 
-def test_a_large_grammar_is_read_back_off_the_callers_thread(smollm2_dir: Path) -> None:  # noqa: F811
+@pytest.mark.model
+def test_a_large_grammar_is_read_back_off_the_callers_thread(
+    smollm2_dir: Path,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A 20,000-value enum compiles to about 57 MB, which xgrammar reads back in seconds: the
-    reading happens on the compiler's reader thread, so no poll (the scheduler's step) takes
-    long, and the grammar arrives whole (it equals the one compiled here)."""
+    reading happens on the compiler's reader thread, never on the thread that polls (the
+    scheduler's), and the grammar arrives whole (it masks tokens). How long a poll takes
+    meanwhile is ``python benchmarks/speed_checks.py grammar-readback``'s figure."""
+    import xgrammar as xgr
+
+    read_on: list[str] = []
+    deserialize = xgr.CompiledGrammar.deserialize_json
+
+    def spied(*args: object, **kwargs: object) -> object:
+        read_on.append(threading.current_thread().name)
+        return deserialize(*args, **kwargs)
+
+    monkeypatch.setattr(xgr.CompiledGrammar, "deserialize_json", staticmethod(spied))
     schema = SamplingParams(json_schema={"enum": [f"value{i}" for i in range(20000)]})
     background = Grammars.in_background(str(smollm2_dir), 49152, [2], timeout_s=120.0)
     try:
         assert background.submit("big", schema) is None
         assert background.background is not None
         done: list[tuple[str, object]] = []
-        longest_s = 0.0
         deadline = time.monotonic() + 120
         while not done:
-            started = time.monotonic()
             done += background.poll()
-            longest_s = max(longest_s, time.monotonic() - started)
             background.background.wait(0.02)
             assert time.monotonic() < deadline
         ((uid, compiled),) = done
-        print(f"longest poll while a 57 MB grammar was read back: {longest_s * 1000:.0f} ms")
         assert uid == "big" and not isinstance(compiled, GrammarError)
-        assert longest_s < 0.5
+        assert read_on == ["grammar-reader"] and threading.current_thread().name != "grammar-reader"
         matcher = background.matcher(compiled)
         bitmask = background.token_bitmask([matcher])
         assert bitmask is not None and 0 < int((bitmask != 0).sum())
@@ -242,6 +261,7 @@ def test_a_large_grammar_is_read_back_off_the_callers_thread(smollm2_dir: Path) 
         background.close()
 
 
+@pytest.mark.model
 def test_a_grammar_over_the_memory_limit_is_that_jobs_error(
     smollm2_dir: Path,  # noqa: F811
     monkeypatch: pytest.MonkeyPatch,
@@ -262,6 +282,7 @@ def test_a_grammar_over_the_memory_limit_is_that_jobs_error(
         compiler.close()
 
 
+@pytest.mark.model
 def test_a_compiler_that_cannot_start_fails_the_waiting_jobs(
     compiler: BackgroundCompiler, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -301,7 +322,7 @@ HUGE_ANYOF = grammar_key(
 assert HUGE_ANYOF is not None
 
 
-@pytest.mark.slow  # about 40 s: the compile takes a while to grow
+@pytest.mark.model  # about 40 s: the compile takes a while to grow
 def test_a_compile_over_the_memory_limit_fails_that_key_only(smollm2_dir: Path) -> None:  # noqa: F811
     """A 2,000-branch anyOf with a 256 MiB limit: the child is stopped once it grows past its
     size at rest plus the limit (its resident size, sampled here from /proc, never goes more

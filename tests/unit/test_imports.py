@@ -33,7 +33,7 @@ MAY_IMPORT = {
 # worker's parts, lowest first. A part imports only parts of lower rows; parts in one row do
 # not import each other. A part is a subpackage or a top-level module of worker.
 LAYERS: list[set[str]] = [
-    {"kernels", "lazy", "forward"},  # kernels; the lazy loader; the values crossing the engine boundary
+    {"kernels", "lazy", "forward", "distributed"},  # kernels; the lazy loader; the values crossing the engine boundary; TP collectives
     {"kvcache"},  # pool (FP8 too), page table, allocator, prefix caches
     {"models"},
     {"attention"},  # reads the KV pool's layout; plans from a forward.BatchLayout

@@ -86,6 +86,7 @@ def fp8_llm(smollm2_dir):  # noqa: F811
     return LLM("smollm2-135m", device="cpu", kv_cache_dtype="fp8_e4m3", max_running_reqs=8, cpu_kv_gib=0.25)
 
 
+@pytest.mark.model
 def test_calibrated_scales_fit_transformers_kv(fp8_llm, smollm2_dir) -> None:  # noqa: F811
     """Per layer, scale = 2 * max|k| / 448 (and the same for v) over the calibration text
     (fp32 engine and fp32 transformers agree on a maximum to a few 1e-3),
@@ -106,6 +107,7 @@ def test_calibrated_scales_fit_transformers_kv(fp8_llm, smollm2_dir) -> None:  #
         assert kv.v_scale[layer] == pytest.approx(2 * values.abs().max().item() / E4M3_MAX, rel=5e-3)
 
 
+@pytest.mark.model
 def test_fp8_pool_holds_more_tokens_in_the_same_memory(fp8_llm) -> None:
     """Same cpu_kv_gib: 4x the pages of the fp32 cache on CPU (2x against bf16 on a GPU)."""
     engine = fp8_llm.engine
@@ -126,6 +128,7 @@ def test_bad_kv_options_name_their_field(field: str, value: str) -> None:
         EngineConfig(model="smollm2-135m", **{field: value})
 
 
+@pytest.mark.model
 def test_smollm2_fp8_agreement_with_the_fp32_cache(fp8_llm) -> None:
     """The agreement figure's measure on 5 of the 200 prompts (benchmarks/fp8_quality.py has
     the full run). Fed a greedy completion, the FP8 cache picks the fp32 cache's next token at

@@ -12,7 +12,7 @@ from tests.model_fixtures import smollm2_dir  # noqa: F401  (fixture)
 from wire.schema import SamplingParams
 from worker.llm import LLM
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.model
 MAX_NEW = 16
 TEXT_PROMPTS = ["The capital of France is", "def fibonacci(n):"]
 CHAT = [{"role": "user", "content": "Name three colors."}]

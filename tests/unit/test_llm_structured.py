@@ -20,7 +20,7 @@ from tests.model_fixtures import smollm2_dir  # noqa: F401  (fixture)
 from wire.schema import SamplingParams
 from worker.llm import LLM
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.model
 MAX_TOKENS = 64
 EOS = 2
 

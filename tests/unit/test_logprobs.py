@@ -18,7 +18,7 @@ from tests.model_fixtures import smollm2_dir  # noqa: F401  (fixture)
 from wire.schema import Choice, SamplingParams
 from worker.llm import LLM
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.model
 TOLERANCE = 1e-3  # against transformers
 BATCH_TOLERANCE = 1e-4  # the same request in different batches
 PROMPTS = [

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
+import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from tests.model_fixtures import PagedRunner, smollm2_dir  # noqa: E402, F401  (fixture)
 from worker.models.loader import load_model  # noqa: E402
 from worker.models.tokenizer import load_tokenizer, prompt_ids  # noqa: E402
+
+pytestmark = pytest.mark.model
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
@@ -30,15 +32,20 @@ def _greedy_until_eos(
     return tokens
 
 
-def test_smollm2_greedy_chat_matches_hf(smollm2_dir):  # noqa: F811
-    """Greedy chat answer is Paris, token for token what transformers generates."""
+def test_smollm2_greedy_chat_matches_hf(smollm2_dir, monkeypatch):  # noqa: F811
+    """Greedy chat answer is Paris, token for token what transformers generates; the alias
+    loads the converted copy the fixture left in the cache, without converting it again
+    (how long that load takes is benchmarks/model_load.py's figure, not a test's)."""
     from transformers import AutoModelForCausalLM
 
-    start_s = time.monotonic()
+    from worker.models import gguf
+
+    def no_second_conversion(*args: object) -> None:
+        raise AssertionError("the cached conversion was not used: the GGUF was converted again")
+
+    monkeypatch.setattr(gguf, "_convert", no_second_conversion)
     loaded = load_model("smollm2-135m")
-    load_s = time.monotonic() - start_s
     assert Path(loaded.path) == smollm2_dir
-    assert load_s < 10, f"cached SmolLM2 took {load_s:.1f}s to load"
     config = loaded.config
     assert (config.architecture, config.num_layers, config.hidden_size, config.vocab_size) == (
         "LlamaForCausalLM",

@@ -22,7 +22,7 @@ from worker.engine.config import EngineConfig
 from worker.frontend.generator import EngineGenerator
 from worker.queue.prompts import PromptLists
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.model
 MAX_NEW = 6
 PROMPTS = ["The capital of France is", "def fibonacci(n):"]
 

@@ -12,6 +12,7 @@ from openai.types import Completion
 from producer.jsonl import output_record, parse_line
 from tests.fake_generator import FakeGenerator, fake_text
 from tests.unit.queue_worlds import MemoryWorld, config_for, step_until
+from tests.waiting import LIVENESS_S
 from wire.schema import Job, Result, SamplingParams, error_result
 from worker.frontend.contract import ENGINE_CRASH
 from worker.queue.consumer import Consumer
@@ -36,7 +37,7 @@ class _Scripted(FakeGenerator):
 
 def _poll_until(generator: PromptLists, count: int) -> list[Result]:
     results: list[Result] = []
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + LIVENESS_S
     while len(results) < count:
         assert time.monotonic() < deadline
         results += generator.poll(0.01)

@@ -14,6 +14,7 @@ import pytest
 from producer.client import Client
 from tests.fake_generator import FakeGenerator
 from tests.unit.queue_worlds import World, config_for, make_world
+from tests.waiting import LIVENESS_S
 from wire.keys import QueueKeys
 from wire.routing import partition_of, prefix_key, qualify, split_id
 from wire.schema import Job
@@ -61,7 +62,7 @@ def group_jobs(keys: list[str], per_group: int, seed: int = 0, tag: str = "") ->
     return jobs
 
 
-def run_until(consumers: list[Consumer], world: World, done: int, timeout_s: float = 20) -> None:
+def run_until(consumers: list[Consumer], world: World, done: int, timeout_s: float = LIVENESS_S) -> None:
     deadline = time.monotonic() + timeout_s
     while world.done() < done:
         assert time.monotonic() < deadline, f"only {world.done()} of {done} done"
@@ -188,7 +189,7 @@ def test_workers_joining_and_leaving_rebalance_partitions(kind: str) -> None:
     }
     warm(list(pool.values()))
     world.enqueue(group_jobs([f"g{i}" for i in range(8)], 4, tag="a"))  # the queue's partitions come with it
-    run_until(list(pool.values()), world, 16, timeout_s=20)
+    run_until(list(pool.values()), world, 16)
     warm(list(pool.values()))
     assert {n: c._survey.own for n, c in pool.items() if c._survey} == assign(P, ["c1", "c2"])
 
@@ -221,8 +222,8 @@ def test_a_dead_workers_groups_and_jobs_move_to_a_live_one(kind: str) -> None:
         for consumer in (c1, c2):
             consumer.guarded(consumer.step)
     assert c2.held == 10
-    run_until([c1], world, 20, timeout_s=20)
-    deadline = time.monotonic() + 10
+    run_until([c1], world, 20)
+    deadline = time.monotonic() + LIVENESS_S
     while c1._survey is None or c1._survey.own != list(range(P)):  # c2's beat ages out: its partitions move
         assert time.monotonic() < deadline
         c1.guarded(c1.step)
@@ -265,7 +266,7 @@ def test_a_dead_letter_goes_back_to_its_partition(fake_redis: fakeredis.FakeRedi
         return Consumer(queue, FakeGenerator(capacity=4, latency_s=3600), config)
 
     holder, other = consumer("c1"), consumer("c2")
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + LIVENESS_S
     while holder.held == 0:  # c1 takes it (by ownership or stealing), then stops renewing: it "died"
         assert time.monotonic() < deadline
         holder.guarded(holder.step)

@@ -37,7 +37,9 @@ class EngineConfig:
     overlap: bool = True
     mixed_batches: bool = True  # while a long prompt is chunked, its steps decode the running requests too
     attention: str = "auto"
-    decode_kernel: str = "auto"  # flashinfer decode: "auto" (XQA over FP8 pages on sm90, else FA2), "fa2", "xqa"
+    decode_kernel: str = (
+        "auto"  # flashinfer decode: "auto" (XQA over FP8 pages on sm90, else FA2), "fa2", "xqa"
+    )
     cuda_graph: bool = True
     cuda_graph_max_bs: int = 256
     cascade_attention: bool = False  # attend to prefixes that running requests share once per group
@@ -48,6 +50,7 @@ class EngineConfig:
     cache_dir: str = ""  # where converted models are cached ("": ~/.cache/radixq/models)
     grammar_timeout_s: float = 60.0  # a job's grammar that compiles longer fails that job
     grammar_memory_mib: int = 2048  # what one compile may add to the compiler process; beyond: that job fails
+    tensor_parallel_size: int = 1  # processes (GPUs) one model is split over; rank 0 schedules
     step_profile: bool = False  # record every scheduler step (profiling runs; logged at exit)
     fault: str = ""  # injected failures, for the failure tests (worker.engine.faults)
 
@@ -59,6 +62,12 @@ class EngineConfig:
             (self.cpu_threads >= 0, "cpu_threads", self.cpu_threads, "must be >= 0 (0: every core)"),
             (self.grammar_timeout_s > 0, "grammar_timeout_s", self.grammar_timeout_s, "must be > 0"),
             (self.grammar_memory_mib >= 16, "grammar_memory_mib", self.grammar_memory_mib, "must be >= 16"),
+            (
+                self.tensor_parallel_size >= 1,
+                "tensor_parallel_size",
+                self.tensor_parallel_size,
+                "must be >= 1",
+            ),
             (self.max_running_reqs >= 1, "max_running_reqs", self.max_running_reqs, "must be >= 1"),
             (self.max_prefill_tokens >= 1, "max_prefill_tokens", self.max_prefill_tokens, "must be >= 1"),
             (

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from worker.distributed import broadcast
 from worker.engine.config import EngineConfig
 from worker.engine.logprobs import pack_with_tokens, raw_logprobs, unpack
 from worker.forward import ForwardBatch, ForwardInput, ForwardOutput
@@ -18,6 +19,21 @@ if TYPE_CHECKING:
     from worker.engine.graph import GraphRunner
 
 log = logging.getLogger(__name__)
+
+
+def rank_device(device: str, rank: int, size: int) -> torch.device:
+    """The device of tensor-parallel rank ``rank``: ``cuda:{rank}`` among the visible devices
+    (CUDA_VISIBLE_DEVICES names the group's GPUs), the CPU for every rank on CPU."""
+    dev = torch.device(device)
+    if dev.type != "cuda" or size == 1:
+        return dev
+    visible = torch.cuda.device_count()
+    if visible < size:
+        raise StartupError(
+            f"tensor_parallel_size={size} needs {size} GPUs, {visible} visible "
+            f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})"
+        )
+    return torch.device("cuda", rank)
 
 
 class StartupError(ValueError):
@@ -40,12 +56,22 @@ class Engine:
 
     def __init__(self, config: EngineConfig) -> None:
         from worker.attention.registry import create_backend
+        from worker.distributed import all_reduce_min, tp_info
         from worker.engine.sampler import Sampler
         from worker.models.loader import load_model, resolve_dtype
 
         config = config.resolved()
         self.config = config
-        self.device = torch.device(config.device)
+        self.tp = tp_info()
+        if self.tp.size != config.tensor_parallel_size:
+            raise ValueError(
+                f"tensor_parallel_size={config.tensor_parallel_size} but this process is in a group of "
+                f"{self.tp.size}: a tensor-parallel group runs in a worker's scheduler processes "
+                "(radixq worker / run; worker.scheduler.tp), not in this process"
+            )
+        self.device = rank_device(config.device, self.tp.rank, self.tp.size)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.kv_dtype = cache_dtype_of(config.kv_cache_dtype) or self.dtype  # what the KV pages hold
         from worker.kernels.ops import triton_scope
@@ -70,6 +96,8 @@ class Engine:
             device=self.device,
             cache_dir=config.cache_dir or None,
             quantization=config.quantization,
+            tp_rank=self.tp.rank,
+            tp_size=self.tp.size,
         )
         from worker.kernels.cpu_linear import onednn_linears, use_onednn
 
@@ -80,7 +108,8 @@ class Engine:
         self.model_config = model_config
         self.eos_token_ids = frozenset(model_config.eos_token_ids)
         self.page_size = config.page_size
-        self.num_pages = config.num_pages or self._pages_from_memory(config)
+        # NOTE: every rank allocates the same pages (the leader's scheduler hands them out for all)
+        self.num_pages = all_reduce_min(config.num_pages or self._pages_from_memory(config), self.device)
         capacity = self.num_pages * self.page_size - self.page_size
         limit = min(
             config.max_seq_len or model_config.max_position_embeddings, model_config.max_position_embeddings
@@ -232,6 +261,10 @@ class Engine:
         # raw logprobs: before penalties and the grammar's mask change the logits
         raw = raw_logprobs(logits, wanted) if wanted is not None else None
         next_tokens = self.sampler.sample(logits, fi.sampling, token_bitmask).to(torch.int32)
+        if self.tp.size > 1:
+            # NOTE: the ranks' logits are the same, but an unseeded request draws its seed per
+            # process (intake.choice_seed): rank 0's tokens are every rank's
+            broadcast(next_tokens)
         self.token_pool[fi.write_slots, fi.write_pos] = next_tokens
         packed = pack_with_tokens(next_tokens, raw, wanted)  # the tokens alone without logprobs
         copy_done = None

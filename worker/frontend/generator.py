@@ -82,6 +82,8 @@ class EngineGenerator:
         self.restart_delays_s = restart_delays_s
         self.restarts = 0
         self.unattributed_crashes = 0
+        self.rank_losses = 0  # tensor-parallel groups stopped because a follower died
+        self._rank_lost_again = False  # a rank was lost and no job has finished since
         self._proc: SchedulerProcess | None = SchedulerProcess(config, log_level)
         try:
             ready = self._proc.wait_ready(ready_timeout_s)
@@ -165,6 +167,7 @@ class EngineGenerator:
                 entry = self._inflight.pop(message.uid, None)
                 if entry is None:
                     continue
+                self._rank_lost_again = False
                 try:
                     self._finished(entry, message)
                 except Exception as exc:  # e.g. detokenizing: this job's error, not the loop's
@@ -192,7 +195,25 @@ class EngineGenerator:
             return
         if not proc.alive:
             self._receive(0.0)  # what it finished before dying counts
-            self._crashed(proc.describe_exit(), proc.failure.suspect_uids if proc.failure else None)
+            if proc.rank_lost and not self._rank_lost_again:
+                self._rank_lost(proc.describe_exit())
+            else:
+                self._crashed(proc.describe_exit(), proc.failure.suspect_uids if proc.failure else None)
+
+    def _rank_lost(self, reason: str) -> None:
+        """A tensor-parallel follower died: the group is restarted and every job it held runs
+        again, nobody blamed. NOTE: a second loss before any job finished goes the way of a
+        crash (suspects one at a time), so a job that kills a rank every time is still found."""
+        assert self._proc is not None
+        held = list(self._inflight.values())
+        self._inflight.clear()
+        self._proc.stop(0)
+        self._proc = None
+        self._start_at = time.monotonic() + self.restart_delays_s[0]
+        self.rank_losses += 1
+        self._rank_lost_again = True
+        log.error("%s holding %d jobs; they run again on a new group", reason, len(held))
+        self._waiting.extendleft(reversed(held))
 
     def _start_failed(self, why: str) -> None:
         assert self._proc is not None

@@ -24,6 +24,7 @@ from worker.engine.config import EngineConfig
 from worker.engine.threads import openmp_env
 from worker.frontend.channel import FrontendChannel, PeerGone
 from worker.scheduler.messages import (
+    RANK_LOST_EXIT,
     Inbound,
     Outbound,
     SchedulerFailed,
@@ -105,11 +106,18 @@ class SchedulerProcess:
                 self.failure = message
         return messages
 
+    @property
+    def rank_lost(self) -> bool:
+        """It ended because a tensor-parallel follower died (no job is to blame)."""
+        return self.exit_code == RANK_LOST_EXIT
+
     def describe_exit(self) -> str:
         """Why it stopped, in words: its own report when it sent one, else the exit status."""
         if self.failure is not None:
             return self.failure.error
         code = self.exit_code
+        if self.rank_lost:
+            return "a tensor-parallel rank of the engine died; the group was stopped"
         if code is not None and code < 0:
             return f"the scheduler process was killed by signal {signal.Signals(-code).name}"
         return f"the scheduler process exited with code {code}"

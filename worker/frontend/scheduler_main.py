@@ -2,7 +2,8 @@
 
 Started by the front end (worker.frontend.process) in a session of its own with a parent-death
 signal: a Ctrl-C meant for the worker never reaches it, and it never outlives the worker.
-Exit codes: 0 after a ShutdownRequest, 2 when the engine cannot be built, 1 on a crash.
+Exit codes: 0 after a ShutdownRequest, 2 when the engine cannot be built, 1 on a crash, 3
+(messages.RANK_LOST_EXIT) when a tensor-parallel follower died (worker.scheduler.tp).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def main(argv: list[str]) -> int:
 
     io = ZmqSchedulerIO(inbound_addr, outbound_addr)
     try:
-        run_scheduler(EngineConfig(**json.loads(config_json)), io)
+        run_scheduler(EngineConfig(**json.loads(config_json)), io, log_level=log_level)
     except LoadError:
         return 2  # reported to the front end, which says it in one line
     except BaseException:

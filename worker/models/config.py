@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,12 +51,33 @@ class ModelConfig:
     qk_norm: bool
     attention_bias: bool
     eos_token_ids: tuple[int, ...]
+    tp_size: int = 1  # tensor-parallel ranks: the head and intermediate counts are one rank's share
 
     def __post_init__(self) -> None:
         if self.num_q_heads % self.num_kv_heads != 0:
             raise ValueError(
                 f"num_q_heads={self.num_q_heads} is not a multiple of num_kv_heads={self.num_kv_heads}"
             )
+
+    def shard(self, tp_size: int) -> ModelConfig:
+        """One rank's shape under ``tp_size``-way tensor parallelism: query heads, KV heads and
+        the MLP's intermediate size divided (hidden size, vocabulary and norms stay whole)."""
+        if tp_size == 1:
+            return self
+        assert self.tp_size == 1, "the config is already sharded"
+        for field in ("num_q_heads", "num_kv_heads", "intermediate_size"):
+            value = getattr(self, field)
+            if value % tp_size != 0:
+                raise ValueError(
+                    f"tensor_parallel_size={tp_size}: the model's {field}={value} is not divisible by it"
+                )
+        return dataclasses.replace(
+            self,
+            num_q_heads=self.num_q_heads // tp_size,
+            num_kv_heads=self.num_kv_heads // tp_size,
+            intermediate_size=self.intermediate_size // tp_size,
+            tp_size=tp_size,
+        )
 
     @property
     def o_proj_bias(self) -> bool:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from worker.distributed import all_reduce
 from worker.kernels.cpu_linear import linear
 from worker.kernels.ops import add_rms_norm, norm_rope, qk_norm_rope_store, rms_norm, silu_and_mul
 from worker.models.config import ModelConfig
@@ -50,6 +51,7 @@ class Attention(nn.Module):
         super().__init__()
         self.layer_id = layer_id
         self.rope = rope
+        self.tp_size = cfg.tp_size  # > 1: o_proj is row-parallel, its partial sums all-reduced
         self.num_q_heads = cfg.num_q_heads
         self.num_kv_heads = cfg.num_kv_heads
         self.head_dim = cfg.head_dim
@@ -84,20 +86,23 @@ class Attention(nn.Module):
             q = norm_rope(q.view(-1, self.num_q_heads, self.head_dim), positions, cos, sin, q_w, eps)
             k = norm_rope(k.view(-1, self.num_kv_heads, self.head_dim), positions, cos, sin, k_w, eps)
             out = batch.attention(q, k, v.view(-1, self.num_kv_heads, self.head_dim), layer)
-        return self.o_proj(out.reshape(-1, self.q_size))
+        out = self.o_proj(out.reshape(-1, self.q_size))
+        return all_reduce(out) if self.tp_size > 1 else out
 
 
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype) -> None:
         super().__init__()
         self.intermediate_size = cfg.intermediate_size
+        self.tp_size = cfg.tp_size  # > 1: down_proj is row-parallel, its partial sums all-reduced
         self.gate_up_shard_sizes = (cfg.intermediate_size, cfg.intermediate_size)
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, False, dtype=dtype)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, False, dtype=dtype)
 
     def forward(self, x: Any) -> torch.Tensor:
         """x: the normed hidden states, quantized (Fp8Rows) when gate_up_proj takes FP8."""
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x), fp8=takes_fp8(self.down_proj)))
+        out = self.down_proj(silu_and_mul(self.gate_up_proj(x), fp8=takes_fp8(self.down_proj)))
+        return all_reduce(out) if self.tp_size > 1 else out
 
 
 class DecoderLayer(nn.Module):
@@ -134,6 +139,11 @@ class DecoderBody(nn.Module):
 
 class CausalLM(nn.Module):
     """Decoder + LM head. Parameter names follow HF, except the fused qkv_proj / gate_up_proj.
+
+    With ``cfg.tp_size`` > 1 (a ModelConfig.shard) it is one rank's share: q/k/v and gate/up
+    column-parallel (this rank's heads and intermediate rows), o_proj and down_proj
+    row-parallel, all-reduced; embedding, norms and lm_head replicated. ``load_weights``
+    takes the rank's slices (worker.models.loader.rank_shard).
 
     ``rope_device`` is where the rotary tables live: the model's device (the module itself
     may be built on the meta device and materialised later).

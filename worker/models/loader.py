@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,16 +108,57 @@ def _safetensors_weights(model_dir: Path):
                 yield name, f.get_tensor(name)
 
 
-def _init_dummy(model: CausalLM, seed: int) -> None:
-    """Random weights that keep activations finite: N(0, 0.02) matrices, unit norms, zero bias."""
-    gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
-    for name, param in model.named_parameters():
+def _dummy_weights(config: ModelConfig, dtype: torch.dtype, device: torch.device, seed: int):
+    """Random HF-named weights of the whole (unsharded) model that keep activations finite:
+    N(0, 0.02) matrices, unit norms, zero bias. Drawn parameter by parameter in the order of
+    the fused model, so every tensor-parallel size gets the same weights."""
+    with torch.device("meta"):
+        full = CausalLM(config, dtype, rope_device="meta")
+    gen = torch.Generator(device=device).manual_seed(seed)
+    for name, meta in full.named_parameters():
         if name.endswith("norm.weight"):
-            param.data.fill_(1.0)
+            tensor = torch.ones(meta.shape, dtype=dtype, device=device)
         elif name.endswith(".bias"):
-            param.data.zero_()
+            tensor = torch.zeros(meta.shape, dtype=dtype, device=device)
         else:
-            param.data.normal_(0.0, 0.02, generator=gen)
+            tensor = torch.empty(meta.shape, dtype=dtype, device=device).normal_(0.0, 0.02, generator=gen)
+        if ".qkv_proj." in name or ".gate_up_proj." in name:
+            fragments = ("q_proj", "k_proj", "v_proj") if ".qkv_proj." in name else ("gate_proj", "up_proj")
+            fused = "qkv_proj" if ".qkv_proj." in name else "gate_up_proj"
+            pieces = tensor.split(list(full._shard_sizes(name)), dim=0)
+            for fragment, piece in zip(fragments, pieces, strict=True):
+                yield name.replace(f".{fused}.", f".{fragment}."), piece
+        else:
+            yield name, tensor
+
+
+_COLUMN_PARALLEL = (".q_proj.", ".k_proj.", ".v_proj.", ".gate_proj.", ".up_proj.")
+_ROW_PARALLEL = (".o_proj.", ".down_proj.")
+
+
+def rank_shard(name: str, tensor: torch.Tensor, rank: int, size: int) -> torch.Tensor:
+    """Rank ``rank``'s part of the HF checkpoint tensor ``name`` under ``size``-way tensor
+    parallelism: column-parallel projections keep their rows (output features), row-parallel
+    ones their columns (input features); everything else is replicated.
+
+    NOTE: a row-parallel bias is added once, after the all-reduce sums the ranks' partial
+    outputs: rank 0 keeps it and the others hold zeros."""
+    if size == 1:
+        return tensor
+    if any(f in name for f in _COLUMN_PARALLEL):
+        return tensor.chunk(size, dim=0)[rank]
+    if any(f in name for f in _ROW_PARALLEL):
+        if name.endswith(".bias"):
+            return tensor if rank == 0 else torch.zeros_like(tensor)
+        return tensor.chunk(size, dim=1)[rank]
+    return tensor
+
+
+def _sharded(
+    weights: Iterable[tuple[str, torch.Tensor]], rank: int, size: int
+) -> Iterator[tuple[str, torch.Tensor]]:
+    for name, tensor in weights:
+        yield name, rank_shard(name, tensor, rank, size)
 
 
 def load_model(
@@ -127,11 +169,15 @@ def load_model(
     device: str | torch.device = "cpu",
     cache_dir: str | Path | None = None,
     quantization: str = "none",
+    tp_rank: int = 0,
+    tp_size: int = 1,
 ) -> LoadedModel:
     """Load ``model`` (alias, HF dir, GGUF file, cached hub id; or a config for "dummy").
 
     dtype None: default_dtype(device); ``cache_dir``: where GGUF conversions are cached;
-    ``quantization`` "fp8": the projections' weights in FP8 after loading (worker.models.fp8).
+    ``quantization`` "fp8": the projections' weights in FP8 after loading and sharding
+    (worker.models.fp8); ``tp_rank``/``tp_size``: this rank's share of the model
+    (ModelConfig.shard; ``config`` of the result is the sharded one).
     """
     device = torch.device(device)
     dtype = dtype or default_dtype(device)
@@ -143,24 +189,27 @@ def load_model(
         model_dir, name = resolve_model_dir(model, load_format, cache_dir)
         config = ModelConfig.from_hf_dir(model_dir)
         path = str(model_dir)
+    full_config, config = config, config.shard(tp_size)
     with torch.device("meta"):
         net = CausalLM(config, dtype, rope_device=device)
     net = net.to_empty(device=device)
     if load_format == "dummy":
-        _init_dummy(net, seed=0)
+        weights: Iterable[tuple[str, torch.Tensor]] = _dummy_weights(full_config, dtype, device, seed=0)
     else:
-        loaded = net.load_weights(_safetensors_weights(Path(path)))
-        missing = net.expected_weight_keys() - loaded
-        if missing:
-            raise ValueError(
-                f"{path}: checkpoint lacks weights for {sorted(missing)[:8]} ({len(missing)} in all)"
-            )
+        weights = _safetensors_weights(Path(path))
+    loaded = net.load_weights(_sharded(weights, tp_rank, tp_size))
+    missing = net.expected_weight_keys() - loaded
+    if missing:
+        raise ValueError(
+            f"{path}: checkpoint lacks weights for {sorted(missing)[:8]} ({len(missing)} in all)"
+        )
     net.eval().requires_grad_(False)
     quantized = quantize_model(net, quantization)
     if quantized and device.type == "cuda":
         torch.cuda.empty_cache()  # NOTE: the replaced bf16 weights' blocks, or the KV pool sized from free memory misses them
     log.info(
-        "loaded %s (%s, %s%s) on %s", name, config.architecture, dtype,
-        f", {quantized} projections in FP8" if quantized else "", device,
+        "loaded %s (%s, %s%s%s) on %s", name, config.architecture, dtype,
+        f", {quantized} projections in FP8" if quantized else "",
+        f", tensor-parallel rank {tp_rank} of {tp_size}" if tp_size > 1 else "", device,
     )  # fmt: skip
     return LoadedModel(model=net, config=config, path=path, name=name)

@@ -1,6 +1,6 @@
 """Which Generator a worker drives: ``[worker] generator`` names its factory.
 
-``"engine"`` is the real engine front end (``worker.frontend:create_generator``); any other
+``"engine"`` is the real engine front end (``worker.frontend.generator:create_generator``); any other
 value is a ``"module:callable"`` import path (tests use ``tests.fake_generator:create_generator``).
 The module is imported only when the generator is built, so nothing heavy loads before that.
 A factory takes the worker's frozen configuration (worker.config.WorkerConfig). What it builds
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from worker.config import WorkerConfig
     from worker.frontend.contract import Generator
 
-GENERATORS = {"engine": "worker.frontend:create_generator"}
+GENERATORS = {"engine": "worker.frontend.generator:create_generator"}
 
 
 def create_generator(config: WorkerConfig) -> Generator:

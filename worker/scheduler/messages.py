@@ -88,6 +88,10 @@ class SchedulerFailed(msgspec.Struct, tag="failed", frozen=True):
 
 Outbound = RequestFinished | SchedulerReady | SchedulerFailed
 
+# The scheduler process's exit status when a tensor-parallel follower died (worker.scheduler.tp):
+# the group is gone, no job of it is to blame
+RANK_LOST_EXIT = 3
+
 inbound_decoder = msgspec.msgpack.Decoder(Inbound)
 outbound_decoder = msgspec.msgpack.Decoder(Outbound)
 encoder = msgspec.msgpack.Encoder()

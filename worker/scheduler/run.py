@@ -8,12 +8,14 @@ import logging
 
 import torch
 
+from worker.distributed import init_tp, tp_info
 from worker.engine.config import EngineConfig
-from worker.engine.engine import Engine
+from worker.engine.engine import Engine, rank_device
 from worker.engine.faults import Fault
 from worker.scheduler.messages import SchedulerFailed, SchedulerIO, SchedulerReady
 from worker.scheduler.scheduler import Scheduler
 from worker.scheduler.stop import Detokenize
+from worker.scheduler.tp import LeaderIO, TPGroup, check_shardable
 
 logger = logging.getLogger(__name__)
 
@@ -58,18 +60,44 @@ def one_line(exc: BaseException) -> str:
     return " ".join(f"{type(exc).__name__}: {exc}".split())
 
 
-def run_scheduler(config: EngineConfig, io: SchedulerIO, detokenize: Detokenize | None = None) -> None:
+def _lead_group(config: EngineConfig, io: SchedulerIO, log_level: str) -> tuple[SchedulerIO, TPGroup | None]:
+    """With tensor_parallel_size > 1 in a process not yet in a group: start the followers,
+    join the group as rank 0, and forward every receive to them (worker.scheduler.tp)."""
+    if config.tensor_parallel_size == 1 or tp_info().size > 1:
+        return io, None
+    check_shardable(config)
+    group = TPGroup(config, log_level)
+    try:
+        device = str(rank_device(config.device, 0, config.tensor_parallel_size))
+        init_tp(0, config.tensor_parallel_size, group.init_method, device)
+    except BaseException:
+        group.kill()
+        raise
+    return LeaderIO(io, group), group
+
+
+def run_scheduler(
+    config: EngineConfig, io: SchedulerIO, detokenize: Detokenize | None = None, log_level: str = "INFO"
+) -> None:
     """Load the engine, send SchedulerReady, then serve until a ShutdownRequest.
 
     Without ``detokenize`` the model directory's tokenizer is loaded for stop strings. An
     error it cannot contain is reported (SchedulerFailed, naming the failing step's requests)
-    before it propagates; a failure to load raises LoadError after reporting it."""
+    before it propagates; a failure to load raises LoadError after reporting it. With
+    tensor_parallel_size > 1 this process leads the group (or follows, when worker.scheduler
+    .follower put it in one first)."""
+    group: TPGroup | None = None
     try:
+        config = config.resolved()
+        io, group = _lead_group(config, io, log_level)
         scheduler = build_scheduler(config, io, detokenize)
         if scheduler.detokenize is None:
             scheduler.detokenize = tokenizer_detokenize(str(scheduler.engine.loaded.path))
-        scheduler.fault = Fault.parse(config.fault)
+        # NOTE: injected failures fire on the leader only (a follower's would read as a lost rank)
+        scheduler.fault = Fault.parse(config.fault) if tp_info().leader else None
     except Exception as exc:
+        if group is not None:
+            group.kill()
         io.send([SchedulerFailed(error=one_line(exc), loading=True)])
         raise LoadError(one_line(exc)) from exc
     profiler = None
@@ -82,14 +110,18 @@ def run_scheduler(config: EngineConfig, io: SchedulerIO, detokenize: Detokenize 
     gc.collect()
     gc.freeze()
     io.send([ready_message(scheduler)])
+    clean = False
     try:
         with torch.inference_mode():
             scheduler.run()
+        clean = True
     except Exception as exc:
         io.send([SchedulerFailed(error=one_line(exc), suspect_uids=scheduler.failing_uids())])
         raise
     finally:
         scheduler.close()
+        if group is not None:  # the followers got the ShutdownRequest too; after a failure they may hang
+            group.stop() if clean else group.kill()
         gc.unfreeze()  # let shutdown collect them (frozen objects read as leaks to nanobind at exit)
         if profiler is not None:
             logger.warning("step profile: %s", json.dumps(profiler.summary()))

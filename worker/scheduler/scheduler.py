@@ -206,6 +206,10 @@ class Scheduler:
             refused: tuple[str, str] | None = ("invalid_job", f"request {msg.uid!r} is already running")
         else:
             refused = refusal(msg, self.engine.max_seq_len, self.engine.model_config.vocab_size)
+        if refused is None and msg.sampling.structured is not None and self.config.tensor_parallel_size > 1:
+            # NOTE: a grammar compiles in the background and is admitted when it is done, which
+            # differs between ranks: their batches would part ways (worker.scheduler.tp)
+            refused = ("invalid_job", "structured output is not supported with tensor_parallel_size > 1")
         compiled = None
         if refused is None and msg.sampling.structured is not None:
             compiled, refused = self.compiling.submit(msg)

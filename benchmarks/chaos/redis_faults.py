@@ -10,10 +10,8 @@ import shutil
 
 import redis
 
-from producer.client import Client
-from producer.jsonl import read_jobs
-from tests.chaos.lab import KEYS, Lab, line_count
-from tests.chaos.queue_faults import (
+from benchmarks.chaos.lab import KEYS, Lab, line_count
+from benchmarks.chaos.queue_faults import (
     collect_in_background,
     data_loss_reports,
     enqueue,
@@ -21,7 +19,9 @@ from tests.chaos.queue_faults import (
     finish_collect,
     write_input,
 )
-from tests.chaos.row import Observed
+from benchmarks.chaos.row import Observed
+from producer.client import Client
+from producer.jsonl import read_jobs
 
 
 def redis_crash(

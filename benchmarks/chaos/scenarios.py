@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.chaos import engine_faults, queue_faults, redis_faults, run_faults
-from tests.chaos.lab import Lab
-from tests.chaos.row import Observed, Row, run_scenario
+from benchmarks.chaos import engine_faults, queue_faults, redis_faults, run_faults
+from benchmarks.chaos.lab import Lab
+from benchmarks.chaos.row import Observed, Row, run_scenario
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.chaos.lab import Lab
+from benchmarks.chaos.lab import Lab
 
 
 @dataclass

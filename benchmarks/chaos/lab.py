@@ -3,7 +3,7 @@
 A Lab owns a folder, private redis-servers (producer.local_redis), the radixq processes a
 scenario starts and every process those start in turn (found by sweeping /proc while the
 scenario waits), so that afterwards it can say what was left running and which private Redis
-folders were left on disk (tests.chaos.row measures the rest).
+folders were left on disk (benchmarks.chaos.row measures the rest).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Engine scenarios: `radixq worker` with the real engine on CPU (a tiny random Llama saved by
 tests.model_fixtures) against a private redis-server, faults injected into its scheduler
 process with RADIXQ_FAULT (worker/engine/faults.py) or written straight into the jobs
-stream. Each returns what it observed (tests.chaos.lab.Observed).
+stream. Each returns what it observed (benchmarks.chaos.lab.Observed).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from typing import Any
 import msgspec
 import redis
 
+from benchmarks.chaos.lab import KEYS, Lab
+from benchmarks.chaos.row import Observed
 from producer.client import Client
-from tests.chaos.lab import KEYS, Lab
-from tests.chaos.row import Observed
 from wire.keys import FIELD_ID, FIELD_JOB
 from wire.schema import Job, SamplingParams
 from wire.status import Heartbeat, now_ms

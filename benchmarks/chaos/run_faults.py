@@ -10,9 +10,9 @@ import signal
 import time
 from pathlib import Path
 
-from tests.chaos.engine_faults import POISON_TOKEN, innocents, poison_line, write_lines
-from tests.chaos.lab import Lab, line_count
-from tests.chaos.row import Observed
+from benchmarks.chaos.engine_faults import POISON_TOKEN, innocents, poison_line, write_lines
+from benchmarks.chaos.lab import Lab, line_count
+from benchmarks.chaos.row import Observed
 
 RUN_TIMEOUT_S = 300
 

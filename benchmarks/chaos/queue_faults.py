@@ -1,7 +1,7 @@
 """Queue scenarios: `radixq worker` processes with the fake backend (tests/fake_backend.py,
 slowed by RADIXQ_FAKE_LATENCY_S) against a private redis-server, and workers that die or
-freeze. Each returns what it observed (tests.chaos.lab.Observed). The helpers here serve the
-Redis scenarios (tests.chaos.redis_faults) too.
+freeze. Each returns what it observed (benchmarks.chaos.lab.Observed). The helpers here serve the
+Redis scenarios (benchmarks.chaos.redis_faults) too.
 
 Every scenario enqueues a file with `radixq enqueue` and collects with `radixq collect`
 running in the background from the start, as a user would.
@@ -19,8 +19,8 @@ from typing import Any
 
 import redis
 
-from tests.chaos.lab import KEYS, Lab, line_count
-from tests.chaos.row import Observed
+from benchmarks.chaos.lab import KEYS, Lab, line_count
+from benchmarks.chaos.row import Observed
 from wire.keys import FIELD_ID
 
 COLLECT_TIMEOUT_S = 600  # far above any run here: a timeout means the scenario stalled

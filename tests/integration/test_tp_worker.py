@@ -1,0 +1,103 @@
+"""A tensor-parallel worker (TP=2 on CPU over gloo) behind a real redis-server: kill -9 of the
+follower rank mid-run stops the group (the leader's watchdog), the worker starts a new group,
+every job is answered exactly once with the tokens transformers gives, and no rank is left
+behind (kill -9 of a leader takes its follower along)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from producer.client import Client
+from tests.integration.procs import children, descendants, start_engine_worker, still_running
+from tests.model_fixtures import hf_from_dir, hf_greedy, tiny_hf_model
+from wire.keys import FIELD_RESULT, QueueKeys
+from wire.schema import Job, SamplingParams, decode_result
+
+pytestmark = pytest.mark.integration
+
+KEYS = QueueKeys()
+TP_SHAPE = dict(
+    hidden_size=96, num_attention_heads=12, num_key_value_heads=6, head_dim=8, intermediate_size=192
+)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("tp-worker-llama")
+    tiny_hf_model("llama", spread=0.2, **TP_SHAPE).save_pretrained(path)
+    return path
+
+
+def wait_for(predicate, timeout_s: float, what: str, log_path: Path) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"timed out after {timeout_s}s waiting for {what}\n{log_path.read_text()[-4000:]}"
+            )
+        time.sleep(0.05)
+
+
+def test_kill_9_of_a_follower_rank_restarts_the_group_and_loses_nothing(
+    redis_url: str, model_dir: Path, tmp_path: Path
+) -> None:
+    prompts = [[3 + i, 40 + i, 7, 9 + 2 * i, 100 + i] for i in range(10)]
+    sampling = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    work = [Job(id=f"j{i}", input_ids=p, sampling=sampling) for i, p in enumerate(prompts)]
+    client = Client.from_url(redis_url)
+    client.enqueue(work)
+    log_path = tmp_path / "w.log"
+    # 3 at a time, each step 40 ms longer (the leader only): the kill lands mid-run
+    worker = start_engine_worker(
+        redis_url,
+        model_dir,
+        log_path,
+        "--tp",
+        "2",
+        "--read-window",
+        "3",
+        fault="sleep-per-step:40",
+        RADIXQ_NUM_PAGES="64",
+        RADIXQ_PAGE_SIZE="4",
+        RADIXQ_CPU_THREADS="1",
+    )
+    try:
+        wait_for(lambda: client.redis.hlen(KEYS.done) >= 1, 300, "a first job done", log_path)
+        (leader,) = children(worker.pid, "worker.frontend.scheduler_main")
+        (follower,) = children(leader, "worker.scheduler.follower")
+        group = descendants(leader) | {leader: descendants(worker.pid)[leader]}
+        assert client.redis.hlen(KEYS.done) < len(work), "every job finished before the kill"
+        os.kill(follower, signal.SIGKILL)
+        wait_for(lambda: not still_running(group), 30, "the old group to be gone", log_path)
+        wait_for(lambda: client.redis.hlen(KEYS.done) == len(work), 300, "every job done", log_path)
+        assert "tensor-parallel rank 1 exited (signal SIGKILL)" in log_path.read_text()
+        results = [decode_result(f[FIELD_RESULT.encode()]) for _, f in client.redis.xrange(KEYS.results)]
+        assert sorted(r.id for r in results) == sorted(j.id for j in work)  # every job answered, exactly once
+        assert client.redis.xlen(KEYS.dead) == 0
+        (new_leader,) = children(worker.pid, "worker.frontend.scheduler_main")
+        assert new_leader != leader and len(children(new_leader, "worker.scheduler.follower")) == 1
+        # the leader killed in turn: its follower dies with it (parent-death signal), no orphan
+        (new_follower,) = children(new_leader, "worker.scheduler.follower")
+        new_group = descendants(new_leader) | {new_leader: descendants(worker.pid)[new_leader]}
+        os.kill(new_leader, signal.SIGKILL)
+        wait_for(
+            lambda: not still_running(new_group),
+            30,
+            f"follower {new_follower} to die with its leader",
+            log_path,
+        )
+        hf = hf_from_dir(model_dir)
+        for result in results:  # the jobs that ran again too: the tokens one engine gives
+            assert result.error is None, result.error
+            prompt = prompts[int(result.id[1:])]
+            assert result.choices[0].token_ids == hf_greedy(hf, prompt, 12), result.id
+    finally:
+        everything = descendants(worker.pid)
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=60)
+    wait_for(lambda: not still_running(everything), 30, "no process left behind", log_path)
