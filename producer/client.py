@@ -10,6 +10,7 @@ import msgspec
 import redis
 
 from producer.digest import changed_ids, changed_line, job_digest, stored_digests
+from wire.cluster import together
 from wire.epoch import create_epoch
 from wire.keys import (
     DEFAULT_QUEUE,
@@ -272,12 +273,45 @@ class Client:
         self.routing = read_routing(self.redis, self.keys)
         ensure_groups(self.redis, self.keys, self.routing[0])
 
-    def _fields(self, job: Job, data: bytes) -> tuple[str, dict[Any, Any]]:
-        """The partition stream of a job and its entry's fields."""
+    def _fields(self, job: Job, data: bytes, atomic: bool = False) -> tuple[str, dict[Any, Any]]:
+        """The partition stream of a job and its entry's fields. ``atomic``: a stream one MULTI
+        with the queue's other keys may write (on a cluster, partition 0 for a job whose own
+        partition has another slot: the job still runs, away from its prefix's owner)."""
         partitions, chars = self.routing
         key = prefix_key(job, chars)
         stream = self.keys.partition(partition_of(key, partitions))
+        if atomic and not together(self.redis, [stream, self.keys.enqueued]):
+            stream = self.keys.jobs
         return stream, {FIELD_ID: job.id, FIELD_JOB: data, FIELD_KEY: key}
+
+    def _place_ahead(
+        self, pipe: Any, jobs: list[Job | Result], fates: list[str], enqueued_at_ms: int, placed: set[str]
+    ) -> set[str]:
+        """On a cluster: the new jobs whose partition has another slot than the queue's get their
+        digest (at once, on the watching connection) and their entry (``placed``: once per
+        batch, whatever the retries) before the MULTI that records them; returns their ids.
+
+        NOTE: entry first, records after: a crash in between leaves an entry whose id is not
+        enqueued yet (enqueued again by the retry: the job may run twice, collect writes it
+        once), never an enqueued id without an entry."""
+        ahead = [
+            job
+            for job, fate in zip(jobs, fates, strict=True)
+            if fate == "enqueued"
+            and isinstance(job, Job)
+            and not together(self.redis, [self._fields(job, b"")[0], self.keys.enqueued])
+        ]
+        if not ahead:
+            return set()
+        pipe.hset(self.keys.digests, mapping={job.id: job_digest(job) for job in ahead})
+        with self.redis.pipeline(transaction=False) as batch:
+            for job in ahead:
+                if job.id not in placed:
+                    data = encode_job(msgspec.structs.replace(job, enqueued_at_ms=enqueued_at_ms))
+                    batch.xadd(*self._fields(job, data))
+            batch.execute()
+        placed.update(job.id for job in ahead)
+        return {job.id for job in ahead}
 
     def _enqueue_batch(
         self,
@@ -295,6 +329,7 @@ class Client:
         keys = self.keys
         uncertain.clear()
         digests = [job_digest(job) for job in jobs]
+        placed: set[str] = set()  # ids given their entry ahead of the MULTI (a cluster), any attempt
 
         def attempt() -> list[str]:
             with self.redis.pipeline(transaction=True) as pipe:
@@ -317,12 +352,13 @@ class Client:
                                 [job.id for job, fate in zip(jobs, fates, strict=True) if fate == "changed"]
                             )
                         enqueued_at_ms = now_ms()
-                        pipe.multi()
                         new = [
                             job
                             for job, fate in zip(jobs, fates, strict=True)
                             if fate in ("enqueued", "rerun")
                         ]
+                        ahead = self._place_ahead(pipe, jobs, fates, enqueued_at_ms, placed)
+                        pipe.multi()
                         for job, fate in zip(jobs, fates, strict=True):
                             if fate == "rerun":
                                 pipe.hdel(keys.done, job.id)
@@ -332,8 +368,10 @@ class Client:
                             if isinstance(job, Result):
                                 _add_finished(pipe, keys, job)
                                 continue
+                            if job.id in ahead:
+                                continue
                             data = encode_job(msgspec.structs.replace(job, enqueued_at_ms=enqueued_at_ms))
-                            stream, fields = self._fields(job, data)
+                            stream, fields = self._fields(job, data, atomic=True)
                             pipe.xadd(stream, fields)
                         if new:
                             pipe.hset(keys.digests, mapping={job.id: job_digest(job) for job in new})
@@ -408,7 +446,7 @@ class Client:
 
     def _letter_fields(self, letter: DeadLetter) -> tuple[str, dict[Any, Any]]:
         try:
-            return self._fields(decode_job(letter.job), letter.job)
+            return self._fields(decode_job(letter.job), letter.job, atomic=True)
         except JobError:  # it gets its error again, from partition 0
             return self.keys.jobs, {FIELD_ID: letter.job_id, FIELD_JOB: letter.job}
 

@@ -1,5 +1,5 @@
 """A local Redis Cluster for tests: three redis-server nodes (``--cluster-enabled yes``) on
-free loopback ports, joined by ``redis-cli --cluster create`` (no replicas)."""
+free loopback ports, joined by ``redis-cli --cluster create`` (no replicas); a node can be killed and restarted."""
 
 from __future__ import annotations
 
@@ -17,45 +17,83 @@ from redis.cluster import RedisCluster
 from producer.local_redis import free_port
 
 
+class LocalCluster:
+    """Masters on loopback ports; ``kill`` (SIGKILL) and ``restart`` one of them, which comes
+    back with its nodes.conf (same id and slots) and, with ``aof``, its data."""
+
+    def __init__(self, ports: list[int], folder: str, aof: bool) -> None:
+        self.ports = ports
+        self.folder = folder
+        self.aof = aof
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+
+    def start(self, port: int) -> None:
+        persistence = (
+            ["--appendonly", "yes", "--appendfsync", "always"] if self.aof else ["--appendonly", "no"]
+        )
+        self.procs[port] = subprocess.Popen(
+            [
+                "redis-server",
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                f"nodes-{port}.conf",
+                "--cluster-node-timeout",
+                "2000",
+                *persistence,
+                "--appenddirname",
+                f"aof-{port}",
+                "--save",
+                "",
+                "--dir",
+                self.folder,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    def kill(self, port: int) -> None:
+        proc = self.procs.pop(port)
+        proc.kill()
+        proc.wait()
+
+    def restart(self, port: int) -> None:
+        self.start(port)
+        _wait_ping(port)
+        _wait_ok(port)
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            proc.terminate()
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
 @contextmanager
-def local_cluster(nodes: int = 3) -> Iterator[list[int]]:
-    """The ports of a running cluster of ``nodes`` masters; stopped and removed on exit."""
-    ports = [_cluster_port() for _ in range(nodes)]
-    folder = tempfile.mkdtemp(prefix="radixq-cluster-")
-    procs = []
+def running_cluster(nodes: int = 3, aof: bool = False) -> Iterator[LocalCluster]:
+    """A running cluster of ``nodes`` masters (no replicas); stopped and removed on exit."""
+    cluster = LocalCluster(
+        [_cluster_port() for _ in range(nodes)], tempfile.mkdtemp(prefix="radixq-cluster-"), aof
+    )
     try:
-        for port in ports:
-            procs.append(
-                subprocess.Popen(
-                    [
-                        "redis-server",
-                        "--port",
-                        str(port),
-                        "--bind",
-                        "127.0.0.1",
-                        "--cluster-enabled",
-                        "yes",
-                        "--cluster-config-file",
-                        f"nodes-{port}.conf",
-                        "--appendonly",
-                        "no",
-                        "--save",
-                        "",
-                        "--dir",
-                        folder,
-                    ],
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                )
-            )
-        for port in ports:
+        for port in cluster.ports:
+            cluster.start(port)
+        for port in cluster.ports:
             _wait_ping(port)
         subprocess.run(
             [
                 "redis-cli",
                 "--cluster",
                 "create",
-                *[f"127.0.0.1:{p}" for p in ports],
+                *[f"127.0.0.1:{p}" for p in cluster.ports],
                 "--cluster-replicas",
                 "0",
                 "--cluster-yes",
@@ -64,18 +102,19 @@ def local_cluster(nodes: int = 3) -> Iterator[list[int]]:
             capture_output=True,
             timeout=60,
         )
-        _wait_ok(ports[0])
-        yield ports
+        for port in cluster.ports:
+            _wait_ok(port)
+        yield cluster
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        shutil.rmtree(folder, ignore_errors=True)
+        cluster.stop()
+        shutil.rmtree(cluster.folder, ignore_errors=True)
+
+
+@contextmanager
+def local_cluster(nodes: int = 3) -> Iterator[list[int]]:
+    """The ports of a running cluster of ``nodes`` masters; stopped and removed on exit."""
+    with running_cluster(nodes) as cluster:
+        yield cluster.ports
 
 
 def _cluster_port() -> int:

@@ -25,8 +25,13 @@ class QueueKeys:
         return self._key("jobs")
 
     def partition(self, index: int) -> str:
-        """Stream of partition ``index`` (wire.routing): partition 0 is ``jobs`` itself."""
-        return self.jobs if index == 0 else f"{self.jobs}:{index}"
+        """Stream of partition ``index`` (wire.routing): partition 0 is ``jobs`` itself.
+
+        NOTE: the others carry their own hash tag ``{Q:index}``, so a Redis Cluster spreads
+        them over its nodes; every other key of the queue (partition 0 included) shares
+        ``{Q}``, the slot of the transactions that must stay atomic (docs/scale-out.md). The
+        name ends in ``:index``, so no other queue's key can be spelled the same."""
+        return self.jobs if index == 0 else f"{PREFIX}:{{{self.queue}:{index}}}:jobs:{index}"
 
     def partitions(self, count: int) -> list[str]:
         return [self.partition(index) for index in range(count)]

@@ -73,6 +73,9 @@ def check_url(url: str) -> None:
     """ValueError, saying why in one line (password redacted), when redis-py cannot use ``url``."""
     from redis.connection import parse_url
 
+    scheme, sep, rest = url.partition("://")
+    if sep and scheme.endswith("+cluster"):  # wire.cluster
+        url = f"{scheme.removesuffix('+cluster')}://{rest}"
     try:
         parse_url(url)
     except ValueError as exc:
@@ -114,6 +117,8 @@ def describe(exc: BaseException, url: str) -> str:
         hint = "the server's TLS certificate was not trusted (ssl_ca_certs=... in the rediss:// URL)"
     elif isinstance(exc, redis.exceptions.OutOfMemoryError) or text.startswith("OOM"):
         hint = "Redis is at maxmemory: collect results (which trims them) or raise maxmemory"
+    elif text.startswith(("MOVED", "ASK", "CROSSSLOT")):
+        hint = "a Redis Cluster node answered a plain client: name it as redis+cluster://host:port"
     elif isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
         hint = "is redis-server running there? (set --redis-url or RADIXQ_REDIS_URL)"
     else:

@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 import msgspec
 import redis
 
+from wire.cluster import is_cluster
 from wire.keys import META_EPOCH, META_FORGOTTEN, META_FORGOTTEN_FAILED, QueueKeys
 
 
@@ -108,8 +109,10 @@ def read_status(client: redis.Redis, keys: QueueKeys) -> QueueStatus:
         pipe.hgetall(keys.workers)
         pipe.hmget(keys.meta, [META_EPOCH, META_FORGOTTEN, META_FORGOTTEN_FAILED])
         pipe.xlen(keys.results)
-        pipe.time()
-        enqueued, done, failed, dead, beats, meta, results, (secs, micros) = pipe.execute()
+        if not is_cluster(client):  # NOTE: a cluster pipeline takes keyed commands only
+            pipe.time()
+        enqueued, done, failed, dead, beats, meta, results, *now = pipe.execute()
+    secs, micros = now[0] if now else _node_of(client, keys.meta).time()
     # NOTE: ids a trimming collect forgot (producer.forget) count as enqueued and done
     epoch, forgotten_ids, forgotten_failed = meta[0], int(meta[1] or 0), int(meta[2] or 0)
     enqueued, done, failed = enqueued + forgotten_ids, done + forgotten_ids, failed + forgotten_failed
@@ -195,6 +198,12 @@ def exposition(status: QueueStatus) -> str:
         lines += [f"# HELP {name} {doc}", f"# TYPE {name} gauge"]
         lines += [f"{name}{{{label}{extra}}} {float(value)!r}" for extra, value in samples]
     return "\n".join(lines) + "\n"
+
+
+def _node_of(client: Any, key: str) -> redis.Redis:
+    """The plain client of the cluster node that holds ``key``."""
+    node = client.get_node_from_key(key)
+    return client.get_redis_connection(node)  # type: ignore[no-any-return]
 
 
 def read_partitions(client: redis.Redis, keys: QueueKeys) -> int:

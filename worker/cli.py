@@ -138,6 +138,7 @@ def run_worker(config: Path | None, flags: dict[str, Any]) -> None:
     import redis
 
     from wire import exits
+    from wire.cluster import upgrade
     from wire.redis_errors import describe
     from wire.retry import RedisUnavailable
     from wire.streams import connect
@@ -167,6 +168,7 @@ def run_worker(config: Path | None, flags: dict[str, Any]) -> None:
             check_model(settings.engine)
         client = connect(url)
         wait_for_redis(client, url, settings.worker.connect_timeout_s, log.warning)
+        client = upgrade(client, url)  # NOTE: Redis may have answered only just now
     except PreflightError as exc:
         fail(str(exc), exits.USAGE)
     except RedisUnavailable as exc:

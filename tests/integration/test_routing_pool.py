@@ -105,8 +105,11 @@ def test_a_partitioned_queue_runs_on_a_redis_cluster(cluster_ports: list[int], t
     jobs = group_jobs([f"g{i}" for i in range(6)], 8)
     assert len(client.enqueue(jobs).enqueued) == len(jobs)
     streams = client.keys.partitions(P)
-    slots = {redis.keyslot(key) for key in [*streams, client.keys.results, client.keys.done]}
-    assert len(slots) == 1  # one hash tag: multi-key commands and transactions work
+    together = {
+        redis.keyslot(key) for key in [streams[0], client.keys.results, client.keys.done, client.keys.meta]
+    }
+    assert len(together) == 1  # the keys of the transactions that must stay atomic share a slot
+    assert len({redis.keyslot(key) for key in streams}) == P  # the partitions spread over slots
 
     def consumer(name: str) -> Consumer:
         config = config_for(name, queue="clustered", survey_s=0.01, heartbeat_s=0.02)

@@ -2,7 +2,8 @@
 
 A queue has one stream per partition (wire.routing), each with the consumer group; every
 command below runs on the partitions concerned (worker.queue.routing says which to read).
-All of a queue's keys share one hash tag, so it works on a Redis Cluster too.
+On a Redis Cluster the partitions other than 0 have hash slots of their own
+(wire.keys): reads go per slot, and writes that must be atomic stay in one (streams.writes).
 
     survey       XINFO GROUPS per partition, HGETALL workers, HGET meta partitions
     read         XREADGROUP > + HGET meta epoch     complete  one MULTI: XADD result, HSETNX done,
@@ -28,6 +29,7 @@ from typing import Any, TypeVar
 import msgspec
 import redis
 
+from wire.cluster import by_slot, is_cluster
 from wire.keys import (
     FIELD_ID,
     FIELD_JOB,
@@ -124,6 +126,7 @@ class RedisJobQueue:
         self.router = Router(name, steal_after_s)
         self.partitions = 1
         self._count_lag = LagCount()
+        self._turn = 0  # the slot a cluster read waits on next
 
     def _streams(self) -> list[str]:
         return self.keys.partitions(self.partitions)
@@ -163,14 +166,33 @@ class RedisJobQueue:
 
     def _read(self, partitions: list[int], count: int, block_s: float | None) -> list[Delivery]:
         block_ms = None if block_s is None else int(block_s * 1000)
-        streams: dict[Any, Any] = {self.keys.partition(p): ">" for p in partitions}
-        with self.redis.pipeline(transaction=False) as pipe:
-            pipe.xreadgroup(self.keys.group, self.name, streams, count=count, block=block_ms)
-            pipe.hget(self.keys.meta, META_EPOCH)  # NOTE: after the read: the epoch it was read under
-            reply, epoch = pipe.execute()
         index = {self.keys.partition(p): p for p in partitions}
+        groups = by_slot(self.redis, list(index))
+        if len(groups) > 1:  # NOTE: a cluster: one XREADGROUP per slot, the wait on one of them
+            got = self._read_slots(groups, index, count, None)
+            if got or block_ms is None:
+                return got
+            self._turn = (self._turn + 1) % len(groups)
+            groups = [groups[self._turn]]
+        return self._read_slots(groups, index, count, block_ms)
+
+    def _read_slots(
+        self, groups: list[list[str]], index: dict[str, int], count: int, block_ms: int | None
+    ) -> list[Delivery]:
+        with self.redis.pipeline(transaction=False) as pipe:
+            for streams in groups:
+                pipe.xreadgroup(
+                    self.keys.group, self.name, dict.fromkeys(streams, ">"), count=count, block=block_ms
+                )
+            if block_ms is None or not is_cluster(self.redis):
+                pipe.hget(self.keys.meta, META_EPOCH)  # NOTE: after the read: the epoch it was read under
+            replies = pipe.execute()
+        # NOTE: a cluster pipeline runs its nodes' commands side by side: after a wait, the
+        # epoch is asked once the read is back
+        epoch = replies.pop() if len(replies) > len(groups) else self.redis.hget(self.keys.meta, META_EPOCH)
         return [
             Delivery(read_entry(entry_id, fields, index[stream.decode()]), 1, _text(epoch))
+            for reply in replies
             for stream, entries in reply or []
             for entry_id, fields in entries
         ]

@@ -11,7 +11,8 @@ Redis's XTRIM MINID knows nothing of pending entries, so the bound is computed h
 
 Forgetting: a consumer that holds nothing, has not been seen for ``dead_after_ms`` and wrote
 no heartbeat for as long is deleted from the group with its heartbeat (atomically, in a
-script that checks again that it holds nothing).
+script that checks again that it holds nothing; on a cluster, a partition stream outside the
+queue's slot is left in the script and the heartbeat deleted right after).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 import redis
 
+from wire.cluster import together
 from wire.keys import QueueKeys
 from wire.status import decode_heartbeat, now_ms
 
@@ -27,7 +29,7 @@ _FORGET = """
 local held = redis.call('XPENDING', KEYS[1], ARGV[1], '-', '+', 1, ARGV[2])
 if #held > 0 then return 0 end
 redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], ARGV[2])
-redis.call('HDEL', KEYS[2], ARGV[2])
+if KEYS[2] then redis.call('HDEL', KEYS[2], ARGV[2]) end
 return 1
 """
 
@@ -97,10 +99,14 @@ class ConsumerJanitor:
                     or int(consumer["idle"]) < self.dead_after_ms
                 ):
                     continue
-                if silent(name) and self._script(
-                    keys=[stream, self.keys.workers], args=[self.keys.group, name]
-                ):
+                # NOTE: on a cluster, a partition outside the queue's slot: its heartbeat goes after
+                keys = [stream, self.keys.workers]
+                if not together(client, keys):
+                    keys = [stream]
+                if silent(name) and self._script(keys=keys, args=[self.keys.group, name]):
                     forgotten.add(name)
+                    if len(keys) == 1:
+                        client.hdel(self.keys.workers, name)
         stale = [
             _text(n) for n in beats if _text(n) not in listed and _text(n) != self.name and silent(_text(n))
         ]

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import redis
 
+from wire.cluster import together
 from wire.keys import (
     FIELD_ATTEMPTS,
     FIELD_ENTRY,
@@ -44,10 +45,19 @@ def by_partition(entry_ids: Sequence[str]) -> dict[int, list[str]]:
     return grouped
 
 
-def complete(client: redis.Redis, keys: QueueKeys, writes: list[Write], acks: list[str]) -> list[Write]:
-    """JobQueue.complete; returns the writes left out (another epoch)."""
+# One slot's writes that run after the MULTI on the queue's slot (a cluster only): the stream
+# they go to, and the commands; ``atomic``: in a MULTI of their own.
+Later = tuple[str, Callable[[Any], None], bool]
 
-    def queue_writes(pipe: Any, kept: list[Write]) -> None:
+
+def complete(client: redis.Redis, keys: QueueKeys, writes: list[Write], acks: list[str]) -> list[Write]:
+    """JobQueue.complete; returns the writes left out (another epoch).
+
+    NOTE: on a cluster, acks of a partition outside the queue's slot follow the EXEC: a result
+    always lands before its ack, and a crash in between leaves the entry pending, to run
+    again and be written again (collect keeps the one ``done`` names)."""
+
+    def queue_writes(pipe: Any, kept: list[Write]) -> list[Later]:
         to_ack = list(acks)
         for write in kept:
             completion, result = write.completion, write.completion.result
@@ -65,25 +75,57 @@ def complete(client: redis.Redis, keys: QueueKeys, writes: list[Write], acks: li
                 letter.update({FIELD_JOB: dead.job, FIELD_REASON: dead.reason, FIELD_ATTEMPTS: dead.attempts})
                 pipe.xadd(keys.dead, letter)
             to_ack += [completion.entry_id, *completion.also_ack]
-        for partition, raw_ids in by_partition(to_ack).items():
-            pipe.xack(keys.partition(partition), keys.group, *raw_ids)
+        return _acks(client, keys, pipe, by_partition(to_ack))
 
     return _under_epoch(client, keys, writes, lambda w: w.completion.epoch, queue_writes, bool(acks))
 
 
 def release(client: redis.Redis, keys: QueueKeys, jobs: list[Release]) -> list[Release]:
-    """JobQueue.release; returns the jobs left out (another epoch)."""
+    """JobQueue.release; returns the jobs left out (another epoch).
 
-    def queue_writes(pipe: Any, kept: list[Release]) -> None:
+    NOTE: on a cluster, a job of a partition outside the queue's slot is given back in a MULTI
+    of its partition's slot (new entry and ack together), after the EXEC that checked the epoch."""
+
+    def queue_writes(pipe: Any, kept: list[Release]) -> list[Later]:
         # NOTE: given back as new entries of the same partition (the old ones acknowledged in
         # the same transaction), so other workers get them now instead of after min_idle.
+        later: list[Later] = []
         for job in kept:
-            stream = keys.partition(split_id(job.entry_ids[0])[0])
-            pipe.xadd(stream, {FIELD_ID: job.job_id, FIELD_JOB: job.data, FIELD_KEY: job.key})
-            for partition, raw_ids in by_partition(job.entry_ids).items():
-                pipe.xack(keys.partition(partition), keys.group, *raw_ids)
+            partition = split_id(job.entry_ids[0])[0]
+            stream = keys.partition(partition)
+            grouped = by_partition(job.entry_ids)
+            fields = {FIELD_ID: job.job_id, FIELD_JOB: job.data, FIELD_KEY: job.key}
+            if together(client, [keys.meta, stream]):
+                pipe.xadd(stream, fields)
+                later += _acks(client, keys, pipe, grouped)
+                continue
+            own = grouped.pop(partition)
+
+            def give_back(p: Any, stream: str = stream, fields: Any = fields, own: list[str] = own) -> None:
+                p.xadd(stream, fields)
+                p.xack(stream, keys.group, *own)
+
+            later.append((stream, give_back, True))
+            later += _acks(client, keys, None, grouped)
+        return later
 
     return _under_epoch(client, keys, jobs, lambda j: j.epoch, queue_writes, False)
+
+
+def _acks(client: redis.Redis, keys: QueueKeys, pipe: Any, grouped: dict[int, list[str]]) -> list[Later]:
+    """XACK the entries: into ``pipe`` where they share its slot, else as writes for later."""
+    later: list[Later] = []
+    for partition, raw_ids in grouped.items():
+        stream = keys.partition(partition)
+        if pipe is not None and together(client, [keys.meta, stream]):
+            pipe.xack(stream, keys.group, *raw_ids)
+        else:
+
+            def ack(p: Any, stream: str = stream, raw_ids: list[str] = raw_ids) -> None:
+                p.xack(stream, keys.group, *raw_ids)
+
+            later.append((stream, ack, False))
+    return later
 
 
 def _under_epoch(
@@ -91,11 +133,12 @@ def _under_epoch(
     keys: QueueKeys,
     items: list[T],
     epoch_of: Callable[[T], str | None],
-    queue_writes: Callable[[Any, list[T]], None],
+    queue_writes: Callable[[Any, list[T]], list[Later]],
     always: bool,
 ) -> list[T]:
     """One MULTI of ``queue_writes(pipe, kept)`` for the items of the queue's epoch, under
-    WATCH of the meta hash; the others are returned. ``always``: run it with nothing kept."""
+    WATCH of the meta hash, then the writes it left for later; the others are returned.
+    ``always``: run it with nothing kept."""
     with client.pipeline(transaction=True) as pipe:
         while True:
             try:
@@ -107,8 +150,20 @@ def _under_epoch(
                     pipe.reset()
                     return items
                 pipe.multi()
-                queue_writes(pipe, kept)
+                later = queue_writes(pipe, kept)
                 pipe.execute()
-                return [item for item in items if not of_epoch(epoch_of(item), current)]
+                break
             except redis.WatchError:
                 continue  # NOTE: the meta hash changed between the WATCH and the EXEC: read it again
+    plain = [(stream, write) for stream, write, atomic in later if not atomic]
+    if plain:
+        with client.pipeline(transaction=False) as batch:
+            for _, write in plain:
+                write(batch)
+            batch.execute()
+    for _, write, atomic in later:
+        if atomic:
+            with client.pipeline(transaction=True) as one:
+                write(one)
+                one.execute()
+    return [item for item in items if not of_epoch(epoch_of(item), current)]
