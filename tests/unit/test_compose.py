@@ -266,7 +266,7 @@ def test_healthcheck_script_imports_only_what_the_images_install() -> None:
         elif isinstance(node, ast.ImportFrom) and node.module:
             top_level.add(node.module.split(".")[0])
     third_party = top_level - set(sys.stdlib_module_names) - {"__future__"}
-    assert third_party == {"redis", "producer", "wire"}  # a project dependency and the project itself
+    assert third_party == {"redis", "wire"}  # a project dependency and the project itself
 
 
 def test_docker_folder_ignores_the_generated_file() -> None:

@@ -38,7 +38,7 @@ def test_every_field_of_a_table_is_a_declared_setting() -> None:
 def test_every_flag_of_the_worker_command_is_a_setting_and_every_setting_a_flag() -> None:
     params = {p.name: p for p in worker_command().params}
     keys = {s.key for s in settings()}
-    assert set(params) - keys == {"config", "backend"}  # the file, and --generator's older name
+    assert set(params) - keys == {"config", "backend", "gpus"}  # the file, --generator's older name, CUDA_VISIBLE_DEVICES
     assert keys <= set(params)
     for s in settings():
         option = params[s.key]
