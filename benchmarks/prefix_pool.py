@@ -11,6 +11,12 @@ last result collected.
     # CPU, the issue's pool: 2 workers, each KV pool holding about half of 24 prefixes
     python benchmarks/prefix_pool.py --workers 2 --partitions 1,16
 
+    # issue 20, as a new user runs it: 2 workers, 24 groups x 16 jobs, 600-token prefixes, half-
+    # sized caches, the queue made with no routing flag ("default"); then one worker, routed
+    # (default) against unrouted (0), 5 rounds interleaved
+    python benchmarks/prefix_pool.py --preset newuser --workers 2 --partitions default
+    python benchmarks/prefix_pool.py --preset newuser --workers 1 --partitions default,0 --repeat 5
+
     # two GPUs: one worker per GPU, Qwen3-0.6B (dummy weights), 512 jobs, 16 groups,
     # 3,000-token prefixes, 2,000 pages per worker; 1 worker against 2
     python benchmarks/prefix_pool.py --preset h200 --workers 1,2 --partitions 16 --num-pages 2000
@@ -22,6 +28,7 @@ import argparse
 import json
 import random
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -61,6 +68,7 @@ TINY_LLAMA = {
 }
 PRESETS = {
     "cpu": {"groups": 24, "per_group": 4, "prefix_tokens": 256, "tail_tokens": 16, "max_tokens": 4},
+    "newuser": {"groups": 24, "per_group": 16, "prefix_tokens": 600, "tail_tokens": 16, "max_tokens": 4},
     "h200": {
         "groups": 16,
         "per_group": 32,
@@ -100,8 +108,12 @@ def default_pages(args: argparse.Namespace) -> int:
     return args.groups * prefix_pages // 2 + args.max_running_reqs * own_pages
 
 
-def run_pool(args: argparse.Namespace, model: str, redis_url: str, partitions: int, workers: int) -> dict:
-    queue = f"pool-p{partitions}-w{workers}"
+def run_pool(
+    args: argparse.Namespace, model: str, redis_url: str, partitions: str, workers: int, round_no: int = 0
+) -> dict:
+    """``partitions``: a count for ``Client(partitions=...)``, or "default": no argument, as the
+    CLI makes a queue with no routing flag."""
+    queue = f"pool-p{partitions}-w{workers}-r{round_no}"
     work = Path(tempfile.mkdtemp(prefix="radixq-pool-"))
     config = work / "worker.toml"
     config.write_text(
@@ -118,7 +130,8 @@ def run_pool(args: argparse.Namespace, model: str, redis_url: str, partitions: i
         extra = ["--config", str(config), *args.worker_args.split()]
         log = open(work / f"worker{w}.log", "wb")  # noqa: SIM115 (closed with the process)
         procs.append(subprocess.Popen(worker_command(WORKER_COMMAND, queue, f"w{w}", extra), env=env, stdout=log, stderr=log))
-    client = Client.from_url(redis_url, queue, partitions=partitions)
+    routing = {} if partitions == "default" else {"partitions": int(partitions)}
+    client = Client.from_url(redis_url, queue, **routing)
     collector = Collector(client.redis, queue)
     try:
         deadline = time.monotonic() + args.timeout_s
@@ -164,6 +177,8 @@ def run_pool(args: argparse.Namespace, model: str, redis_url: str, partitions: i
     }
     return {
         "partitions": partitions,
+        "queue_partitions": status.partitions,
+        "round": round_no,
         "workers": workers,
         "jobs": len(jobs),
         "wall_s": round(wall_s, 3),
@@ -180,7 +195,12 @@ def main() -> None:
     )
     parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
     parser.add_argument("--workers", default="2", help="comma-separated pool sizes to run")
-    parser.add_argument("--partitions", default="16", help="comma-separated partition counts to run")
+    parser.add_argument(
+        "--partitions",
+        default="16",
+        help='comma-separated partition counts to run ("default": the queue a new user gets, no flag)',
+    )
+    parser.add_argument("--repeat", type=int, default=1, help="rounds, the configurations interleaved")
     parser.add_argument("--groups", type=int)
     parser.add_argument("--per-group", type=int)
     parser.add_argument("--prefix-tokens", type=int)
@@ -212,18 +232,26 @@ def main() -> None:
         model = str(Path(args.model).resolve())
     results = []
     with LocalRedis(use_server=True) as redis_server:
-        for partitions in [int(p) for p in args.partitions.split(",")]:
-            for workers in [int(w) for w in args.workers.split(",")]:
-                result = run_pool(args, model, redis_server.url, partitions, workers)
-                print(json.dumps(result), flush=True)
-                results.append(result)
+        for round_no in range(args.repeat):
+            for partitions in args.partitions.split(","):
+                for workers in [int(w) for w in args.workers.split(",")]:
+                    result = run_pool(args, model, redis_server.url, partitions, workers, round_no)
+                    print(json.dumps(result), flush=True)
+                    results.append(result)
     meta = {k: getattr(args, k) for k in ("preset", "groups", "per_group", "prefix_tokens", "tail_tokens")}
     meta.update(num_pages=args.num_pages, max_running_reqs=args.max_running_reqs, device=args.device)
     for r in results:
         print(
-            f"partitions {r['partitions']:>3}, workers {r['workers']}: {r['wall_s']:.2f} s, "
+            f"partitions {r['partitions']:>7} ({r['queue_partitions']} streams), workers {r['workers']}, "
+            f"round {r['round']}: {r['wall_s']:.2f} s, "
             f"cached {r['cached_tokens']} of ideal {r['ideal_cached_tokens']} = {100 * r['of_ideal']:.1f}%"
         )
+    if args.repeat > 1:
+        for config in sorted({(r["partitions"], r["workers"]) for r in results}):
+            walls = [r["wall_s"] for r in results if (r["partitions"], r["workers"]) == config]
+            print(
+                f"partitions {config[0]}, workers {config[1]}: median {statistics.median(walls):.2f} s of {walls}"
+            )
     if args.out:
         Path(args.out).write_text(json.dumps({"settings": meta, "runs": results}, indent=1))
 

@@ -18,7 +18,7 @@ import typer
 from wire import exits
 from wire.exits import fail
 from wire.keys import DEFAULT_QUEUE, DEFAULT_REDIS_URL
-from wire.routing import MAX_PARTITIONS
+from wire.routing import DEFAULT_PARTITIONS, MAX_PARTITIONS, NO_ROUTING
 
 if TYPE_CHECKING:
     from producer.client import Client
@@ -50,10 +50,14 @@ PartitionsOption = Annotated[
     int,
     typer.Option(
         "--partitions",
-        min=1,
+        min=NO_ROUTING,
         max=MAX_PARTITIONS,
-        help="Partition streams of a new queue: jobs sharing a prefix go to one worker (README Routing).",
+        help=f"Partition streams of a new queue (default {DEFAULT_PARTITIONS}): jobs sharing a prefix go to "
+        "one worker, which owns their partition (README Routing); 0: no routing, one stream.",
     ),
+]
+NoRoutingOption = Annotated[
+    bool, typer.Option("--no-routing", help="A new queue of one stream, not routed (--partitions 0).")
 ]
 
 RetryTimeoutOption = Annotated[
@@ -282,7 +286,8 @@ def enqueue(
     queue: QueueOption = DEFAULT_QUEUE,
     redis_url: RedisUrlOption = None,
     retry_timeout_s: RetryTimeoutOption = 60.0,
-    partitions: PartitionsOption = 1,
+    partitions: PartitionsOption = DEFAULT_PARTITIONS,
+    no_routing: NoRoutingOption = False,
     prefix_chars: Annotated[
         int,
         typer.Option(
@@ -309,7 +314,8 @@ def enqueue(
     with staged(input_path, errors=errors) as (source, _, errors_file), expected_errors(url):
         assert source is not None
         enqueue_file(
-            source, input_path, mapping, errors_file, url, queue, retry_timeout_s, partitions, prefix_chars,
+            source, input_path, mapping, errors_file, url, queue, retry_timeout_s,
+            NO_ROUTING if no_routing else partitions, prefix_chars,
             rerun_changed,
         )  # fmt: skip
 

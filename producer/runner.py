@@ -45,6 +45,7 @@ from wire import exits
 from wire.keys import DEFAULT_QUEUE
 from wire.lifetime import start_child
 from wire.redis_errors import FatalRedisError, describe, redact
+from wire.routing import DEFAULT_PARTITIONS
 from wire.schema import Job, Result
 
 POLL_S = 0.2  # how soon collecting notices a signal or an exited worker
@@ -66,7 +67,7 @@ class RunOptions:
     quiet: bool = False  # no progress display
     progress_interval_s: float = 10.0  # plain progress lines when stderr is not a terminal
     metrics_port: int = 0  # >0: worker i serves /metrics on metrics_port + i
-    partitions: int = 1  # partition streams of a new queue (wire.routing)
+    partitions: int = DEFAULT_PARTITIONS  # partition streams of a new queue (0: no routing; wire.routing)
     mapping: ColumnMapping = NATIVE_COLUMNS
     errors_path: Path | None = None  # rejected rows go here instead of into the output
     join_input: bool = False  # Parquet output: joined to the input's columns

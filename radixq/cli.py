@@ -20,6 +20,7 @@ from producer.cli import (
     IdColumnOption,
     InputArgument,
     MessagesColumnOption,
+    NoRoutingOption,
     PartitionsOption,
     ProgressIntervalOption,
     PromptColumnOption,
@@ -35,6 +36,7 @@ from producer.cli import (
 )
 from wire.exits import fail
 from wire.keys import DEFAULT_QUEUE
+from wire.routing import DEFAULT_PARTITIONS, NO_ROUTING
 from worker.cli import (
     BackendOption,
     ConfigOption,
@@ -95,7 +97,8 @@ def run(
             help="Worker i serves Prometheus /metrics on this port + i (0: none).",
         ),
     ] = 0,
-    partitions: PartitionsOption = 1,
+    partitions: PartitionsOption = DEFAULT_PARTITIONS,
+    no_routing: NoRoutingOption = False,
     prompt_column: PromptColumnOption = None,
     messages_column: MessagesColumnOption = None,
     id_column: IdColumnOption = None,
@@ -172,7 +175,7 @@ def run(
             quiet=quiet,
             progress_interval_s=progress_interval_s,
             metrics_port=metrics_port,
-            partitions=partitions,
+            partitions=NO_ROUTING if no_routing else partitions,
             mapping=mapping,
             errors_path=errors_file,
             join_input=join_input,

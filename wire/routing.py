@@ -1,7 +1,12 @@
 """Routing: which partition stream of a queue a job goes to (shared by producer and workers).
 
 A queue's jobs go to P partition streams (P is the queue's ``partitions``, fixed by its first
-enqueue; 1 for a queue enqueued before partitions existed). A job's prefix key says which jobs
+enqueue; 1 for a queue enqueued before partitions existed). A new queue routes by default:
+DEFAULT_PARTITIONS, sized for the pools radixq expects (up to a few dozen workers on one queue:
+each live worker owns at most ceil(P / workers) partitions, so 16 spreads prefix groups over up
+to 16 owners and a worker that joins or leaves moves about 1/16 of them; with more workers
+than partitions the rest only steal). ``partitions=0`` asks for no routing: one stream that
+every worker reads. A job's prefix key says which jobs
 share a prompt prefix: the job's ``prefix_key`` if given, else the first ``prefix_chars``
 characters of its prompt (of its first prompt for a prompt list; of its messages, roles included; of its ``input_ids``, the first
 ``prefix_chars // 4`` ids). Its partition is the key's hash modulo P, so every job of a prefix
@@ -21,15 +26,17 @@ import redis
 from wire.keys import META_PARTITIONS, META_PREFIX_CHARS, QueueKeys
 from wire.schema import Job
 
-DEFAULT_PARTITIONS = 1
+DEFAULT_PARTITIONS = 16
+NO_ROUTING = 0  # ``partitions=0``: one stream, every worker reads it
 DEFAULT_PREFIX_CHARS = 256
 MAX_PARTITIONS = 1024
 
 
 def check_partitions(partitions: int) -> int:
-    if not 1 <= partitions <= MAX_PARTITIONS:
-        raise ValueError(f"partitions={partitions!r}: must be between 1 and {MAX_PARTITIONS}")
-    return partitions
+    """The stream count of ``partitions`` (0, no routing, is one stream)."""
+    if not NO_ROUTING <= partitions <= MAX_PARTITIONS:
+        raise ValueError(f"partitions={partitions!r}: must be between 0 (no routing) and {MAX_PARTITIONS}")
+    return max(1, partitions)
 
 
 def prefix_key(job: Job, prefix_chars: int = DEFAULT_PREFIX_CHARS) -> str:

@@ -19,6 +19,7 @@ import redis
 from benchmarks.chaos.lab import KEYS, Lab
 from benchmarks.chaos.row import Observed
 from producer.client import Client
+from tests.jobs_stream import pending_count
 from wire.keys import FIELD_ID, FIELD_JOB
 from wire.schema import Job, SamplingParams
 from wire.status import Heartbeat, now_ms
@@ -113,12 +114,12 @@ def worker_signal(
     )
     admin = redis.Redis.from_url(server.url)
     lab.wait_for(
-        lambda: admin.hlen(KEYS.done) >= 2 and admin.xpending(KEYS.jobs, KEYS.group)["pending"] > 0,
+        lambda: admin.hlen(KEYS.done) >= 2 and pending_count(admin, KEYS) > 0,
         LOAD_TIMEOUT_S,
         "jobs done while others are held",
     )
     lab.sweep(force=True)  # its scheduler process is tracked before the signal
-    held, done = admin.xpending(KEYS.jobs, KEYS.group)["pending"], admin.hlen(KEYS.done)
+    held, done = pending_count(admin, KEYS), admin.hlen(KEYS.done)
     signalled = time.monotonic()
     if how == "sigint":
         os.killpg(first.pid, signal.SIGINT)  # what Ctrl-C in its terminal does
@@ -131,9 +132,7 @@ def worker_signal(
         took_s < drain_timeout_s + 1.5, f"drain took {took_s:.1f} s for --drain-timeout-s {drain_timeout_s:g}"
     )
     lab.expect("Traceback" not in lab.log("a"), "worker a logged a traceback")
-    lab.expect(
-        admin.xpending(KEYS.jobs, KEYS.group)["pending"] == 0, "jobs left pending on the stopped worker"
-    )
+    lab.expect(pending_count(admin, KEYS) == 0, "jobs left pending on the stopped worker")
     finished = admin.hlen(KEYS.done) - done
     admin.close()
     lab.notes.append(

@@ -21,6 +21,7 @@ import redis
 
 from benchmarks.chaos.lab import KEYS, Lab, line_count
 from benchmarks.chaos.row import Observed
+from tests.jobs_stream import pending_entries, stream_of
 from wire.keys import FIELD_ID
 
 COLLECT_TIMEOUT_S = 600  # far above any run here: a timeout means the scenario stalled
@@ -59,8 +60,7 @@ def collect_in_background(lab: Lab, label: str, out: Path, url: str) -> Any:
 
 
 def held_by(client: redis.Redis, name: str) -> int:
-    consumers: Any = client.xinfo_consumers(KEYS.jobs, KEYS.group)
-    return next((c["pending"] for c in consumers if c["name"].decode() == name), 0)
+    return len(pending_entries(client, KEYS, name))
 
 
 def data_loss_reports(lab: Lab, labels: list[str]) -> list[str]:
@@ -160,10 +160,9 @@ def kill9_chaos(
 
 def held_job_ids(client: redis.Redis, consumer: str) -> list[str]:
     """The job ids of the entries pending on ``consumer``."""
-    pending: Any = client.xpending_range(KEYS.jobs, KEYS.group, "-", "+", 10_000, consumer)
     with client.pipeline(transaction=False) as pipe:
-        for info in pending:
-            pipe.xrange(KEYS.jobs, info["message_id"], info["message_id"])
+        for info in pending_entries(client, KEYS, consumer):
+            pipe.xrange(*stream_of(info["message_id"], KEYS), *stream_of(info["message_id"], KEYS)[1:])
         entries: Any = pipe.execute()
     return [found[0][1][FIELD_ID.encode()].decode() for found in entries if found]
 
@@ -185,11 +184,9 @@ def zombie_worker(
     lab.wait_for(lambda: line_count(out) >= jobs // 5 and held_by(admin, "w0") > 0, 60, "w0 to hold jobs")
     zombie = lab.procs["w0"]
     os.kill(zombie.pid, signal.SIGSTOP)
-    frozen = {p["message_id"] for p in admin.xpending_range(KEYS.jobs, KEYS.group, "-", "+", 100, "w0")}
+    frozen = {p["message_id"] for p in pending_entries(admin, KEYS, "w0")}
     lab.sleep(stopped_s)
-    taken = frozen - {
-        p["message_id"] for p in admin.xpending_range(KEYS.jobs, KEYS.group, "-", "+", 100, "w0")
-    }
+    taken = frozen - {p["message_id"] for p in pending_entries(admin, KEYS, "w0")}
     os.kill(zombie.pid, signal.SIGCONT)
     lab.wait_for(lambda: collect.poll() is not None, COLLECT_TIMEOUT_S + 30, "collect")
     admin.close()

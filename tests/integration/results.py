@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import redis
 
+from tests.jobs_stream import newest_entries, stream_of
 from wire.keys import FIELD_ENTRY, FIELD_ID, FIELD_RESULT, QueueKeys
 from wire.schema import Choice, Result, encode
 
@@ -11,7 +12,7 @@ from wire.schema import Choice, Result, encode
 def complete_all(client: redis.Redis, ids: list[str], keys: QueueKeys | None = None) -> None:
     """Write a counted result for each of ``ids`` (their newest jobs-stream entries)."""
     keys = keys or QueueKeys()
-    entries = {f[b"id"].decode(): e for e, f in client.xrange(keys.jobs)}
+    entries = newest_entries(client, keys)
     for start in range(0, len(ids), 1000):
         with client.pipeline(transaction=True) as pipe:
             for job_id in ids[start : start + 1000]:
@@ -20,5 +21,6 @@ def complete_all(client: redis.Redis, ids: list[str], keys: QueueKeys | None = N
                 fields = {FIELD_ID: job_id, FIELD_ENTRY: entries[job_id], FIELD_RESULT: result}
                 pipe.xadd(keys.results, fields)  # type: ignore[arg-type]
                 pipe.hsetnx(keys.done, job_id, entries[job_id])
-                pipe.xack(keys.jobs, keys.group, entries[job_id])
+                stream, raw = stream_of(entries[job_id], keys)
+                pipe.xack(stream, keys.group, raw)
             pipe.execute()

@@ -14,6 +14,7 @@ import redis
 
 from tests.fake_generator import fake_text
 from tests.integration.procs import radixq, start_worker
+from tests.jobs_stream import job_entries, pending_count
 from wire.keys import FIELD_ID, FIELD_JOB, QueueKeys
 from wire.schema import MAX_JOB_BYTES
 
@@ -122,7 +123,7 @@ def test_gzip_file_with_a_byte_order_mark_enqueues(redis_url: str, tmp_path: Pat
     assert "enqueued 2, skipped 0 (already enqueued), rejected 0" in enqueue.stdout
     keys = QueueKeys()
     client = redis.Redis.from_url(redis_url)
-    ids = [fields[FIELD_ID.encode()] for _, fields in client.xrange(keys.jobs)]
+    ids = sorted(fields[FIELD_ID.encode()] for _, fields in job_entries(client, keys))
     client.close()
     assert ids == [b"g1", b"g2"]
 
@@ -152,7 +153,7 @@ def test_job_invalid_at_intake_gets_error_result_without_retries(redis_url: str,
     assert rows["raw-2"]["error"]["code"] == "invalid_job"
     assert "exactly one of prompt, messages, input_ids" in rows["raw-2"]["error"]["message"]
     # One delivery each, acked at once: no retries, nothing pending, nothing dead-lettered.
-    assert client.xpending(keys.jobs, keys.group)["pending"] == 0
+    assert pending_count(client, keys) == 0
     assert client.xlen(keys.results) == 2
     assert client.xlen(keys.dead) == 0
     client.close()

@@ -16,6 +16,7 @@ from producer.client import Client
 from producer.local_redis import LocalRedis, free_port
 from tests.conftest import require_redis_server
 from tests.integration.procs import radixq
+from tests.jobs_stream import job_entries, newest_entries
 from wire import exits
 from wire.keys import FIELD_ENTRY, FIELD_ID, FIELD_RESULT, QueueKeys
 from wire.schema import Choice, Job, Result, encode, error_result
@@ -26,7 +27,7 @@ KEYS = QueueKeys()
 
 def complete(client: redis.Redis, job_id: str, error: str | None = None) -> None:
     """Write a job's counted result the way a worker's outbox does."""
-    entry = next(e for e, f in client.xrange(KEYS.jobs) if f[b"id"] == job_id.encode())
+    entry = newest_entries(client, KEYS)[job_id]
     if error is None:
         result = Result(id=job_id, choices=[Choice(index=0, text="t", token_ids=[], finish_reason="stop")])
     else:
@@ -84,7 +85,7 @@ def test_enqueue_codes(redis_url: str, tmp_path: Path) -> None:
     client = Client.from_url(redis_url)
     assert client.order() == ["g0", "g1", "g2", "m0", "m1", "m2"]
     assert client.redis.hget(KEYS.failed, "m1") == b"invalid_job"
-    assert b"m1" not in [f[b"id"] for _, f in client.redis.xrange(KEYS.jobs)]
+    assert b"m1" not in [f[b"id"] for _, f in job_entries(client.redis, KEYS)]
     client.close()
     missing = radixq("enqueue", str(tmp_path / "nope.jsonl"), "--redis-url", redis_url)
     assert missing.returncode == exits.USAGE and "Traceback" not in missing.stderr

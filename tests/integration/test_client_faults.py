@@ -21,6 +21,7 @@ from producer.local_redis import LocalRedis
 from tests.conftest import require_redis_server
 from tests.fake_generator import fake_text
 from tests.integration.procs import REPO_ROOT, radixq, start_worker, subprocess_env
+from tests.jobs_stream import total_len
 from wire import exits
 from wire.keys import META_RESULTS_TRIMMED, QueueKeys
 from wire.redis_errors import classify
@@ -96,14 +97,14 @@ def test_enqueue_at_maxmemory_stops_with_a_count_and_resumes(server: LocalRedis,
     assert "Redis is at maxmemory" in match.group(3) and "run the same command again" in match.group(3)
     # Batches of 1000 are MULTI transactions: exactly the reported ids went in, all or nothing.
     assert 0 < count < 10_000 and count % 1000 == 0
-    assert admin.hlen(KEYS.enqueued) == admin.xlen(KEYS.jobs) == count
+    assert admin.hlen(KEYS.enqueued) == total_len(admin, KEYS) == count
     assert [i.decode() for i in admin.lrange(KEYS.order, 0, -1)] == ids[:count]
 
     admin.config_set("maxmemory", 0)
     resumed = radixq("enqueue", str(source), "--redis-url", server.url)
     assert resumed.returncode == exits.OK, resumed.stderr
     assert f"enqueued {10_000 - count}, skipped {count} (already enqueued)" in resumed.stdout
-    assert admin.xlen(KEYS.jobs) == 10_000
+    assert total_len(admin, KEYS) == 10_000
     assert [i.decode() for i in admin.lrange(KEYS.order, 0, -1)] == ids
     admin.close()
 
@@ -125,7 +126,7 @@ def test_enqueue_waits_while_redis_is_full(server: LocalRedis, tmp_path: Path) -
     text = log.read_text()
     assert "enqueued 10000, skipped 0" in text
     assert text.count("waiting for Redis") == 1 and "Redis answers again" in text
-    assert admin.xlen(KEYS.jobs) == 10_000
+    assert total_len(admin, KEYS) == 10_000
     admin.close()
 
 
@@ -238,7 +239,7 @@ def test_trim_under_load_keeps_what_is_unwritten(server: LocalRedis, tmp_path: P
 def test_status_counts_queued_after_an_aof_restart(tmp_path: Path) -> None:
     require_redis_server()
     with LocalRedis(use_server=True, data_dir=tmp_path, appendonly=True) as server:
-        client = Client.from_url(server.url)
+        client = Client.from_url(server.url, partitions=0)  # one stream, read by hand below
         client.enqueue([Job(id=f"s{i}", prompt="x") for i in range(5)])
         client.redis.xreadgroup(KEYS.group, "ghost", {KEYS.jobs: ">"}, count=2)
         client.close()

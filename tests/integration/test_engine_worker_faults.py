@@ -18,6 +18,7 @@ import pytest
 from producer.client import Client
 from producer.collector import Collector
 from tests.integration.procs import children, is_alive, radixq, start_engine_worker
+from tests.jobs_stream import consumer_names, pending_count
 from tests.model_fixtures import hf_from_dir, hf_greedy, tiny_hf_model
 from tests.waiting import LIVENESS_S
 from wire.keys import QueueKeys
@@ -131,9 +132,7 @@ def test_ctrl_c_mid_run_drains_writes_results_and_gives_the_rest_back(
         fault="sleep-per-step:30",
     )
     wait_for(
-        lambda: (
-            client.redis.hlen(KEYS.done) >= 2 and client.redis.xpending(KEYS.jobs, KEYS.group)["pending"] > 0
-        ),
+        lambda: client.redis.hlen(KEYS.done) >= 2 and pending_count(client.redis, KEYS) > 0,
         120,
         "jobs done while others are held",
         log_path,
@@ -147,7 +146,7 @@ def test_ctrl_c_mid_run_drains_writes_results_and_gives_the_rest_back(
     status = client.status()
     # everything held was either finished and written or given back; nothing left pending
     assert status.in_flight == 0 and done + status.queued == len(work)
-    assert all(c["name"] != b"eng" for c in client.redis.xinfo_consumers(KEYS.jobs, KEYS.group))
+    assert b"eng" not in consumer_names(client.redis, KEYS)
     out = tmp_path / "out.jsonl"
     Collector(client.redis).collect(out, wait=False)
     expected = hf_greedy(hf_from_dir(model_dir), work[0].input_ids or [], 40)
@@ -162,7 +161,7 @@ def test_sigterm_drain_stays_within_its_timeout(redis_url: str, model_dir: Path,
     worker = start_engine_worker(
         redis_url, model_dir, log_path, "--drain-timeout-s", "3", fault="sleep-per-step:100"
     )
-    wait_for(lambda: client.redis.xpending(KEYS.jobs, KEYS.group)["pending"] == 4, 120, "jobs held", log_path)
+    wait_for(lambda: pending_count(client.redis, KEYS) == 4, 120, "jobs held", log_path)
     time.sleep(1.0)
     started = time.monotonic()
     worker.send_signal(signal.SIGTERM)

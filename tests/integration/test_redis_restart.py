@@ -97,7 +97,7 @@ def test_workers_keep_their_window_full_after_an_aof_restart(tmp_path: Path) -> 
     keys = QueueKeys()
     workers = []
     try:
-        client = Client.from_url(server.url)
+        client = Client.from_url(server.url, partitions=0)  # one stream: its group is read below
         jobs = [Job(id=f"r{i:04d}", prompt=f"p {i}") for i in range(5000)]
         client.enqueue(jobs)
         env = {
@@ -136,7 +136,7 @@ def test_the_survey_counts_the_lag_redis_lost(tmp_path: Path) -> None:
     behind it."""
     require_redis_server()
     with LocalRedis(use_server=True, data_dir=tmp_path, appendonly=True, fsync="always") as server:
-        client = Client.from_url(server.url)
+        client = Client.from_url(server.url, partitions=0)  # one stream, read by hand below
         client.enqueue([Job(id=f"s{i:04d}", prompt="p") for i in range(3000)])
         keys = QueueKeys()
         read = client.redis.xreadgroup(keys.group, "w", {keys.jobs: ">"}, count=1200)
@@ -170,7 +170,7 @@ def test_a_queue_lost_while_workers_held_jobs_gets_none_of_their_results(tmp_pat
     ids = [f"q{i:03d}" for i in range(40)]
     source.write_text("".join(json.dumps({"id": i, "prompt": "p"}) + "\n" for i in ids))
     try:
-        assert radixq("enqueue", str(source), "--redis-url", server.url).returncode == 0
+        assert radixq("enqueue", str(source), "--redis-url", server.url, "--no-routing").returncode == 0
         env = {"RADIXQ_FAKE_CAPACITY": "8", "RADIXQ_FAKE_LATENCY_S": "4", "RADIXQ_MAX_BACKOFF_S": "0.2"}
         workers = [start_worker(server.url, f"w{i}", tmp_path / f"w{i}.log", **env) for i in range(2)]
         admin = redis.Redis.from_url(server.url)
@@ -187,7 +187,7 @@ def test_a_queue_lost_while_workers_held_jobs_gets_none_of_their_results(tmp_pat
         assert collect.returncode == exits.USAGE, collect.stderr
         assert "unknown queue 'default'" in collect.stderr
         assert not out.exists() or out.read_text() == ""
-        assert radixq("enqueue", str(source), "--redis-url", server.url).returncode == 0
+        assert radixq("enqueue", str(source), "--redis-url", server.url, "--no-routing").returncode == 0
         collect = radixq("collect", "-o", str(out), "--redis-url", server.url, "--quiet", timeout_s=300)
         assert collect.returncode == exits.OK, collect.stderr
         assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == ids

@@ -21,14 +21,18 @@ KEYS = QueueKeys()
 JOBS = 20_000
 
 
-def test_redis_memory_returns_to_the_empty_queue_after_a_trimming_collect(redis_url: str, tmp_path: Path) -> None:
+def test_redis_memory_returns_to_the_empty_queue_after_a_trimming_collect(
+    redis_url: str, tmp_path: Path
+) -> None:
     client = redis.Redis.from_url(redis_url)
-    producer = Client(client)
+    producer = Client(client, partitions=0)  # one stream: trimmed by hand below
     out = tmp_path / "out.jsonl"
     producer.enqueue([Job(id="first", prompt="p")])
     complete_all(client, ["first"])
     assert radixq("collect", "-o", str(out), "--redis-url", redis_url, "--quiet").returncode == exits.OK
-    client.xtrim(KEYS.jobs, maxlen=0, approximate=False)  # what the workers' housekeeping does with acknowledged entries
+    client.xtrim(
+        KEYS.jobs, maxlen=0, approximate=False
+    )  # what the workers' housekeeping does with acknowledged entries
     empty = int(client.info("memory")["used_memory"])
     ids = [f"j{i:06d}" for i in range(JOBS)]
     producer.enqueue(Job(id=i, prompt=f"question {i}") for i in ids)
@@ -38,7 +42,9 @@ def test_redis_memory_returns_to_the_empty_queue_after_a_trimming_collect(redis_
     assert collect.returncode == exits.OK, collect.stderr
     client.xtrim(KEYS.jobs, maxlen=0, approximate=False)
     after = int(client.info("memory")["used_memory"])
-    print(f"used_memory: empty {empty >> 10} KiB, {JOBS} jobs done {grown >> 10} KiB, collected {after >> 10} KiB")
+    print(
+        f"used_memory: empty {empty >> 10} KiB, {JOBS} jobs done {grown >> 10} KiB, collected {after >> 10} KiB"
+    )
     assert grown - empty > 4 << 20  # the records were there...
     assert after - empty < 1 << 20  # ...and are gone
     for record in (KEYS.enqueued, KEYS.done, KEYS.failed, KEYS.order):

@@ -197,7 +197,7 @@ def test_embedded_fakeredis_server_serves_a_worker(tmp_path: Path) -> None:
 
 
 def test_status_and_dlq_commands(redis_url: str, tmp_path: Path) -> None:
-    client = Client.from_url(redis_url)
+    client = Client.from_url(redis_url, partitions=0)  # one stream: a ghost reads it below
     keys = QueueKeys()
     client.enqueue([Job(id=f"s{i}", prompt="x") for i in range(3)])
     client.redis.xreadgroup(keys.group, "ghost", {keys.jobs: ">"}, count=2)

@@ -40,6 +40,7 @@ from tests.integration.procs import (
     still_running,
     subprocess_env,
 )
+from tests.jobs_stream import consumer_names, entry_fields, pending_count, pending_entries  # noqa: E402
 from tests.waiting import LIVENESS_S
 from wire.keys import QueueKeys
 
@@ -96,11 +97,9 @@ def wait_for(condition: Callable[[], object], timeout_s: float, what: str) -> No
 def finished_and_held(client: redis.Redis) -> set[str]:
     """Ids that have a counted result now, plus ids some worker holds now."""
     done = {job_id.decode() for job_id in client.hkeys(KEYS.done)}
-    pending = client.xpending_range(KEYS.jobs, KEYS.group, min="-", max="+", count=1000)
-    held = set()
-    for entry in pending:
-        for _, fields in client.xrange(KEYS.jobs, entry["message_id"], entry["message_id"]):
-            held.add(fields[b"id"].decode())
+    held = {
+        entry_fields(client, entry["message_id"])[b"id"].decode() for entry in pending_entries(client, KEYS)
+    }
     return done | held
 
 
@@ -159,8 +158,8 @@ def test_signal_mid_run_drains_writes_what_finished_and_cleans_up(
     assert set(worker_pids) <= set(children) and (shared or redis_pid in children)
     assert run_folders(run.pid) == []
     if shared:  # the workers put back what they did not finish and left the group
-        assert client.xpending(KEYS.jobs, KEYS.group)["pending"] == 0
-        assert client.xinfo_consumers(KEYS.jobs, KEYS.group) == []
+        assert pending_count(client, KEYS) == 0
+        assert consumer_names(client, KEYS) == set()
     client.close()
 
     again = radixq(
@@ -180,7 +179,7 @@ def test_shutdown_keeps_to_the_drain_timeout(tmp_path: Path, reaped: list[subpro
     _, (worker_pid,) = run_children(run, 1)
     children = descendants(run.pid)
     client = queue_redis(worker_pid)
-    wait_for(lambda: client.xpending(KEYS.jobs, KEYS.group)["pending"] == 3, 30, "the worker to hold 3 jobs")
+    wait_for(lambda: pending_count(client, KEYS) == 3, 30, "the worker to hold 3 jobs")
     client.close()
     signalled = time.monotonic()
     os.kill(run.pid, signal.SIGTERM)
@@ -212,11 +211,7 @@ def test_second_signal_hurries_the_shutdown(tmp_path: Path, reaped: list[subproc
     _, (worker_pid,) = run_children(run, 1)
     children = descendants(run.pid)
     client = queue_redis(worker_pid)
-    wait_for(
-        lambda: client.xpending(KEYS.jobs, KEYS.group)["pending"] == 3,
-        LIVENESS_S,
-        "the worker to hold 3 jobs",
-    )
+    wait_for(lambda: pending_count(client, KEYS) == 3, LIVENESS_S, "the worker to hold 3 jobs")
     client.close()
     os.killpg(run.pid, signal.SIGINT)
     time.sleep(1.0)

@@ -12,6 +12,7 @@ from producer.client import Client
 from producer.collector import Collector
 from tests.fake_generator import fake_text
 from tests.integration.procs import start_worker, wait_until
+from tests.jobs_stream import consumer_names, pending_count, pending_entries
 from wire.keys import QueueKeys
 from wire.schema import Job, SamplingParams
 
@@ -39,12 +40,7 @@ def test_sigkill_worker_jobs_are_reclaimed_and_all_results_collected_once(
         wait_until(lambda: client.redis.hlen(keys.done) >= NUM_JOBS // 5, 60, "a fifth of the jobs")
         victim.send_signal(signal.SIGKILL)
         victim.wait(timeout=10)
-        orphaned = {
-            info["message_id"].decode()
-            for info in client.redis.xpending_range(
-                keys.jobs, keys.group, "-", "+", 1000, consumername="victim"
-            )
-        }
+        orphaned = {info["message_id"] for info in pending_entries(client.redis, keys, "victim")}
         assert orphaned, "the victim held no jobs when it was killed: the test proves nothing"
 
         out = tmp_path / "out.jsonl"
@@ -70,7 +66,7 @@ def test_sigkill_worker_jobs_are_reclaimed_and_all_results_collected_once(
     ]
     assert {fields[b"entry"].decode() for fields in orphan_results} == orphaned
     assert all(done[fields[b"id"]] == fields[b"entry"] for fields in orphan_results)
-    assert client.redis.xpending(keys.jobs, keys.group)["pending"] == 0
+    assert pending_count(client.redis, keys) == 0
     assert client.redis.xlen(keys.dead) == 0
     survivor_log = (tmp_path / "survivor.log").read_text()
     assert "reclaimed" in survivor_log
@@ -90,8 +86,8 @@ def test_worker_drains_on_sigterm_and_exits_zero(redis_url: str, tmp_path: Path)
     done = client.redis.hlen(keys.done)
     assert 8 <= done < 200
     # Nothing stays pending on the departed consumer; everything else is still queued.
-    assert client.redis.xpending(keys.jobs, keys.group)["pending"] == 0
+    assert pending_count(client.redis, keys) == 0
     assert client.status().queued == 200 - done
     assert client.redis.hget(keys.workers, "drainer") is None
-    assert all(c["name"] != b"drainer" for c in client.redis.xinfo_consumers(keys.jobs, keys.group))
+    assert b"drainer" not in consumer_names(client.redis, keys)
     client.close()

@@ -25,7 +25,9 @@ from worker.scheduler.messages import GenerateRequest
 def llm(tmp_path_factory: pytest.TempPathFactory) -> LLM:
     folder = tmp_path_factory.mktemp("tiny")
     tiny_hf_model("llama").save_pretrained(folder)
-    return LLM(str(folder), device="cpu", attention="torch", page_size=4, num_pages=256, fault="sleep-per-step:20")
+    return LLM(
+        str(folder), device="cpu", attention="torch", page_size=4, num_pages=256, fault="sleep-per-step:20"
+    )
 
 
 def test_a_run_abandoned_with_a_step_in_flight_leaks_no_page(llm: LLM) -> None:

@@ -9,6 +9,7 @@ import fakeredis
 
 from producer.client import Client
 from producer.collector import Collector
+from tests.jobs_stream import job_entries, newest_entries, total_len
 from wire.keys import FIELD_ENTRY, FIELD_ID, FIELD_RESULT, QueueKeys
 from wire.schema import Choice, Job, Result, decode_job, encode, error_result
 from wire.status import Heartbeat, is_alive
@@ -22,7 +23,7 @@ def jobs(count: int) -> list[Job]:
 
 def complete(client: fakeredis.FakeRedis, job_id: str, text: str, *, counted: bool = True) -> None:
     """Write a result the way a worker does (entry id from the jobs stream)."""
-    entry = next(e for e, f in client.xrange(KEYS.jobs) if f[b"id"] == job_id.encode())
+    entry = newest_entries(client)[job_id]
     result = Result(id=job_id, choices=[Choice(index=0, text=text, token_ids=[], finish_reason="stop")])
     client.xadd(
         KEYS.results,
@@ -38,9 +39,9 @@ def test_enqueue_is_idempotent_by_id(fake_redis: fakeredis.FakeRedis) -> None:
     assert first.enqueued == [f"j{i}" for i in range(5)] and first.skipped == []
     second = client.enqueue(jobs(7), batch_size=3)
     assert second.enqueued == ["j5", "j6"] and second.skipped == [f"j{i}" for i in range(5)]
-    assert fake_redis.xlen(KEYS.jobs) == 7
+    assert total_len(fake_redis) == 7
     assert client.order() == [f"j{i}" for i in range(7)]
-    stored = [decode_job(fields[b"job"]) for _, fields in fake_redis.xrange(KEYS.jobs)]
+    stored = [decode_job(fields[b"job"]) for _, fields in job_entries(fake_redis)]
     assert all(job.enqueued_at_ms > 0 for job in stored)
     status = client.status()
     assert (status.enqueued, status.queued, status.in_flight, status.done) == (7, 7, 0, 0)

@@ -14,6 +14,7 @@ import pytest
 
 from producer.client import Client, UnknownQueueError
 from producer.collector import Collector
+from tests.jobs_stream import entry_fields, job_entries, newest_entries
 from wire.keys import (
     FIELD_ATTEMPTS,
     FIELD_ENTRY,
@@ -36,12 +37,8 @@ def enqueue(client: fakeredis.FakeRedis, count: int) -> list[str]:
     return ids
 
 
-def newest_entries(client: fakeredis.FakeRedis) -> dict[str, bytes]:
-    return {f[b"id"].decode(): e for e, f in client.xrange(KEYS.jobs)}
-
-
 def complete(
-    client: fakeredis.FakeRedis, job_id: str, *, error: str | None = None, entry: bytes | None = None
+    client: fakeredis.FakeRedis, job_id: str, *, error: str | None = None, entry: str | None = None
 ) -> None:
     """What a worker writes for the job's newest jobs-stream entry (dead letter included)."""
     entry = entry or newest_entries(client)[job_id]
@@ -56,7 +53,7 @@ def complete(
         if error is not None:
             pipe.hset(KEYS.failed, job_id, error)
         if error == "dead_letter":
-            job = dict(client.xrange(KEYS.jobs, entry, entry)[0][1])[FIELD_JOB.encode()]
+            job = entry_fields(client, entry)[FIELD_JOB.encode()]
             fields = {
                 FIELD_ID: job_id,
                 FIELD_ENTRY: entry,
@@ -139,7 +136,9 @@ def test_trim_stops_at_the_first_buffered_result(fake_redis: fakeredis.FakeRedis
     assert report.missing == [] and [row["id"] for row in rows(out)] == ids
     assert fake_redis.xlen(KEYS.results) == 0
     # The per-id records of the written ids are forgotten too (producer.forget); status still counts them.
-    assert [fake_redis.hlen(k) for k in (KEYS.done, KEYS.enqueued)] == [0, 0] and fake_redis.llen(KEYS.order) == 0
+    assert [fake_redis.hlen(k) for k in (KEYS.done, KEYS.enqueued)] == [0, 0] and fake_redis.llen(
+        KEYS.order
+    ) == 0
     status = Client(fake_redis).status()
     assert (status.enqueued, status.done, status.failed) == (10, 10, 0)
 
@@ -303,7 +302,7 @@ def test_rejected_rows_keep_their_place_through_requeue(
     report = client.enqueue(items)
     assert report.enqueued == ["a", "bad1", "b", "bad2", "c"]
     assert client.enqueue(items).skipped == report.enqueued  # idempotent, rejected rows too
-    assert [f[b"id"] for _, f in fake_redis.xrange(KEYS.jobs)] == [b"a", b"b", b"c"]  # no work for them
+    assert sorted(f[b"id"] for _, f in job_entries(fake_redis)) == [b"a", b"b", b"c"]  # no work for them
     complete(fake_redis, "c")
     complete(fake_redis, "b", error="dead_letter")
     complete(fake_redis, "a")
@@ -347,7 +346,9 @@ def test_a_trimming_collect_forgets_what_it_wrote_and_keeps_collecting(
         return False
 
     out = tmp_path / "out.jsonl"
-    report = Collector(fake_redis).collect(out, poll_s=0.01, timeout_s=10, should_stop=between_rounds, trim=True)
+    report = Collector(fake_redis).collect(
+        out, poll_s=0.01, timeout_s=10, should_stop=between_rounds, trim=True
+    )
     assert rounds[0] == 1 and report.lost is None and report.missing == []
     assert [row["id"] for row in rows(out)] == first + later
     assert fake_redis.llen(KEYS.order) == 0 and fake_redis.hlen(KEYS.enqueued) == 0

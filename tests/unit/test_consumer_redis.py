@@ -1,5 +1,6 @@
 """The consumer on the Redis Streams queue (fakeredis): what only Redis has - raw stream
-entries anyone can write, consumers that die holding entries, trimming, forgetting."""
+entries anyone can write, consumers that die holding entries, trimming, forgetting. Tests that
+write or read the jobs stream by hand enqueue with ``partitions=0`` (one stream, no routing)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 from producer.client import Client
 from producer.collector import Collector
 from tests.fake_generator import FakeGenerator
+from tests.jobs_stream import pending_count, total_len
 from tests.unit.queue_worlds import RedisWorld, config_for
 from tests.unit.test_consumer import make_jobs
 from tests.waiting import LIVENESS_S
@@ -56,7 +58,7 @@ def results_by_id(client: fakeredis.FakeRedis) -> dict[str, list[Result]]:
 
 def test_unusable_entries_get_their_own_error_and_the_rest_complete(fake_redis: fakeredis.FakeRedis) -> None:
     good = make_jobs(3)
-    Client(fake_redis).enqueue(good[:2])
+    Client(fake_redis, partitions=0).enqueue(good[:2])
     job_bytes = encode_job(good[2])
     fake_redis.xadd(KEYS.jobs, {FIELD_ID: b"bad\xff\xfe", FIELD_JOB: job_bytes})  # id not UTF-8
     fake_redis.xadd(KEYS.jobs, {FIELD_JOB: job_bytes})  # no id field
@@ -73,13 +75,13 @@ def test_unusable_entries_get_their_own_error_and_the_rest_complete(fake_redis: 
     assert no_id is not None and "has no 'id' field" in no_id.message
     mismatch = found["other"][0].error
     assert mismatch is not None and "differs from the stream entry's id field 'other'" in mismatch.message
-    assert fake_redis.xpending(KEYS.jobs, KEYS.group)["pending"] == 0
+    assert pending_count(fake_redis) == 0
 
 
 def test_dead_consumer_jobs_are_reclaimed_then_dead_lettered_and_requeued(
     fake_redis: fakeredis.FakeRedis, tmp_path: Path
 ) -> None:
-    client = Client(fake_redis)
+    client = Client(fake_redis, partitions=0)
     client.enqueue(make_jobs(3))
     # A consumer that reads and dies: delivery 1 of every job.
     fake_redis.xreadgroup(KEYS.group, "ghost", {KEYS.jobs: ">"}, count=10)
@@ -115,7 +117,7 @@ def test_dead_consumer_jobs_are_reclaimed_then_dead_lettered_and_requeued(
 
 
 def test_drained_consumer_leaves_the_group(fake_redis: fakeredis.FakeRedis) -> None:
-    Client(fake_redis).enqueue(make_jobs(3))
+    Client(fake_redis, partitions=0).enqueue(make_jobs(3))
     leaving = consumer_for(
         fake_redis, FakeGenerator(capacity=3, latency_s=30), "leaving", drain_timeout_s=0.2
     )
@@ -132,7 +134,7 @@ def test_acknowledged_entries_are_trimmed(fake_redis: fakeredis.FakeRedis) -> No
     consumer = consumer_for(fake_redis, FakeGenerator(), housekeeping_s=0.0)
     step_until([consumer], 30, fake_redis)
     consumer.step()
-    assert fake_redis.xlen(KEYS.jobs) == 0
+    assert total_len(fake_redis) == 0
     assert fake_redis.hlen(KEYS.done) == 30 and fake_redis.llen(KEYS.order) == 30  # bookkeeping stays
 
 
@@ -141,11 +143,11 @@ def test_keep_jobs_keeps_them(fake_redis: fakeredis.FakeRedis) -> None:
     consumer = consumer_for(fake_redis, FakeGenerator(), housekeeping_s=0.0, trim_jobs=False)
     step_until([consumer], 5, fake_redis)
     consumer.step()
-    assert fake_redis.xlen(KEYS.jobs) == 5
+    assert total_len(fake_redis) == 5
 
 
 def test_dead_consumers_holding_nothing_are_forgotten(fake_redis: fakeredis.FakeRedis) -> None:
-    Client(fake_redis).enqueue(make_jobs(4))
+    Client(fake_redis, partitions=0).enqueue(make_jobs(4))
     fake_redis.xreadgroup(KEYS.group, "holder", {KEYS.jobs: ">"}, count=1)  # dies holding j0
     fake_redis.xreadgroup(KEYS.group, "quitter", {KEYS.jobs: ">"}, count=1)  # dies after acking j1
     pending = fake_redis.xpending_range(KEYS.jobs, KEYS.group, "-", "+", 10)
@@ -171,6 +173,7 @@ def test_a_corrupt_routing_value_keeps_the_worker_waiting_not_dead(
     by another program) is said once, clearly, and waited out like an outage; put right, the
     worker goes on. Before, every worker of the queue died after five tracebacks."""
     Client(fake_redis).enqueue(make_jobs(3))
+    partitions = fake_redis.hget(KEYS.meta, "partitions")
     fake_redis.hset(KEYS.meta, "partitions", "three")
     consumer = consumer_for(fake_redis, FakeGenerator(), max_backoff_s=0.05)
     with caplog.at_level(logging.WARNING, logger="radixq.worker"):
@@ -178,7 +181,7 @@ def test_a_corrupt_routing_value_keeps_the_worker_waiting_not_dead(
             assert consumer.guarded(consumer.step) is False
     assert "'partitions' is b'three', not an integer" in caplog.text
     assert "Traceback" not in caplog.text
-    fake_redis.hset(KEYS.meta, "partitions", "1")
+    fake_redis.hset(KEYS.meta, "partitions", partitions or b"1")
     step_until([consumer], 3, fake_redis)
     assert all(results[0].ok for results in results_by_id(fake_redis).values())
 

@@ -15,6 +15,7 @@ from producer.client import Client, ContentChanged
 from producer.collector import Collector
 from producer.digest import REJECTED, job_digest
 from producer.jsonl import parse_line
+from tests.jobs_stream import job_entries, newest_entries
 from wire.keys import FIELD_ENTRY, FIELD_ID, FIELD_RESULT, QueueKeys
 from wire.schema import Choice, Job, Result, SamplingParams, encode, error_result
 
@@ -41,9 +42,7 @@ def test_a_digest_covers_content_not_defaults_time_or_routing() -> None:
 
 def finish(client: fakeredis.FakeRedis, job_id: str, text: str) -> None:
     """What a worker does: the result, its done mark (the entry it answers) and the ack."""
-    for stream_entry, fields in client.xrange(KEYS.jobs):
-        if fields[b"id"].decode() == job_id:
-            entry = stream_entry.decode()
+    entry = newest_entries(client)[job_id]
     result = Result(id=job_id, choices=[Choice(index=0, text=text, token_ids=[1], finish_reason="stop")])
     client.xadd(KEYS.results, {FIELD_ID: job_id, FIELD_ENTRY: entry, FIELD_RESULT: encode(result)})
     client.hsetnx(KEYS.done, job_id, entry)
@@ -79,7 +78,7 @@ def test_changed_ids_are_kept_reported_or_run_again_and_their_rows_replaced(
     # a is done: it runs again; c is still queued with its first content: kept, and said
     assert (again.enqueued, again.skipped, again.changed, again.rerun) == ([], ["b", "d"], ["c"], ["a"])
     assert fake_redis.hget(KEYS.done, "a") is None and client.order() == ["a", "b", "c", "d"]
-    newest = [fields for _, fields in fake_redis.xrange(KEYS.jobs) if fields[b"id"] == b"a"][-1]
+    newest = [fields for _, fields in job_entries(fake_redis) if fields[b"id"] == b"a"][-1]
     assert msgspec.msgpack.decode(newest[b"job"])["prompt"] == "one, edited"
 
     finish(fake_redis, "a", "new a")
