@@ -12,6 +12,10 @@ no run hits another's cached prefixes; checked). Every result is checked (no err
 max_tokens tokens). The overhead is median e2e seconds / median engine-only seconds - 1, the
 engine-only runs being the radixq[default] runs of an offline.py JSON of the same workload
 (``--baseline-json``, best made with the same ``--repeat``) when given.
+
+``--partitions 16,0`` compares queue layouts in the same call: one queue and one worker per
+count (0: one unrouted stream), the KV pool split between the workers (``--mem-fraction``
+each), runs interleaved (setting A run 1, setting B run 1, ...); each count gets its median.
 """
 
 from __future__ import annotations
@@ -92,7 +96,16 @@ def main() -> None:
     parser.add_argument(
         "--worker-args", default="", help="more `radixq worker` arguments, e.g. '--read-window 512'"
     )
+    parser.add_argument(
+        "--partitions",
+        default=None,
+        help="comma list of queue partition counts, one worker each (0: unrouted)",
+    )
+    parser.add_argument("--mem-fraction", type=float, default=None, help="each worker's engine mem_fraction")
     args = parser.parse_args()
+    if args.partitions is not None:
+        compare_partitions(args, [int(p) for p in args.partitions.split(",")])
+        return
 
     from producer.client import Client
     from producer.collector import Collector
@@ -107,7 +120,9 @@ def main() -> None:
     with LocalRedis(use_server=True, fsync="everysec") as redis_server:
         extra = ["--config", str(config)] + (["--device", args.device] if args.device else [])
         extra += args.worker_args.split()
-        worker = subprocess.Popen(worker_command(WORKER_COMMAND, "e2e", "e2e-0", extra), env=worker_env(redis_server.url))
+        worker = subprocess.Popen(
+            worker_command(WORKER_COMMAND, "e2e", "e2e-0", extra), env=worker_env(redis_server.url)
+        )
         try:
             client = Client.from_url(redis_server.url, "e2e")
             collector = Collector(client.redis, "e2e")
@@ -156,6 +171,75 @@ def main() -> None:
     )
     if "overhead" in result:
         print(f"engine alone {result['engine_s']:.2f} s -> queue overhead {100 * result['overhead']:+.1f}%")
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1))
+
+
+def compare_partitions(args: argparse.Namespace, counts: list[int]) -> None:
+    """One queue and one worker per partition count, runs interleaved; the median of each."""
+    from producer.client import Client
+    from producer.collector import Collector
+    from producer.local_redis import LocalRedis
+    from producer.runner import worker_command, worker_env
+    from radixq.cli import WORKER_COMMAND
+
+    workload = standard_workload(args.num_requests)
+    work = Path(tempfile.mkdtemp(prefix="radixq-e2e-"))
+    config = work / "worker.toml"
+    fraction = args.mem_fraction if args.mem_fraction is not None else 0.8 / len(counts)
+    config.write_text(
+        f'[engine]\nmodel = "{Path(args.model).resolve()}"\nload_format = "dummy"\nmem_fraction = {fraction}\n'
+    )
+    with LocalRedis(use_server=True, fsync="everysec") as redis_server:
+        workers, clients = [], []
+        try:
+            for n in counts:
+                queue = f"e2e-p{n}"
+                extra = ["--config", str(config)] + (["--device", args.device] if args.device else [])
+                extra += args.worker_args.split()
+                env = worker_env(redis_server.url)
+                workers.append(
+                    subprocess.Popen(worker_command(WORKER_COMMAND, queue, f"{queue}-0", extra), env=env)
+                )
+                client = Client.from_url(redis_server.url, queue, partitions=n)
+                clients.append((client, Collector(client.redis, queue)))
+                # one at a time: the second engine sizes its pool after the first took its share
+                run_jobs(client, clients[-1][1], make_jobs("w", warmup_workload(), args.temperature),
+                         work / f"warm{n}.jsonl", args.timeout_s)  # fmt: skip
+            runs: dict[int, list[float]] = {n: [] for n in counts}
+            shift = 0
+            for r in range(args.repeat):
+                for n, (client, collector) in zip(counts, clients, strict=True):
+                    jobs = make_jobs(f"j{r}-", fresh_copy(workload, shift), args.temperature)
+                    shift += 1
+                    out = work / f"out{n}-{r}.jsonl"
+                    runs[n].append(run_jobs(client, collector, jobs, out, args.timeout_s))
+                    tokens = check_results(out, jobs)
+            for client, _ in clients:
+                client.close()
+        finally:
+            for worker in workers:
+                worker.send_signal(signal.SIGTERM)
+            for worker in workers:
+                try:
+                    worker.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    worker.kill()
+    result = {
+        "model": args.model,
+        "worker_args": args.worker_args,
+        "mem_fraction": fraction,
+        "output_tokens": tokens,
+        "runs_s": {str(n): runs[n] for n in counts},
+        "median_s": {str(n): statistics.median(runs[n]) for n in counts},
+    }
+    print(json.dumps(result))
+    base = statistics.median(runs[counts[0]])
+    for n in counts:
+        med = statistics.median(runs[n])
+        print(
+            f"partitions {n}: median {med:.3f} s of {runs[n]} ({tokens / med:.0f} tok/s), {med / base:.3f} x the first"
+        )
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1))
 

@@ -70,7 +70,7 @@ class Engine:
                 "(radixq worker / run; worker.scheduler.tp), not in this process"
             )
         self.device = rank_device(config.device, self.tp.rank, self.tp.size)
-        if self.device.type == "cuda":
+        if self.device.index is not None:  # a TP rank's own GPU; plain "cuda" stays the current one
             torch.cuda.set_device(self.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.kv_dtype = cache_dtype_of(config.kv_cache_dtype) or self.dtype  # what the KV pages hold
