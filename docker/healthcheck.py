@@ -23,7 +23,7 @@ import sys
 
 import redis
 
-from wire.keys import DEFAULT_QUEUE, DEFAULT_REDIS_URL, QueueKeys
+from wire.keys import QueueKeys, env_queue, env_redis_url
 from wire.redis_errors import describe
 from wire.status import DEAD_AFTER_BEATS, Heartbeat, decode_heartbeat, now_ms
 
@@ -71,8 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", help="the worker's --name (default: any <hostname>-<pid>)")
     parser.add_argument("--max-age-s", type=float, help="oldest heartbeat still healthy")
     args = parser.parse_args(argv)
-    url = os.environ.get("RADIXQ_REDIS_URL") or os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL
-    queue = os.environ.get("RADIXQ_QUEUE") or DEFAULT_QUEUE
+    url, queue = env_redis_url(os.environ), env_queue(os.environ)
     code, line = check(url, queue, args.name, args.max_age_s, socket.gethostname())
     print(line)
     return code

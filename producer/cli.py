@@ -17,7 +17,7 @@ import typer
 
 from wire import exits
 from wire.exits import fail
-from wire.keys import DEFAULT_QUEUE, DEFAULT_REDIS_URL
+from wire.keys import DEFAULT_QUEUE, DEFAULT_REDIS_URL, QUEUE_ENV, REDIS_URL_ENVS
 from wire.routing import DEFAULT_PARTITIONS, MAX_PARTITIONS, NO_ROUTING
 
 if TYPE_CHECKING:
@@ -37,13 +37,13 @@ app = typer.Typer(
 dlq_app = typer.Typer(help="Dead letters: jobs delivered more than max_attempts times.", no_args_is_help=True)
 app.add_typer(dlq_app, name="dlq")
 
-QueueOption = Annotated[str, typer.Option("--queue", "-q", envvar="RADIXQ_QUEUE", help="Queue name.")]
+QueueOption = Annotated[str, typer.Option("--queue", "-q", envvar=QUEUE_ENV, help="Queue name.")]
 RedisUrlOption = Annotated[
     str | None,
     typer.Option(
         "--redis-url",
-        envvar=["RADIXQ_REDIS_URL", "REDIS_URL"],
-        help=f"Redis URL (env RADIXQ_REDIS_URL or REDIS_URL; default {DEFAULT_REDIS_URL}).",
+        envvar=list(REDIS_URL_ENVS),
+        help=f"Redis URL (env {' or '.join(REDIS_URL_ENVS)}; default {DEFAULT_REDIS_URL}).",
     ),
 ]
 PartitionsOption = Annotated[

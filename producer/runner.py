@@ -42,7 +42,7 @@ from producer.rewrite import put_in_order, split_errors
 from producer.tables import is_parquet, rows_path, write_parquet
 from producer.worker_pool import GRACE_S, Readiness, WorkerPool, relay_output
 from wire import exits
-from wire.keys import DEFAULT_QUEUE
+from wire.keys import DEFAULT_QUEUE, REDIS_URL_ENVS
 from wire.lifetime import start_child
 from wire.redis_errors import FatalRedisError, describe, redact
 from wire.routing import DEFAULT_PARTITIONS
@@ -114,10 +114,9 @@ def worker_command(base: list[str], queue: str, name: str, extra: list[str]) -> 
 
 
 def worker_env(redis_url: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env.pop("REDIS_URL", None)
+    env = {k: v for k, v in os.environ.items() if k not in REDIS_URL_ENVS}
     env.pop("RADIXQ_METRICS_PORT", None)  # run gives each worker its own (RunOptions.metrics_port)
-    env["RADIXQ_REDIS_URL"] = redis_url
+    env[REDIS_URL_ENVS[0]] = redis_url
     return env
 
 

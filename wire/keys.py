@@ -2,12 +2,29 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 PREFIX = "radixq"
 DEFAULT_QUEUE = "default"
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"  # where a client or worker looks when no URL is given
 GROUP = "workers"
+# The environment variables that name the queue and the Redis URL, for every side (the client
+# CLI, `radixq worker` (worker.config's RADIXQ_<KEY> of its `queue` and `redis_url` settings),
+# `radixq run`'s workers and the container health check); the URL's are read in this order.
+ENV_PREFIX = "RADIXQ_"
+QUEUE_ENV = "RADIXQ_QUEUE"
+REDIS_URL_ENVS = ("RADIXQ_REDIS_URL", "REDIS_URL")
+
+
+def env_queue(environ: Mapping[str, str]) -> str:
+    """The queue the environment names (QUEUE_ENV), else the default queue."""
+    return environ.get(QUEUE_ENV) or DEFAULT_QUEUE
+
+
+def env_redis_url(environ: Mapping[str, str]) -> str:
+    """The Redis URL the environment names (REDIS_URL_ENVS, first set wins), else the default."""
+    return next((environ[name] for name in REDIS_URL_ENVS if environ.get(name)), DEFAULT_REDIS_URL)
 
 
 @dataclass(frozen=True)

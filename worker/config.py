@@ -34,7 +34,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from wire.keys import DEFAULT_QUEUE, DEFAULT_REDIS_URL
+from wire.keys import DEFAULT_QUEUE, DEFAULT_REDIS_URL, ENV_PREFIX, REDIS_URL_ENVS
 from worker.engine.config import EngineConfig
 from worker.options import Spec, check_options, option, spec_of
 from worker.queue.config import ConsumerConfig, default_worker_name
@@ -49,7 +49,7 @@ class WorkerSection:
     """The ``[worker]`` table."""
 
     queue: str = option(DEFAULT_QUEUE, "queue to consume", flags=("--queue", "-q"))
-    redis_url: str = option(DEFAULT_REDIS_URL, "Redis to use (`rediss://` for TLS)", env=("REDIS_URL",))
+    redis_url: str = option(DEFAULT_REDIS_URL, "Redis to use (`rediss://` for TLS)", env=REDIS_URL_ENVS[1:])
     name: str = option("", "consumer name (default: hostname-pid)")
     generator: str = option(
         "engine", "`engine`, or a `module:callable` generator factory", deprecated_env=("RADIXQ_BACKEND",)
@@ -135,7 +135,7 @@ class Setting:
     @property
     def env(self) -> tuple[str, ...]:
         """The environment variables it is read from, the first found winning."""
-        return (f"RADIXQ_{self.key.upper()}", *self.spec.env, *self.spec.deprecated_env)
+        return (f"{ENV_PREFIX}{self.key.upper()}", *self.spec.env, *self.spec.deprecated_env)
 
     @property
     def flags(self) -> tuple[str, ...]:
@@ -161,7 +161,7 @@ def deprecation_warnings(environ: Mapping[str, str]) -> list[str]:
     for s in settings():
         for name in s.spec.deprecated_env:
             if environ.get(name, "") != "":
-                lines.append(f"warning: {name} is deprecated: use RADIXQ_{s.key.upper()} ({s.spec.help})")
+                lines.append(f"warning: {name} is deprecated: use {ENV_PREFIX}{s.key.upper()} ({s.spec.help})")
     return lines
 
 

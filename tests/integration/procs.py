@@ -6,11 +6,11 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import redis
+
+from tests.waiting import LIVENESS_S, wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FAKE_GENERATOR = "tests.fake_generator:create_generator"
@@ -174,16 +174,8 @@ def run_folders(*owner_pids: int) -> list[Path]:
     return folders
 
 
-def wait_for(condition: Callable[[], object], timeout_s: float, what: str) -> None:
-    """Poll ``condition`` until it is true; AssertionError naming ``what`` after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out after {timeout_s:g} s waiting for {what}"
-        time.sleep(0.05)
-
-
 def run_children(
-    run: subprocess.Popen[bytes], num_workers: int, num_servers: int = 1, timeout_s: float = 30
+    run: subprocess.Popen[bytes], num_workers: int, num_servers: int = 1, timeout_s: float = LIVENESS_S
 ) -> tuple[int | None, list[int]]:
     """(redis-server pid, worker pids) of a `radixq run`, once they are all there (no server
     for a run given a Redis URL: ``num_servers`` 0)."""
@@ -197,7 +189,7 @@ def run_children(
             found.setdefault(kind, []).append(pid)
         return len(found.get("redis", [])) == num_servers and len(found.get("worker", [])) == num_workers
 
-    wait_for(look, timeout_s, "the run's redis-server and workers")
+    wait_until(look, "the run's redis-server and workers", timeout_s=timeout_s)
     return (found["redis"][0] if num_servers else None), found["worker"]
 
 
@@ -206,11 +198,3 @@ def queue_redis(worker_pid: int) -> redis.Redis:
     environ = Path(f"/proc/{worker_pid}/environ").read_bytes().split(b"\0")
     url = next(item.split(b"=", 1)[1].decode() for item in environ if item.startswith(b"RADIXQ_REDIS_URL="))
     return redis.Redis.from_url(url)
-
-
-def wait_until(predicate, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(0.02)

@@ -22,6 +22,7 @@ from tests.conftest import require_redis_server
 from tests.fake_generator import fake_text
 from tests.integration.procs import REPO_ROOT, radixq, start_worker, subprocess_env
 from tests.jobs_stream import total_len
+from tests.waiting import wait_until
 from wire import exits
 from wire.keys import META_RESULTS_TRIMMED, QueueKeys
 from wire.redis_errors import classify
@@ -53,13 +54,6 @@ def start_radixq(*args: str, log: Path) -> subprocess.Popen[str]:
 
 def line_count(path: Path) -> int:
     return path.read_bytes().count(b"\n") if path.exists() else 0
-
-
-def wait_until(condition, timeout_s: float = 60) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
 
 
 def stop(proc: subprocess.Popen) -> None:  # type: ignore[type-arg]
@@ -117,7 +111,7 @@ def test_enqueue_waits_while_redis_is_full(server: LocalRedis, tmp_path: Path) -
     log = tmp_path / "enqueue.log"
     proc = start_radixq("enqueue", str(source), "--redis-url", server.url, log=log)
     try:
-        wait_until(lambda: "errorstat_OOM" in admin.info("errorstats"), 30)
+        wait_until(lambda: "errorstat_OOM" in admin.info("errorstats"))
         time.sleep(0.5)
         admin.config_set("maxmemory", 0)  # someone collected results or raised the limit
         assert proc.wait(timeout=60) == exits.OK, log.read_text()

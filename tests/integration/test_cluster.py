@@ -13,8 +13,9 @@ import pytest
 import redis
 
 from tests.fake_generator import fake_text
-from tests.integration.procs import FAKE_GENERATOR, radixq, start_worker, wait_until
+from tests.integration.procs import FAKE_GENERATOR, radixq, start_worker
 from tests.redis_cluster import LocalCluster, cluster_client, running_cluster
+from tests.waiting import wait_until
 from wire.keys import QueueKeys
 
 pytestmark = pytest.mark.integration
@@ -112,7 +113,7 @@ def test_a_node_killed_mid_run_loses_no_job_and_duplicates_no_id(
     assert any(client.get_node_from_key(keys.partition(p)).port == victim for p in range(PARTITIONS))
     out = tmp_path / "out.jsonl"
     try:
-        wait_until(lambda: 40 <= client.hlen(keys.done) <= 200, 120, "the workers at work")
+        wait_until(lambda: 40 <= client.hlen(keys.done) <= 200, "the workers at work")
         killed_at_done = client.hlen(keys.done)
         cluster.kill(victim)
         time.sleep(3)  # past the node timeout: the cluster marks the node failed and stops serving

@@ -20,7 +20,7 @@ from producer.collector import Collector
 from tests.integration.procs import children, is_alive, radixq, start_engine_worker
 from tests.jobs_stream import consumer_names, pending_count
 from tests.model_fixtures import hf_from_dir, hf_greedy, tiny_hf_model
-from tests.waiting import LIVENESS_S
+from tests.waiting import LIVENESS_S, wait_until
 from wire.keys import QueueKeys
 from wire.schema import Job, SamplingParams
 from wire.status import Heartbeat, decode_heartbeat
@@ -36,15 +36,6 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("faults-llama")
     tiny_hf_model("llama", spread=0.2, max_position_embeddings=256).save_pretrained(path)
     return path
-
-
-def wait_for(predicate, timeout_s: float, what: str, log_path: Path | None = None) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            tail = log_path.read_text()[-3000:] if log_path else ""
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}\n{tail}")
-        time.sleep(0.05)
 
 
 def registered(client: Client) -> bool:
@@ -67,13 +58,13 @@ def test_ctrl_c_on_an_idle_worker_exits_at_once_and_leaves_nothing(
     client = Client.from_url(redis_url)
     log_path = tmp_path / "w.log"
     worker = start_engine_worker(redis_url, model_dir, log_path)
-    wait_for(lambda: registered(client), 120, "the worker's heartbeat", log_path)
+    wait_until(lambda: registered(client), "the worker's heartbeat", log_path=log_path)
     scheduler = scheduler_of(worker)
     os.killpg(worker.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
     # NOTE: "at once" is the worker's own exit after one blocking read (1 s): the deadline only
     # turns a hang into a failure (an idle worker that ignored the signal would never exit)
     assert worker.wait(timeout=LIVENESS_S) == 0, log_path.read_text()[-3000:]
-    wait_for(lambda: not is_alive(scheduler), LIVENESS_S, "the scheduler to exit")
+    wait_until(lambda: not is_alive(scheduler), "the scheduler to exit")
     text = log_path.read_text()
     assert "Traceback" not in text and "KeyboardInterrupt" not in text
     assert not registered(client)
@@ -85,17 +76,17 @@ def test_kill_9_of_the_worker_takes_its_scheduler_along(
     client = Client.from_url(redis_url)
     log_path = tmp_path / "w.log"
     worker = start_engine_worker(redis_url, model_dir, log_path)
-    wait_for(lambda: registered(client), 120, "the worker's heartbeat", log_path)
+    wait_until(lambda: registered(client), "the worker's heartbeat", log_path=log_path)
     scheduler = scheduler_of(worker)
     (folder,) = socket_dirs_of(worker.pid)
     worker.kill()
     worker.wait(timeout=10)
-    wait_for(lambda: not is_alive(scheduler), LIVENESS_S, "the orphaned scheduler to die")
+    wait_until(lambda: not is_alive(scheduler), "the orphaned scheduler to die")
     # Its socket folder outlives it (nothing ran to remove it); the next worker to start does.
     assert folder.exists()
     log_path = tmp_path / "w2.log"
     second = start_engine_worker(redis_url, model_dir, log_path, name="second")
-    wait_for(lambda: not folder.exists(), 120, "the next worker to remove the folder", log_path)
+    wait_until(lambda: not folder.exists(), "the next worker to remove the folder", log_path=log_path)
     second.kill()
     second.wait(timeout=10)
 
@@ -131,16 +122,15 @@ def test_ctrl_c_mid_run_drains_writes_results_and_gives_the_rest_back(
         "20",
         fault="sleep-per-step:30",
     )
-    wait_for(
+    wait_until(
         lambda: client.redis.hlen(KEYS.done) >= 2 and pending_count(client.redis, KEYS) > 0,
-        120,
         "jobs done while others are held",
-        log_path,
+        log_path=log_path,
     )
     scheduler = scheduler_of(worker)
     os.killpg(worker.pid, signal.SIGINT)
     assert worker.wait(timeout=30) == 0, log_path.read_text()[-3000:]
-    wait_for(lambda: not is_alive(scheduler), LIVENESS_S, "the scheduler to exit")
+    wait_until(lambda: not is_alive(scheduler), "the scheduler to exit")
     assert "Traceback" not in log_path.read_text()
     done = client.redis.hlen(KEYS.done)
     status = client.status()
@@ -161,7 +151,7 @@ def test_sigterm_drain_stays_within_its_timeout(redis_url: str, model_dir: Path,
     worker = start_engine_worker(
         redis_url, model_dir, log_path, "--drain-timeout-s", "3", fault="sleep-per-step:100"
     )
-    wait_for(lambda: pending_count(client.redis, KEYS) == 4, 120, "jobs held", log_path)
+    wait_until(lambda: pending_count(client.redis, KEYS) == 4, "jobs held", log_path=log_path)
     time.sleep(1.0)
     started = time.monotonic()
     worker.send_signal(signal.SIGTERM)
@@ -193,7 +183,7 @@ def test_a_job_that_crashes_the_engine_is_dead_lettered_alone(
             return decode_heartbeat(client.redis.hget(KEYS.workers, "eng") or b"")
 
         # a crash with 9 jobs in the engine, then the poison alone twice: three restarts
-        wait_for(lambda: (beat := heartbeat()) is not None and beat.engine_restarts == 3, 60, "restarts")
+        wait_until(lambda: (beat := heartbeat()) is not None and beat.engine_restarts == 3, "restarts")
         beat = heartbeat()
         assert worker.poll() is None  # the worker lives on
     finally:

@@ -17,7 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from producer.client import Client
 from producer.local_redis import free_port
-from tests.integration.procs import REPO_ROOT, radixq, start_worker, wait_for
+from tests.integration.procs import REPO_ROOT, radixq, start_worker
+from tests.waiting import wait_until
 from wire.keys import QueueKeys
 from wire.schema import Job, SamplingParams, decode_result
 
@@ -83,7 +84,7 @@ def test_worker_metrics_count_what_happened(redis_url: str, tmp_path: Path) -> N
         *("--metrics-port", str(port), "--max-attempts", "1", "--min-idle-s", "0.2"),
         RADIXQ_FAKE_LATENCY_S="0.05",
     )
-    wait_for(lambda: client.hlen(keys.done) == len(jobs), 30, "every job done")
+    wait_until(lambda: client.hlen(keys.done) == len(jobs), "every job done")
     out = tmp_path / "out.jsonl"
     assert radixq("collect", "-o", str(out), "--redis-url", redis_url, "--keep-results").returncode == 1
     rows = [json.loads(line) for line in out.read_text().splitlines()]
@@ -140,7 +141,7 @@ def test_status_shows_rate_eta_and_queue_lag(redis_url: str, tmp_path: Path) -> 
     assert before["queue_lag_s"] >= 0.5 and before["eta_s"] is None and before["jobs_per_s"] == 0
     start_worker(redis_url, "w", tmp_path / "w.log", RADIXQ_FAKE_LATENCY_S="0.2", RADIXQ_FAKE_CAPACITY="2")
     client = redis.Redis.from_url(redis_url)
-    wait_for(lambda: client.hlen(QueueKeys().done) >= 16, 30, "some jobs done")
+    wait_until(lambda: client.hlen(QueueKeys().done) >= 16, "some jobs done")
     time.sleep(2.5)  # a heartbeat (every 2 s) carries the rate
     shown = radixq("status", "--redis-url", redis_url, "--json")
     snap = json.loads(shown.stdout)
@@ -183,13 +184,13 @@ def test_engine_worker_exports_ttft_tpot_running_waiting_and_its_model(
     )
     client = redis.Redis.from_url(redis_url)
     keys = QueueKeys()
-    wait_for(lambda: client.hlen(keys.workers) == 1, 180, "the engine worker's heartbeat")
+    wait_until(lambda: client.hlen(keys.workers) == 1, "the engine worker's heartbeat")
     idle = scrape(port)
     assert idle["radixq_kv_pool_pages"] == 96 and idle["radixq_requests_waiting"] == 0
     sampling = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
     jobs = [Job(id=f"e{i}", input_ids=[5 + i, 6, 7, 8], sampling=sampling) for i in range(8)]
     enqueue(redis_url, jobs)
-    wait_for(lambda: client.hlen(keys.done) == len(jobs), 180, "every job done")
+    wait_until(lambda: client.hlen(keys.done) == len(jobs), "every job done")
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
         text = reply.read().decode()
     metrics = samples(text)

@@ -18,6 +18,7 @@ from producer.local_redis import LocalRedis
 from tests.conftest import require_redis_server
 from tests.fake_generator import fake_text
 from tests.integration.procs import radixq, start_worker
+from tests.waiting import wait_until
 from wire import exits
 from wire.keys import QueueKeys
 from wire.schema import Job
@@ -202,10 +203,3 @@ def stop_all(workers: list[subprocess.Popen[bytes]], server: LocalRedis) -> None
             proc.kill()
             proc.wait()
     server.stop()
-
-
-def wait_until(condition, what: str, timeout_s: float = 120) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)

@@ -14,10 +14,11 @@ import pytest
 from producer.client import Client
 from producer.collector import Collector
 from tests.fake_generator import FakeGenerator, fake_text
-from tests.integration.procs import radixq, start_worker, wait_until
+from tests.integration.procs import radixq, start_worker
 from tests.redis_cluster import cluster_client, local_cluster
 from tests.unit.queue_worlds import config_for
 from tests.unit.test_routing import group_jobs, group_keys
+from tests.waiting import wait_until
 from wire.keys import QueueKeys
 from wire.routing import partition_of, prefix_key
 from wire.schema import decode_result
@@ -45,7 +46,7 @@ def test_sigkill_of_the_worker_holding_groups_moves_them_to_the_survivor(
     victim = start_worker(redis_url, "victim", tmp_path / "victim.log", **env)
     survivor = start_worker(redis_url, "survivor", tmp_path / "survivor.log", **env)
     try:
-        wait_until(lambda: client.redis.hlen(KEYS.workers) == 2, 60, "both workers' heartbeats")
+        wait_until(lambda: client.redis.hlen(KEYS.workers) == 2, "both workers' heartbeats")
         keys = group_keys({"victim": 2, "survivor": 2}, ["victim", "survivor"], P)
         first = group_jobs(list(keys), 40)
         client.enqueue(first)
@@ -56,9 +57,7 @@ def test_sigkill_of_the_worker_holding_groups_moves_them_to_the_survivor(
                 for stream in KEYS.partitions(P)
             )
 
-        wait_until(
-            lambda: victim_holds() > 0 and client.redis.hlen(KEYS.done) >= 20, 60, "the victim at work"
-        )
+        wait_until(lambda: victim_holds() > 0 and client.redis.hlen(KEYS.done) >= 20, "the victim at work")
         victim.send_signal(signal.SIGKILL)
         victim.wait(timeout=10)
 
@@ -66,7 +65,7 @@ def test_sigkill_of_the_worker_holding_groups_moves_them_to_the_survivor(
             beat = decode_heartbeat(client.redis.hget(KEYS.workers, "survivor") or b"")
             return beat is not None and beat.partitions == list(range(P))
 
-        wait_until(survivor_owns_all, 30, "the survivor to own every partition")
+        wait_until(survivor_owns_all, "the survivor to own every partition")
         late = group_jobs([k for k, owner in keys.items() if owner == "victim"], 10, tag="late")
         client.enqueue(late)
         out = tmp_path / "out.jsonl"

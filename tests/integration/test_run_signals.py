@@ -16,7 +16,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -41,7 +41,7 @@ from tests.integration.procs import (
     subprocess_env,
 )
 from tests.jobs_stream import consumer_names, entry_fields, pending_count, pending_entries  # noqa: E402
-from tests.waiting import LIVENESS_S
+from tests.waiting import LIVENESS_S, wait_until
 from wire.keys import QueueKeys
 
 pytestmark = pytest.mark.integration
@@ -87,13 +87,6 @@ def start_run(tmp_path: Path, source: Path, out: Path, *args: str, **env: str) -
         )
 
 
-def wait_for(condition: Callable[[], object], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
 def finished_and_held(client: redis.Redis) -> set[str]:
     """Ids that have a counted result now, plus ids some worker holds now."""
     done = {job_id.decode() for job_id in client.hkeys(KEYS.done)}
@@ -137,7 +130,7 @@ def test_signal_mid_run_drains_writes_what_finished_and_cleans_up(
     redis_pid, worker_pids = run_children(run, 2, num_servers=0 if shared else 1)
     children = descendants(run.pid)
     client = queue_redis(worker_pids[0])
-    wait_for(lambda: out.exists() and len(out.read_text().splitlines()) >= 4, 30, "4 results in the output")
+    wait_until(lambda: out.exists() and len(out.read_text().splitlines()) >= 4, "4 results in the output")
     before = finished_and_held(client)
     if how == "ctrl-c":
         os.killpg(run.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
@@ -179,7 +172,7 @@ def test_shutdown_keeps_to_the_drain_timeout(tmp_path: Path, reaped: list[subpro
     _, (worker_pid,) = run_children(run, 1)
     children = descendants(run.pid)
     client = queue_redis(worker_pid)
-    wait_for(lambda: pending_count(client, KEYS) == 3, 30, "the worker to hold 3 jobs")
+    wait_until(lambda: pending_count(client, KEYS) == 3, "the worker to hold 3 jobs")
     client.close()
     signalled = time.monotonic()
     os.kill(run.pid, signal.SIGTERM)
@@ -211,7 +204,7 @@ def test_second_signal_hurries_the_shutdown(tmp_path: Path, reaped: list[subproc
     _, (worker_pid,) = run_children(run, 1)
     children = descendants(run.pid)
     client = queue_redis(worker_pid)
-    wait_for(lambda: pending_count(client, KEYS) == 3, LIVENESS_S, "the worker to hold 3 jobs")
+    wait_until(lambda: pending_count(client, KEYS) == 3, "the worker to hold 3 jobs")
     client.close()
     os.killpg(run.pid, signal.SIGINT)
     time.sleep(1.0)
@@ -251,9 +244,7 @@ def test_kill_9_of_run_takes_its_children_and_a_later_run_removes_the_folder(
     (folder,) = run_folders(run.pid)
     os.kill(run.pid, signal.SIGKILL)
     run.wait()
-    wait_for(
-        lambda: not still_running(children), LIVENESS_S, "the run's redis-server and workers to die with it"
-    )
+    wait_until(lambda: not still_running(children), "the run's redis-server and workers to die with it")
     assert folder.is_dir()  # nobody was left to remove it
 
     again = radixq("run", str(source), "-o", str(out), "--backend", FAKE_GENERATOR, "--timeout", "60")
@@ -313,9 +304,7 @@ def test_local_redis_failing_to_start_leaves_nothing_behind(monkeypatch: pytest.
 
     def fail_when_ready(self: LocalRedis) -> None:
         assert self.pid is not None
-        wait_for(
-            lambda: redis.Redis(port=self.port, password=self.password).ping(), LIVENESS_S, "redis-server"
-        )
+        wait_until(lambda: redis.Redis(port=self.port, password=self.password).ping(), "redis-server")
         stat = proc_stat(self.pid)
         assert stat is not None
         started[self.pid] = stat[2]
@@ -356,7 +345,7 @@ def test_a_run_resumed_after_ctrl_c_is_in_input_order(
     reaped.append(run)
     _, worker_pids = run_children(run, workers)
     client = queue_redis(worker_pids[0])
-    wait_for(lambda: client.hlen(KEYS.done) == len(ids) - len(slow), 60, "every fast job done")
+    wait_until(lambda: client.hlen(KEYS.done) == len(ids) - len(slow), "every fast job done")
     client.close()
     os.killpg(run.pid, signal.SIGINT)
     assert run.wait(timeout=60) == 1

@@ -12,7 +12,8 @@ import pytest
 import redis
 
 from producer.client import Client
-from tests.integration.procs import radixq, start_worker, wait_for
+from tests.integration.procs import radixq, start_worker
+from tests.waiting import wait_until
 from wire.keys import QueueKeys
 from wire.schema import Job
 from wire.status import read_status
@@ -43,16 +44,16 @@ def test_killed_worker_is_marked_dead_then_forgotten_once_it_holds_nothing(
     doomed = start_worker(
         redis_url, "doomed", tmp_path / "d.log", RADIXQ_FAKE_LATENCY_S="60", RADIXQ_FAKE_CAPACITY="4", **FAST
     )
-    wait_for(lambda: consumers(redis_url).get("doomed", {}).get("in_flight") == 4, 30, "doomed holds 4 jobs")
+    wait_until(lambda: consumers(redis_url).get("doomed", {}).get("in_flight") == 4, "doomed holds 4 jobs")
     doomed.send_signal(signal.SIGKILL)
     doomed.wait(timeout=10)
-    wait_for(lambda: not consumers(redis_url)["doomed"]["alive"], 30, "doomed marked dead")
+    wait_until(lambda: not consumers(redis_url)["doomed"]["alive"], "doomed marked dead")
     text = radixq("status", "--redis-url", redis_url).stdout
     assert re.search(r"consumer doomed: dead: last heartbeat \d+ s ago, idle \d+ s, holds 4 jobs", text), text
 
     start_worker(redis_url, "live", tmp_path / "l.log", RADIXQ_FAKE_LATENCY_S="0.05", **FAST)
-    wait_for(lambda: raw.hlen(keys.done) == 12, 60, "every job done, the dead worker's included")
-    wait_for(lambda: set(consumers(redis_url)) == {"live"}, 30, "the dead consumer forgotten")
+    wait_until(lambda: raw.hlen(keys.done) == 12, "every job done, the dead worker's included")
+    wait_until(lambda: set(consumers(redis_url)) == {"live"}, "the dead consumer forgotten")
     assert raw.hkeys(keys.workers) == [b"live"]
     text = radixq("status", "--redis-url", redis_url).stdout
     assert "consumer doomed" not in text and re.search(r"consumer live: running, 0 in flight", text), text

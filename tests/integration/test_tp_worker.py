@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ import pytest
 from producer.client import Client
 from tests.integration.procs import children, descendants, start_engine_worker, still_running
 from tests.model_fixtures import hf_from_dir, hf_greedy, tiny_hf_model
+from tests.waiting import wait_until
 from wire.keys import FIELD_RESULT, QueueKeys
 from wire.schema import Job, SamplingParams, decode_result
 
@@ -31,16 +31,6 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("tp-worker-llama")
     tiny_hf_model("llama", spread=0.2, **TP_SHAPE).save_pretrained(path)
     return path
-
-
-def wait_for(predicate, timeout_s: float, what: str, log_path: Path) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(
-                f"timed out after {timeout_s}s waiting for {what}\n{log_path.read_text()[-4000:]}"
-            )
-        time.sleep(0.05)
 
 
 def test_kill_9_of_a_follower_rank_restarts_the_group_and_loses_nothing(
@@ -67,14 +57,14 @@ def test_kill_9_of_a_follower_rank_restarts_the_group_and_loses_nothing(
         RADIXQ_CPU_THREADS="1",
     )
     try:
-        wait_for(lambda: client.redis.hlen(KEYS.done) >= 1, 300, "a first job done", log_path)
+        wait_until(lambda: client.redis.hlen(KEYS.done) >= 1, "a first job done", log_path=log_path)
         (leader,) = children(worker.pid, "worker.frontend.scheduler_main")
         (follower,) = children(leader, "worker.scheduler.follower")
         group = descendants(leader) | {leader: descendants(worker.pid)[leader]}
         assert client.redis.hlen(KEYS.done) < len(work), "every job finished before the kill"
         os.kill(follower, signal.SIGKILL)
-        wait_for(lambda: not still_running(group), 30, "the old group to be gone", log_path)
-        wait_for(lambda: client.redis.hlen(KEYS.done) == len(work), 300, "every job done", log_path)
+        wait_until(lambda: not still_running(group), "the old group to be gone", log_path=log_path)
+        wait_until(lambda: client.redis.hlen(KEYS.done) == len(work), "every job done", log_path=log_path)
         assert "tensor-parallel rank 1 exited (signal SIGKILL)" in log_path.read_text()
         results = [decode_result(f[FIELD_RESULT.encode()]) for _, f in client.redis.xrange(KEYS.results)]
         assert sorted(r.id for r in results) == sorted(j.id for j in work)  # every job answered, exactly once
@@ -85,11 +75,10 @@ def test_kill_9_of_a_follower_rank_restarts_the_group_and_loses_nothing(
         (new_follower,) = children(new_leader, "worker.scheduler.follower")
         new_group = descendants(new_leader) | {new_leader: descendants(worker.pid)[new_leader]}
         os.kill(new_leader, signal.SIGKILL)
-        wait_for(
+        wait_until(
             lambda: not still_running(new_group),
-            30,
             f"follower {new_follower} to die with its leader",
-            log_path,
+            log_path=log_path,
         )
         hf = hf_from_dir(model_dir)
         for result in results:  # the jobs that ran again too: the tokens one engine gives
@@ -100,4 +89,4 @@ def test_kill_9_of_a_follower_rank_restarts_the_group_and_loses_nothing(
         everything = descendants(worker.pid)
         worker.send_signal(signal.SIGTERM)
         worker.wait(timeout=60)
-    wait_for(lambda: not still_running(everything), 30, "no process left behind", log_path)
+    wait_until(lambda: not still_running(everything), "no process left behind", log_path=log_path)

@@ -11,8 +11,9 @@ import pytest
 from producer.client import Client
 from producer.collector import Collector
 from tests.fake_generator import fake_text
-from tests.integration.procs import start_worker, wait_until
+from tests.integration.procs import start_worker
 from tests.jobs_stream import consumer_names, pending_count, pending_entries
+from tests.waiting import wait_until
 from wire.keys import QueueKeys
 from wire.schema import Job, SamplingParams
 
@@ -37,7 +38,7 @@ def test_sigkill_worker_jobs_are_reclaimed_and_all_results_collected_once(
     victim = start_worker(redis_url, "victim", tmp_path / "victim.log", **env)
     survivor = start_worker(redis_url, "survivor", tmp_path / "survivor.log", **env)
     try:
-        wait_until(lambda: client.redis.hlen(keys.done) >= NUM_JOBS // 5, 60, "a fifth of the jobs")
+        wait_until(lambda: client.redis.hlen(keys.done) >= NUM_JOBS // 5, "a fifth of the jobs")
         victim.send_signal(signal.SIGKILL)
         victim.wait(timeout=10)
         orphaned = {info["message_id"] for info in pending_entries(client.redis, keys, "victim")}
@@ -80,7 +81,7 @@ def test_worker_drains_on_sigterm_and_exits_zero(redis_url: str, tmp_path: Path)
     client.enqueue([Job(id=f"d{i}", prompt="x") for i in range(200)])
     env = {"RADIXQ_FAKE_CAPACITY": "4", "RADIXQ_FAKE_LATENCY_S": "0.05"}
     worker = start_worker(redis_url, "drainer", tmp_path / "w.log", **env)
-    wait_until(lambda: client.redis.hlen(keys.done) >= 8, 30, "some jobs done")
+    wait_until(lambda: client.redis.hlen(keys.done) >= 8, "some jobs done")
     worker.send_signal(signal.SIGTERM)
     assert worker.wait(timeout=30) == 0
     done = client.redis.hlen(keys.done)

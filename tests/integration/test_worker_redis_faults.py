@@ -15,6 +15,7 @@ from producer.local_redis import LocalRedis
 from tests.conftest import require_redis_server
 from tests.integration.procs import start_worker
 from tests.jobs_stream import pending_count, total_len
+from tests.waiting import wait_until
 from wire.epoch import create_epoch
 from wire.keys import QueueKeys
 from wire.schema import Job
@@ -23,13 +24,6 @@ from worker.queue.streams.retention import trim_acked_jobs
 
 pytestmark = pytest.mark.integration
 KEYS = QueueKeys()
-
-
-def wait_until(predicate, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def one_line_error(log_path: Path) -> str:
@@ -71,7 +65,6 @@ def test_full_redis_keeps_results_in_the_outbox_until_there_is_room(redis_url: s
     try:
         wait_until(
             lambda: "Redis is at maxmemory" in (tmp_path / "w.log").read_text(),
-            60,
             "the worker to hit maxmemory",
         )
         time.sleep(1.0)
@@ -79,7 +72,7 @@ def test_full_redis_keeps_results_in_the_outbox_until_there_is_room(redis_url: s
         partial = admin.hlen(KEYS.done)
         assert partial < 200
         admin.config_set("maxmemory", "0")
-        wait_until(lambda: admin.hlen(KEYS.done) == 200, 60, "every job done once Redis has room")
+        wait_until(lambda: admin.hlen(KEYS.done) == 200, "every job done once Redis has room")
     finally:
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(timeout=30) == 0, (tmp_path / "w.log").read_text()[-3000:]
@@ -96,16 +89,14 @@ def test_redis_restarted_without_its_data_is_reported_by_the_worker(tmp_path: Pa
         client.enqueue([Job(id=f"r{i}", prompt="x") for i in range(50)])
         create_epoch(client.redis, KEYS)
         worker = start_worker(server.url, "w", tmp_path / "w.log", RADIXQ_FAKE_LATENCY_S="0.01")
-        wait_until(lambda: client.redis.hlen(KEYS.done) == 50, 60, "the first jobs")
+        wait_until(lambda: client.redis.hlen(KEYS.done) == 50, "the first jobs")
         time.sleep(2.5)  # a heartbeat sees the epoch
         server.kill()
         server.restart()
-        wait_until(
-            lambda: "DATA LOSS" in (tmp_path / "w.log").read_text(), 30, "the worker to report the loss"
-        )
+        wait_until(lambda: "DATA LOSS" in (tmp_path / "w.log").read_text(), "the worker to report the loss")
         client = Client.from_url(server.url)
         client.enqueue([Job(id=f"s{i}", prompt="x") for i in range(10)])
-        wait_until(lambda: client.redis.hlen(KEYS.done) == 10, 60, "jobs enqueued after the loss")
+        wait_until(lambda: client.redis.hlen(KEYS.done) == 10, "jobs enqueued after the loss")
     finally:
         if worker is not None:
             worker.send_signal(signal.SIGTERM)

@@ -164,3 +164,32 @@ def test_backend_is_a_deprecated_alias_of_generator_that_warns() -> None:
     fake = "tests.fake_generator:create_generator"
     assert load_worker_config(None, {"RADIXQ_BACKEND": fake}, {}).worker.generator == fake
     assert load_worker_config(None, {"RADIXQ_BACKEND": "x:y", "RADIXQ_GENERATOR": fake}, {}).worker.generator == fake
+
+
+def test_every_side_reads_the_queue_and_redis_url_from_the_variables_wire_declares() -> None:
+    """The worker's settings, the client CLI and `radixq run`'s workers take the queue and the
+    Redis URL from wire.keys' names (one declaration; the health check, which reads them through
+    env_queue / env_redis_url, runs in tests/integration/test_docker_healthcheck.py)."""
+    from producer.cli import QueueOption, RedisUrlOption
+    from producer.runner import worker_env
+    from wire.keys import (
+        DEFAULT_QUEUE,
+        DEFAULT_REDIS_URL,
+        QUEUE_ENV,
+        REDIS_URL_ENVS,
+        env_queue,
+        env_redis_url,
+    )
+    from worker.config import settings
+
+    by_key = {s.dotted: s for s in settings()}
+    assert by_key["worker.queue"].env == (QUEUE_ENV,)
+    assert by_key["worker.redis_url"].env == REDIS_URL_ENVS
+    assert QueueOption.__metadata__[0].envvar == QUEUE_ENV
+    assert tuple(RedisUrlOption.__metadata__[0].envvar) == REDIS_URL_ENVS
+    env = worker_env("redis://h:1/0")
+    assert env[REDIS_URL_ENVS[0]] == "redis://h:1/0" and REDIS_URL_ENVS[1] not in env
+    assert env_redis_url({}) == DEFAULT_REDIS_URL and env_queue({}) == DEFAULT_QUEUE
+    assert env_redis_url({"REDIS_URL": "redis://b", "RADIXQ_REDIS_URL": "redis://a"}) == "redis://a"
+    assert env_redis_url({"REDIS_URL": "redis://b", "RADIXQ_REDIS_URL": ""}) == "redis://b"
+    assert env_queue({QUEUE_ENV: "q1"}) == "q1"

@@ -116,6 +116,8 @@ def run_scheduler(
             scheduler.run()
         clean = True
     except Exception as exc:
+        if group is not None:
+            group.exit_if_a_rank_is_lost()  # a collective that failed because a follower died
         io.send([SchedulerFailed(error=one_line(exc), suspect_uids=scheduler.failing_uids())])
         raise
     finally:

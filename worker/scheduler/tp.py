@@ -100,14 +100,29 @@ class TPGroup:
 
     def _watch(self) -> None:
         while not self._stopping.wait(_WATCH_S):
-            for rank, proc in self.followers.items():
-                code = proc.poll()
-                if code is None or self._stopping.is_set():
-                    continue
-                how = f"signal {signal.Signals(-code).name}" if code < 0 else f"code {code}"
-                log.error("tensor-parallel rank %d exited (%s): stopping the group", rank, how)
-                self.kill()
-                os._exit(RANK_LOST_EXIT)
+            if not self._stopping.is_set():
+                self._exit_if_a_rank_exited()
+
+    def _exit_if_a_rank_exited(self) -> None:
+        for rank, proc in self.followers.items():
+            code = proc.poll()
+            if code is None:
+                continue
+            how = f"signal {signal.Signals(-code).name}" if code < 0 else f"code {code}"
+            log.error("tensor-parallel rank %d exited (%s): stopping the group", rank, how)
+            self.kill()
+            os._exit(RANK_LOST_EXIT)
+
+    def exit_if_a_rank_is_lost(self, grace_s: float = 5.0) -> None:
+        """After the leader's step failed: when a follower exited (or exits within ``grace_s``),
+        end as the watchdog does (RANK_LOST_EXIT). A collective fails at once when its peer dies,
+        often before the watchdog's next look; that failure is the lost rank's, not a request's."""
+        deadline = time.monotonic() + grace_s
+        while True:
+            self._exit_if_a_rank_exited()
+            if time.monotonic() > deadline:
+                return
+            time.sleep(_WATCH_S / 4)
 
     def kill(self) -> None:
         for proc in self.followers.values():
