@@ -117,7 +117,7 @@ def at_scale_workload(preset: Preset, seed: int) -> Workload:
 def engine_options(
     args: argparse.Namespace, preset: Preset, kv_cache_dtype: str | None, quantization: str | None = None
 ) -> dict[str, Any]:
-    """EngineConfig options of a run; ``kv_cache_dtype`` and ``quantization`` only when given."""
+    """Engine and scheduler options of a run; ``kv_cache_dtype`` and ``quantization`` only when given."""
     max_running = args.max_running_reqs or preset.max_running_reqs
     options: dict[str, Any] = {
         "load_format": "dummy",

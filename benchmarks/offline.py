@@ -10,7 +10,7 @@ timed runs, each with the prompt ids shifted so that no run hits another's cache
     python benchmarks/offline.py --model configs/qwen3-0.6b.json --peer hf    # transformers CB
 
 Engine switches (``--no-overlap``, ``--no-cuda-graph``, ``--cache naive``, ``--attention``,
-``--page-size``) are EngineConfig options passed to ``worker.LLM``; the ``no-triton`` variant
+``--page-size``) are engine and scheduler options passed to ``worker.LLM``; the ``no-triton`` variant
 turns the fused kernels off. ``--variants default,no-overlap,no-cuda-graph,naive`` runs several
 configurations one after another in this process (a table at the end); ``--profile-steps``
 records host time per step phase and CUDA-event time per pass (worker.scheduler.profile) and
@@ -102,7 +102,7 @@ VARIANTS = {
 
 
 def radixq_options(args: argparse.Namespace, variant: str) -> dict:
-    """The EngineConfig options of one variant run (flags, then the variant's own)."""
+    """The engine and scheduler options of one variant run (flags, then the variant's own)."""
     return {
         "load_format": args.load_format,
         "page_size": args.page_size,

@@ -37,16 +37,15 @@ def decode_batch(batch: int, seq_len: int, graph_bs: int) -> tuple[BatchPreparer
     shape = (batch + 1, seq_len + page_size)
     tables = TableManager(batch, torch.zeros(shape, dtype=torch.int32), torch.zeros(shape, dtype=torch.int32))
     dummy_loc = batch * shape[1]
-    runner = SimpleNamespace(batch_size_for=lambda b: graph_bs) if graph_bs else None
     engine = SimpleNamespace(
         device=torch.device("cpu"),
         scheduler_stream=None,
         stream=None,
-        graph_runner=runner,
+        graph_batch_size=lambda b: graph_bs or None,
         dummy_loc=dummy_loc,
-        model_config=SimpleNamespace(vocab_size=151_936),
+        vocab_size=151_936,
     )
-    preparer = BatchPreparer(engine, tables)  # type: ignore[arg-type]
+    preparer = BatchPreparer(engine, tables, cascade_min_saved_mib=0.0)  # type: ignore[arg-type]
     reqs = []
     prompt_len = seq_len // 2
     for i in range(batch):

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from wire.schema import SamplingParams
 from worker.distributed import close_tp
-from worker.engine.config import EngineConfig
+from worker.scheduler.config import RunConfig
 from worker.scheduler.io import InMemoryIO
 from worker.scheduler.messages import GenerateRequest, RequestFinished, ShutdownRequest
 from worker.scheduler.run import _lead_group, build_scheduler
@@ -31,8 +31,8 @@ def greedy(max_tokens: int, n: int = 1) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, temperature=0.0, n=n, logprobs=True, top_logprobs=3)
 
 
-def run_workload(config: EngineConfig, requests: list[GenerateRequest]) -> Outcome:
-    """Serve ``requests`` on a group of ``config.tensor_parallel_size`` ranks until all are
+def run_workload(config: RunConfig, requests: list[GenerateRequest]) -> Outcome:
+    """Serve ``requests`` on a group of ``config.engine.tensor_parallel_size`` ranks until all are
     answered; the group is stopped (followers waited for) before this returns."""
     io = InMemoryIO()
     leader_io, group = _lead_group(config.resolved(), io, "WARNING")
@@ -55,7 +55,7 @@ def run_workload(config: EngineConfig, requests: list[GenerateRequest]) -> Outco
         finished=finished,
         retractions=scheduler.stats.retractions,
         cached_tokens=scheduler.stats.cached_tokens,
-        chunked=max(len(r.input_ids) for r in requests) > config.max_prefill_tokens,
+        chunked=max(len(r.input_ids) for r in requests) > config.scheduler.max_prefill_tokens,
         follower_pids=tuple(group.pids) if group is not None else (),
     )
 

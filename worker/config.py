@@ -2,7 +2,8 @@
 
 A worker's settings live in three tables - ``[worker]`` (who it is and where its queue is),
 ``[queue]`` (how it consumes: worker.queue.config.ConsumerConfig) and ``[engine]``
-(worker.engine.config.EngineConfig) - and come from, in rising order of precedence:
+(the engine's worker.engine.config.EngineConfig and its scheduler's
+worker.scheduler.config.SchedulerConfig, one table to the user) - and come from, in rising order of precedence:
 
     defaults  <  the TOML file (--config)  <  RADIXQ_<KEY> environment variables  <  flags
 
@@ -38,6 +39,7 @@ from wire.keys import DEFAULT_QUEUE, DEFAULT_REDIS_URL, ENV_PREFIX, REDIS_URL_EN
 from worker.engine.config import EngineConfig
 from worker.options import Spec, check_options, option, spec_of
 from worker.queue.config import ConsumerConfig, default_worker_name
+from worker.scheduler.config import RunConfig, SchedulerConfig
 
 
 class ConfigError(ValueError):
@@ -103,19 +105,30 @@ class WorkerConfig:
     worker: WorkerSection
     queue: ConsumerConfig
     engine: EngineConfig
+    scheduler: SchedulerConfig = SchedulerConfig()  # read from the [engine] table too
     given: frozenset[str] = frozenset()  # dotted settings set by the file, environment or flags
+
+    @property
+    def run_config(self) -> RunConfig:
+        """What the worker's scheduler process runs with."""
+        return RunConfig(self.engine, self.scheduler)
 
     def for_device(self, device: str) -> WorkerConfig:
         """A copy for ``device`` (cpu or cuda): engine.device set, and on cpu the CPU_DEFAULTS
         of every setting that was not given."""
-        engine = dataclasses.replace(self.engine, device=device)
+        chosen = {"device": device}
         if device == "cpu":
-            chosen = {d.partition(".")[2]: v for d, v in CPU_DEFAULTS.items() if d not in self.given}
-            engine = dataclasses.replace(engine, **chosen)
-        return dataclasses.replace(self, engine=engine)
+            chosen |= {d.partition(".")[2]: v for d, v in CPU_DEFAULTS.items() if d not in self.given}
+        run = self.run_config.replace(**chosen)
+        return dataclasses.replace(self, engine=run.engine, scheduler=run.scheduler)
 
 
-_TABLES: dict[str, type] = {"worker": WorkerSection, "queue": ConsumerConfig, "engine": EngineConfig}
+# Each table and the dataclasses it is read into (a key belongs to the one that declares it).
+_TABLES: dict[str, tuple[type, ...]] = {
+    "worker": (WorkerSection,),
+    "queue": (ConsumerConfig,),
+    "engine": (EngineConfig, SchedulerConfig),
+}
 
 
 @dataclass(frozen=True)
@@ -127,6 +140,7 @@ class Setting:
     default: Any
     type: Any  # the field's annotation, evaluated
     spec: Spec
+    owner: type  # the dataclass that declares it
 
     @property
     def dotted(self) -> str:
@@ -146,12 +160,13 @@ class Setting:
 def settings() -> list[Setting]:
     """Every setting, table by table, in the order of its dataclass."""
     found = []
-    for table, cls in _TABLES.items():
-        hints = typing.get_type_hints(cls)
-        for f in dataclasses.fields(cls):
-            spec = spec_of(f)
-            if spec is not None:
-                found.append(Setting(table, f.name, f.default, hints[f.name], spec))
+    for table, owners in _TABLES.items():
+        for cls in owners:
+            hints = typing.get_type_hints(cls)
+            for f in dataclasses.fields(cls):
+                spec = spec_of(f)
+                if spec is not None:
+                    found.append(Setting(table, f.name, f.default, hints[f.name], spec, cls))
     return found
 
 
@@ -161,7 +176,9 @@ def deprecation_warnings(environ: Mapping[str, str]) -> list[str]:
     for s in settings():
         for name in s.spec.deprecated_env:
             if environ.get(name, "") != "":
-                lines.append(f"warning: {name} is deprecated: use {ENV_PREFIX}{s.key.upper()} ({s.spec.help})")
+                lines.append(
+                    f"warning: {name} is deprecated: use {ENV_PREFIX}{s.key.upper()} ({s.spec.help})"
+                )
     return lines
 
 
@@ -207,19 +224,19 @@ def load_worker_config(
             if dotted not in known:
                 raise ConfigError(f"unknown setting {dotted!r}")
             values[dotted] = (value, f"--{dotted.partition('.')[2].replace('_', '-')}")
-    tables: dict[str, dict[str, Any]] = {table: {} for table in _TABLES}
+    owned: dict[type, dict[str, Any]] = {cls: {} for owners in _TABLES.values() for cls in owners}
     for dotted, (value, _) in values.items():
-        table, _, key = dotted.partition(".")
-        tables[table][key] = value
-    section = _build(WorkerSection, tables["worker"], "worker", values)
+        owned[known[dotted].owner][known[dotted].key] = value
+    section = _build(WorkerSection, owned[WorkerSection], "worker", values)
     queue = _build(
         ConsumerConfig,
-        {**tables["queue"], "queue": section.queue, "name": section.name or default_worker_name()},
+        {**owned[ConsumerConfig], "queue": section.queue, "name": section.name or default_worker_name()},
         "queue",
         values,
     )
-    engine = _build(EngineConfig, tables["engine"], "engine", values)
-    config = WorkerConfig(section, queue, engine, frozenset(values))
+    engine = _build(EngineConfig, owned[EngineConfig], "engine", values)
+    scheduler = _build(SchedulerConfig, owned[SchedulerConfig], "engine", values)
+    config = WorkerConfig(section, queue, engine, scheduler, frozenset(values))
     return config.for_device("cpu") if engine.device == "cpu" else config
 
 
@@ -245,8 +262,16 @@ def settings_table() -> str:
     for s in settings():
         default = s.spec.shown_default
         if default is None:
-            default = "" if s.default is None else str(s.default).lower() if isinstance(s.default, bool) else s.default
-        env = ", ".join(f"`{name}`" + (" (deprecated)" if name in s.spec.deprecated_env else "") for name in s.env)
+            default = (
+                ""
+                if s.default is None
+                else str(s.default).lower()
+                if isinstance(s.default, bool)
+                else s.default
+            )
+        env = ", ".join(
+            f"`{name}`" + (" (deprecated)" if name in s.spec.deprecated_env else "") for name in s.env
+        )
         rows.append(f"| `[{s.table}] {s.key}` | {env} | `{default}` | {s.spec.help} |")
     return "\n".join(rows)
 

@@ -6,9 +6,9 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 from wire.schema import ChatMessage, Result, SamplingParams, error_result
-from worker.engine.config import EngineConfig
 from worker.models.registry import DEFAULT_MODEL
 from worker.models.tokenizer import NoTokenizer, load_tokenizer_or_none
+from worker.scheduler.config import RunConfig
 from worker.scheduler.io import InMemoryIO
 from worker.scheduler.messages import GenerateRequest, RequestFinished
 from worker.scheduler.run import build_scheduler
@@ -28,12 +28,13 @@ def _is_single(prompt: Any) -> bool:
 class LLM:
     """Batch generation on one engine, in this process.
 
-    ``LLM("smollm2-135m", device="cpu", page_size=16)`` takes any EngineConfig option as a
-    keyword. ``generate`` returns one wire.schema.Result per prompt, in order.
+    ``LLM("smollm2-135m", device="cpu", page_size=16)`` takes any engine or scheduler option
+    (worker.engine.config, worker.scheduler.config) as a keyword. ``generate`` returns one
+    wire.schema.Result per prompt, in order.
     """
 
     def __init__(self, model: str = DEFAULT_MODEL, **engine_options: Any) -> None:
-        self.config = EngineConfig.from_options(model, **engine_options).resolved()
+        self.config = RunConfig.from_options(model, **engine_options).resolved()
         self.io = InMemoryIO()
         self.scheduler = build_scheduler(self.config, self.io, detokenize=self._detokenize)
         self.engine = self.scheduler.engine

@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 from tests.model_fixtures import tiny_hf_model  # noqa: E402
 from tests.tp_harness import greedy, run_workload  # noqa: E402
-from worker.engine.config import EngineConfig  # noqa: E402
+from worker.scheduler.config import RunConfig  # noqa: E402
 from worker.scheduler.messages import GenerateRequest  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -46,8 +46,10 @@ def test_tp2_on_nccl_generates_what_tp1_generates(model_dir: Path) -> None:
         for i in range(12)
     ]
 
-    def config(tp: int) -> EngineConfig:
-        return EngineConfig(model=str(model_dir), device="cuda", dtype="bfloat16", tensor_parallel_size=tp)
+    def config(tp: int) -> RunConfig:
+        return RunConfig.from_options(
+            str(model_dir), device="cuda", dtype="bfloat16", tensor_parallel_size=tp
+        )
 
     want = run_workload(config(1), requests)
     got = run_workload(config(2), requests)

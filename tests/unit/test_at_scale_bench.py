@@ -1,11 +1,10 @@
 """benchmarks/at_scale.py on CPU: the workload, the engine options each variant passes (the KV
-dtype only when one is named), the worker's TOML giving the same EngineConfig as the engine-alone
+dtype only when one is named), the worker's TOML giving the same RunConfig as the engine-alone
 run, and the tiny preset end to end through ``worker.LLM`` (the queue variant:
 tests/integration/test_at_scale_queue.py)."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -65,15 +64,15 @@ def test_kv_cache_dtype_is_passed_only_when_named():
 
 def test_worker_toml_builds_the_engine_alone_config(tmp_path: Path):
     from worker.config import load_worker_config
-    from worker.engine.config import EngineConfig
+    from worker.scheduler.config import RunConfig
 
     preset = PRESETS["tiny"]
     options = {**engine_options(parse_args(["--preset", "tiny"]), preset, None), "num_pages": 40}
     path = tmp_path / "worker.toml"
     path.write_text(engine_toml(preset.model, options))
-    worker = load_worker_config(path).for_device("cpu").engine
-    alone = EngineConfig.from_options(preset.model, **options)
-    assert worker == dataclasses.replace(alone, device="cpu")
+    worker = load_worker_config(path).for_device("cpu").run_config
+    alone = RunConfig.from_options(preset.model, **options)
+    assert worker == alone.replace(device="cpu")
     assert "kv_cache_dtype" not in path.read_text()
 
 

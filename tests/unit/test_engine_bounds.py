@@ -20,9 +20,9 @@ from wire.schema import (
     MIN_TOP_P,
     SamplingParams,
 )
-from worker.engine.config import EngineConfig
 from worker.llm import LLM
 from worker.scheduler import InMemoryIO, build_scheduler
+from worker.scheduler.config import RunConfig
 from worker.scheduler.messages import GenerateRequest, RequestFinished, encoder, inbound_decoder
 
 VOCAB = TINY_SHAPE["vocab_size"]
@@ -59,7 +59,7 @@ AT_THE_BOUNDS = {
 def test_requests_at_every_bound_finish(hf_and_dir) -> None:
     _, path = hf_and_dir
     io = InMemoryIO()
-    config = EngineConfig(model=str(path), device="cpu", attention="torch", page_size=4, max_seq_len=48)
+    config = RunConfig.from_options(str(path), device="cpu", attention="torch", page_size=4, max_seq_len=48)
     scheduler = build_scheduler(config, io, detokenize=lambda ids: "".join(chr(97 + t % 26) for t in ids))
     for i, (uid, sampling) in enumerate(AT_THE_BOUNDS.items()):
         request = GenerateRequest(uid=uid, input_ids=PROMPTS[i % len(PROMPTS)], sampling=sampling)

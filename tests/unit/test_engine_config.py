@@ -1,4 +1,5 @@
-"""EngineConfig is validated where it is built and frozen afterwards."""
+"""EngineConfig and SchedulerConfig are validated where they are built and frozen afterwards;
+RunConfig carries both across a process boundary unchanged."""
 
 from __future__ import annotations
 
@@ -7,15 +8,20 @@ import dataclasses
 import pytest
 
 from worker.engine.config import EngineConfig
+from worker.scheduler.config import RunConfig, SchedulerConfig
 
 
 def test_bad_values_name_the_field() -> None:
     with pytest.raises(ValueError, match="page_size"):
         EngineConfig(model="m", page_size=0)
-    with pytest.raises(ValueError, match="cache"):
-        EngineConfig(model="m", cache="lru")
+    with pytest.raises(ValueError, match="cache='lru'"):
+        SchedulerConfig(cache="lru")
+    with pytest.raises(ValueError, match="schedule_policy='sjf': must be 'lpm' or 'fcfs'"):
+        SchedulerConfig(schedule_policy="sjf")
+    with pytest.raises(ValueError, match="raise-on-token"):
+        SchedulerConfig(fault="raise-on-token:x")
     with pytest.raises(TypeError, match="max_batch"):
-        EngineConfig.from_options("m", max_batch=4)
+        RunConfig.from_options("m", max_batch=4)
 
 
 def test_frozen_and_auto_device_resolved() -> None:
@@ -24,3 +30,16 @@ def test_frozen_and_auto_device_resolved() -> None:
         config.page_size = 4  # type: ignore[misc]
     assert config.resolved().device in ("cpu", "cuda")
     assert EngineConfig(model="m", device="cpu").resolved().device == "cpu"
+
+
+def test_options_go_to_the_table_that_declares_them() -> None:
+    run = RunConfig.from_options("m", page_size=4, max_prefill_tokens=64, cache="naive", overlap=False)
+    assert (run.engine.page_size, run.engine.overlap) == (4, False)
+    assert (run.scheduler.max_prefill_tokens, run.scheduler.cache) == (64, "naive")
+    assert not {f.name for f in dataclasses.fields(EngineConfig)} & {
+        f.name for f in dataclasses.fields(SchedulerConfig)
+    }
+    changed = run.replace(model="other", max_prefill_tokens=8, device="cpu")
+    assert (changed.model, changed.scheduler.max_prefill_tokens, changed.engine.device) == ("other", 8, "cpu")
+    assert (changed.engine.page_size, changed.scheduler.cache) == (4, "naive")
+    assert RunConfig.from_json(run.to_json()) == run

@@ -13,10 +13,10 @@ import pytest
 
 from tests.model_fixtures import hf_from_dir, hf_greedy, tiny_hf_model
 from wire.schema import Job, Result, SamplingParams
-from worker.engine.config import EngineConfig
 from worker.frontend.contract import ENGINE_CRASH, GeneratorUnavailable
 from worker.frontend.engine_generator import EngineGenerator
 from worker.frontend.process import EngineStartError
+from worker.scheduler.config import RunConfig
 
 POISON = 77  # the token id the injected faults react to
 PROMPTS = {"a": [5, 6, 7, 8], "b": [9, 10], "c": [11, 12, 13], "d": [20, 21, 22, 23, 24]}
@@ -37,7 +37,7 @@ def expected(model_dir: Path) -> dict[str, list[int]]:
 
 
 def backend_with(model_dir: Path, fault: str) -> EngineGenerator:
-    config = EngineConfig(model=str(model_dir), device="cpu", max_running_reqs=4, fault=fault)
+    config = RunConfig.from_options(str(model_dir), device="cpu", max_running_reqs=4, fault=fault)
     return EngineGenerator(config, restart_delays_s=(0.0, 0.1, 0.1))
 
 
@@ -134,7 +134,7 @@ def test_scheduler_killed_from_outside_is_restarted_and_loses_nothing(
 def test_a_model_that_cannot_load_is_one_line(tmp_path: Path) -> None:
     missing = tmp_path / "no-such-model"
     with pytest.raises(EngineStartError) as info:
-        EngineGenerator(EngineConfig(model=str(missing), device="cpu"))
+        EngineGenerator(RunConfig.from_options(str(missing), device="cpu"))
     message = str(info.value)
     assert "\n" not in message and "no-such-model" in message and "could not start" in message
 
@@ -142,7 +142,7 @@ def test_a_model_that_cannot_load_is_one_line(tmp_path: Path) -> None:
 def test_engine_that_cannot_restart_is_given_up(model_dir: Path, tmp_path: Path) -> None:
     moved = tmp_path / "model"
     moved.symlink_to(model_dir)
-    backend = EngineGenerator(EngineConfig(model=str(moved), device="cpu"), restart_delays_s=(0.0, 0.1))
+    backend = EngineGenerator(RunConfig.from_options(str(moved), device="cpu"), restart_delays_s=(0.0, 0.1))
     try:
         moved.unlink()  # the next start cannot find the model
         os.kill(backend._proc.pid, signal.SIGKILL)  # type: ignore[union-attr]

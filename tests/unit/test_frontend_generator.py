@@ -11,9 +11,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.model_fixtures import hf_from_dir, hf_greedy, tiny_hf_model
 from wire.schema import Job, SamplingParams
-from worker.engine.config import EngineConfig
 from worker.frontend.engine_generator import EngineGenerator
 from worker.metrics import WorkerMetrics
+from worker.scheduler.config import RunConfig
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +43,7 @@ def test_jobs_round_trip_and_bad_ones_fail_alone(model_dir: Path, monkeypatch: p
 
     real_build_result = generator_module.build_result
     monkeypatch.setattr(generator_module, "build_result", build_result)
-    backend = EngineGenerator(EngineConfig(model=str(model_dir), device="cpu", max_running_reqs=4))
+    backend = EngineGenerator(RunConfig.from_options(str(model_dir), device="cpu", max_running_reqs=4))
     try:
         assert backend.slots == 4  # the consumer's default read window
         assert backend.free_capacity() == 8 * 4
@@ -88,4 +88,4 @@ def test_jobs_round_trip_and_bad_ones_fail_alone(model_dir: Path, monkeypatch: p
 
 def test_unknown_engine_option_is_named() -> None:
     with pytest.raises(TypeError, match="pagesize"):
-        EngineConfig.from_options("x", pagesize=4)
+        RunConfig.from_options("x", pagesize=4)

@@ -18,10 +18,10 @@ from openai.types.chat import ChatCompletion
 from producer.jsonl import output_record, parse_line
 from tests.model_fixtures import smollm2_dir  # noqa: F401  (fixture)
 from wire.schema import Result
-from worker.engine.config import EngineConfig
 from worker.frontend.engine_generator import EngineGenerator
 from worker.queue.consumer import envelope
 from worker.queue.prompts import PromptLists
+from worker.scheduler.config import RunConfig
 
 pytestmark = pytest.mark.model
 MAX_NEW = 6
@@ -67,7 +67,7 @@ def test_openai_lines_on_the_real_model(smollm2_dir: Path) -> None:  # noqa: F81
         parse_line(_line("multi", "/v1/completions", multi), 2),
     ]
     generator = PromptLists(
-        EngineGenerator(EngineConfig(model=str(smollm2_dir), device="cpu", max_running_reqs=4))
+        EngineGenerator(RunConfig.from_options(str(smollm2_dir), device="cpu", max_running_reqs=4))
     )
     try:
         deadline = time.monotonic() + 180

@@ -28,11 +28,19 @@ def worker_command() -> Any:
 def test_every_field_of_a_table_is_a_declared_setting() -> None:
     from worker.config import _TABLES
 
-    for table, cls in _TABLES.items():
-        for f in dataclasses.fields(cls):
+    for table, owners in _TABLES.items():
+        for f in (f for cls in owners for f in dataclasses.fields(cls)):
             if f"{table}.{f.name}" not in SET_ELSEWHERE:
                 assert spec_of(f) is not None, f"[{table}] {f.name} is not declared with worker.options.option"
                 assert spec_of(f).help, f"[{table}] {f.name} has no help"  # type: ignore[union-attr]
+
+
+def test_no_key_is_declared_by_two_dataclasses_of_one_table() -> None:
+    from worker.config import _TABLES
+
+    for table, owners in _TABLES.items():
+        names = [f.name for cls in owners for f in dataclasses.fields(cls)]
+        assert len(names) == len(set(names)), f"[{table}] declares a key twice: {sorted(names)}"
 
 
 def test_every_flag_of_the_worker_command_is_a_setting_and_every_setting_a_flag() -> None:
@@ -90,7 +98,8 @@ def flag_args(s: Setting, value: Any) -> list[str]:
 
 
 def value_of(config: Any, s: Setting) -> Any:
-    return getattr(getattr(config, s.table), s.key)
+    (part,) = [p for p in (config.worker, config.queue, config.engine, config.scheduler) if isinstance(p, s.owner)]
+    return getattr(part, s.key)
 
 
 @pytest.mark.parametrize("s", settings(), ids=lambda s: s.dotted)

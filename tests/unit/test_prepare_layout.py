@@ -32,13 +32,12 @@ def _preparer(graph_bs: int | None = None) -> BatchPreparer:
         device=torch.device("cpu"),
         scheduler_stream=None,
         stream=None,
-        graph_runner=SimpleNamespace(batch_size_for=lambda b: graph_bs) if graph_bs else None,
+        graph_batch_size=lambda b: graph_bs or None,
         dummy_loc=DUMMY_LOC,
-        model_config=SimpleNamespace(vocab_size=VOCAB),
+        vocab_size=VOCAB,
         eos_token_ids=frozenset({2}),
-        token_pool=tables.token_pool,
     )
-    return BatchPreparer(engine, tables)  # type: ignore[arg-type]
+    return BatchPreparer(engine, tables, cascade_min_saved_mib=0.0)  # type: ignore[arg-type]
 
 
 def _req(slot, prompt_len, generated, cached_len, device_len, sampling, seed, cls=Req) -> Req:

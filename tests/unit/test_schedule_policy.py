@@ -12,10 +12,10 @@ import torch
 
 from tests.model_fixtures import hf_greedy, tiny_hf_model
 from wire.schema import SamplingParams
-from worker.engine.config import EngineConfig
 from worker.kvcache.allocator import PageAllocator
 from worker.kvcache.radix import RadixCache
 from worker.scheduler import InMemoryIO, build_scheduler
+from worker.scheduler.config import RunConfig
 from worker.scheduler.messages import GenerateRequest, RequestFinished
 from worker.scheduler.req import PendingReq, RequestGroup
 from worker.scheduler.waiting import WaitQueue
@@ -137,8 +137,8 @@ def test_shuffled_groups_hit_the_cache_like_grouped_ones(tiny_dir: Path) -> None
     prefixes = [[rng.randrange(1, 250) for _ in range(40)] for _ in range(4)]
     prompts = [p + [rng.randrange(1, 250) for _ in range(4)] for p in prefixes for _ in range(3)]
     rng.shuffle(prompts)
-    config = EngineConfig(
-        model=str(tiny_dir),
+    config = RunConfig.from_options(
+        str(tiny_dir),
         device="cpu",
         attention="torch",
         page_size=4,

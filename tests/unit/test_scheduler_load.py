@@ -10,15 +10,15 @@ import torch
 
 from tests.model_fixtures import tiny_hf_model
 from wire.schema import SamplingParams
-from worker.engine.config import EngineConfig
 from worker.scheduler import InMemoryIO, build_scheduler
+from worker.scheduler.config import RunConfig
 from worker.scheduler.messages import GenerateRequest, RequestFinished
 
 
 def test_finished_messages_carry_the_load_after_their_step(tmp_path) -> None:
     tiny_hf_model("llama").save_pretrained(tmp_path)
-    config = EngineConfig(
-        model=str(tmp_path), device="cpu", attention="torch", page_size=2, num_pages=64, overlap=False
+    config = RunConfig.from_options(
+        str(tmp_path), device="cpu", attention="torch", page_size=2, num_pages=64, overlap=False
     )
     io = InMemoryIO()
     scheduler = build_scheduler(config, io)
@@ -32,7 +32,7 @@ def test_finished_messages_carry_the_load_after_their_step(tmp_path) -> None:
         scheduler.step(None, block=False)
         took = time.perf_counter() - began
         sent = [m for m in io.take_all() if isinstance(m, RequestFinished)]
-        cached_pages = scheduler.cache.prefix.num_cached_tokens // config.page_size
+        cached_pages = scheduler.cache.prefix.num_cached_tokens // config.engine.page_size
         for message in sent:
             assert message.running_reqs == len(scheduler.groups)
             assert message.pages_used == scheduler.cache.num_private_pages + cached_pages

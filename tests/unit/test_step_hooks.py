@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from wire.schema import SamplingParams
-from worker.engine.config import EngineConfig
 from worker.scheduler import InMemoryIO, build_scheduler
+from worker.scheduler.config import RunConfig
 from worker.scheduler.hooks import StepHooks
 from worker.scheduler.messages import GenerateRequest, RequestFinished
 from worker.scheduler.profile import StepProfiler
@@ -34,8 +34,8 @@ def model_json(tmp_path_factory) -> Path:
 
 
 def _scheduler(model_json: Path, overlap: bool):
-    config = EngineConfig(
-        model=str(model_json),
+    config = RunConfig.from_options(
+        str(model_json),
         load_format="dummy",
         device="cpu",
         attention="torch",

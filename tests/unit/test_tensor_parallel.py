@@ -16,9 +16,9 @@ import torch
 
 from tests.model_fixtures import smollm2_dir, tiny_hf_model  # noqa: F401  (a fixture)
 from tests.tp_harness import assert_same_generation, greedy, run_workload
-from worker.engine.config import EngineConfig
 from worker.models.config import ModelConfig
 from worker.models.loader import rank_shard
+from worker.scheduler.config import RunConfig
 from worker.scheduler.messages import GenerateRequest
 
 LOGPROB_ATOL = 1e-4
@@ -50,9 +50,9 @@ def workload() -> list[GenerateRequest]:
     return requests
 
 
-def engine_config(model_dir: Path, tp: int) -> EngineConfig:
-    return EngineConfig(
-        model=str(model_dir),
+def engine_config(model_dir: Path, tp: int) -> RunConfig:
+    return RunConfig.from_options(
+        str(model_dir),
         device="cpu",
         tensor_parallel_size=tp,
         page_size=4,
@@ -164,9 +164,9 @@ def test_smollm2_tp3_generates_what_tp1_generates(smollm2_dir: Path) -> None:  #
         for i in range(4)
     ]
 
-    def config(tp: int) -> EngineConfig:
-        return EngineConfig(
-            model=str(smollm2_dir), device="cpu", tensor_parallel_size=tp, page_size=4, num_pages=24,
+    def config(tp: int) -> RunConfig:
+        return RunConfig.from_options(
+            str(smollm2_dir), device="cpu", tensor_parallel_size=tp, page_size=4, num_pages=24,
             max_running_reqs=4, max_prefill_tokens=32, output_reserve_ratio=0.0, cpu_threads=1,
         )  # fmt: skip
 

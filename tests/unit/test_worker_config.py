@@ -92,7 +92,9 @@ def test_every_setting_has_an_environment_name_and_the_readme_table_is_current()
     names = [name for s in settings() for name in s.env]
     assert len(names) == len(set(names))  # no two settings share a variable
     readme = (REPO_ROOT / "README.md").read_text()
-    assert settings_table() in readme, "the README's settings table is stale: python -m worker.config README.md"
+    assert settings_table() in readme, (
+        "the README's settings table is stale: python -m worker.config README.md"
+    )
     # once: a table pasted twice (its header and first row repeated) reads as a broken table
     assert readme.count(settings_table().splitlines()[0]) == 1
     assert readme.count(settings_table().splitlines()[2]) == 1
@@ -112,14 +114,14 @@ def test_a_cpu_worker_gets_cpu_limits_unless_they_were_given(tmp_path: Path) -> 
     gpu_sized = EngineConfig(model=DEFAULT_MODEL)  # the dataclass defaults (GPU-sized)
     cpu = load_worker_config(None, {}, {"engine.device": "cpu"})
     assert cpu.engine.max_running_reqs == CPU_DEFAULTS["engine.max_running_reqs"] < gpu_sized.max_running_reqs
-    assert cpu.engine.max_prefill_tokens == CPU_DEFAULTS["engine.max_prefill_tokens"]
+    assert cpu.scheduler.max_prefill_tokens == CPU_DEFAULTS["engine.max_prefill_tokens"]
     # Given anywhere (file, environment, flag), a setting is kept.
     path = tmp_path / "w.toml"
     path.write_text('[engine]\ndevice = "cpu"\nmax_running_reqs = 3\n')
     from_file = load_worker_config(path, {}, {})
-    assert (from_file.engine.max_running_reqs, from_file.engine.max_prefill_tokens) == (3, 2048)
+    assert (from_file.engine.max_running_reqs, from_file.scheduler.max_prefill_tokens) == (3, 2048)
     from_env = load_worker_config(None, {"RADIXQ_MAX_PREFILL_TOKENS": "512"}, {"engine.device": "cpu"})
-    assert (from_env.engine.max_running_reqs, from_env.engine.max_prefill_tokens) == (
+    assert (from_env.engine.max_running_reqs, from_env.scheduler.max_prefill_tokens) == (
         CPU_DEFAULTS["engine.max_running_reqs"],
         512,
     )
@@ -127,7 +129,7 @@ def test_a_cpu_worker_gets_cpu_limits_unless_they_were_given(tmp_path: Path) -> 
     auto = load_worker_config(None, {}, {"engine.max_prefill_tokens": 1024})
     assert auto.engine.max_running_reqs == gpu_sized.max_running_reqs
     on_cpu, on_cuda = auto.for_device("cpu"), auto.for_device("cuda")
-    assert (on_cpu.engine.device, on_cpu.engine.max_running_reqs, on_cpu.engine.max_prefill_tokens) == (
+    assert (on_cpu.engine.device, on_cpu.engine.max_running_reqs, on_cpu.scheduler.max_prefill_tokens) == (
         "cpu",
         CPU_DEFAULTS["engine.max_running_reqs"],
         1024,
@@ -163,7 +165,10 @@ def test_backend_is_a_deprecated_alias_of_generator_that_warns() -> None:
         assert error.startswith("error: setting [queue] read_window"), error
     fake = "tests.fake_generator:create_generator"
     assert load_worker_config(None, {"RADIXQ_BACKEND": fake}, {}).worker.generator == fake
-    assert load_worker_config(None, {"RADIXQ_BACKEND": "x:y", "RADIXQ_GENERATOR": fake}, {}).worker.generator == fake
+    assert (
+        load_worker_config(None, {"RADIXQ_BACKEND": "x:y", "RADIXQ_GENERATOR": fake}, {}).worker.generator
+        == fake
+    )
 
 
 def test_every_side_reads_the_queue_and_redis_url_from_the_variables_wire_declares() -> None:

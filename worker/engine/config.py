@@ -1,15 +1,15 @@
-"""EngineConfig: every engine and scheduler option (the ``[engine]`` table), built once at the
-edge and frozen. Each field is declared once, with its help, choices and check
-(worker.options): the TOML loader, the environment, the flags and the README read it here."""
+"""EngineConfig: the options the engine reads (model, device, KV pool, kernels, graphs,
+tensor parallelism), built once at the edge and frozen; the scheduler's own are
+worker.scheduler.config.SchedulerConfig. Each field is declared once, with its help, choices and
+check (worker.options): the TOML loader, the environment, the flags and the README read it here."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
 
 from worker.attention.names import ATTENTION_CHOICES, DECODE_KERNELS
-from worker.kvcache.names import KV_CACHE_DTYPES, KV_SCALES, PREFIX_CACHES
+from worker.kvcache.names import KV_CACHE_DTYPES, KV_SCALES
 from worker.models.names import DTYPES, LOAD_FORMATS, QUANTIZATIONS
 from worker.models.registry import DEFAULT_MODEL
 from worker.options import check_options, option
@@ -19,12 +19,10 @@ _AT_LEAST_1 = (lambda n: n >= 1, "must be >= 1")
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """Options of one engine + scheduler. ``resolved()`` turns "auto" values into concrete ones.
+    """Options of one engine. ``resolved()`` turns "auto" values into concrete ones.
 
     ``num_pages`` None sizes the KV pool from ``mem_fraction`` of free device memory (CUDA)
     or from ``cpu_kv_gib`` (CPU). ``max_seq_len`` None means the model's context length.
-    ``output_reserve_ratio`` is the share of each request's remaining output that admission
-    reserves in the KV pool (1.0: never retract; lower admits more and retracts when short).
     """
 
     model: str = option(
@@ -54,13 +52,9 @@ class EngineConfig:
         check=(lambda n: n >= 0, "must be >= 0 (0: every core)"),
     )
     max_running_reqs: int = option(256, "requests decoding at once", check=_AT_LEAST_1)
-    max_prefill_tokens: int = option(
-        8192, "token budget of one prefill step (longer prompts are chunked)", check=_AT_LEAST_1
-    )
     max_seq_len: int | None = option(
         None, "context length; empty: the model's", check=(lambda n: n is None or n >= 2, "must be >= 2")
     )
-    cache: str = option("radix", "`radix` or `naive` (no sharing)", choices=tuple(PREFIX_CACHES))
     kv_cache_dtype: str = option(
         "auto",
         "`auto` (the model's dtype) or `fp8_e4m3`: half the KV bytes, twice the tokens in memory",
@@ -75,17 +69,7 @@ class EngineConfig:
     kv_scales: str = option(
         "calibrated", "FP8 KV scales: `calibrated` per layer at load, or `unit` (1.0)", choices=KV_SCALES
     )
-    schedule_policy: str = option(
-        "lpm",
-        "`lpm`: waiting requests whose prefix is cached first, siblings together (age-bounded); "
-        "`fcfs`: arrival order",
-    )
     overlap: bool = option(True, "overlap scheduling (false: plain loop, for debugging)")
-    mixed_batches: bool = option(
-        True,
-        "while a long prompt is chunked, its steps decode the running requests too (false: a prefill step "
-        "holds prefills only)",
-    )
     attention: str = option(
         "auto",
         "`auto` (`flashinfer` on CUDA, else `sdpa`), `flashinfer`, `sdpa` (torch SDPA, decode rows batched), "
@@ -104,17 +88,6 @@ class EngineConfig:
         "shared-prefix (cascade) attention: requests sharing cached prefix pages read them once per group "
         "(decode steps with groups run without CUDA graphs)",
     )
-    cascade_min_saved_mib: float = option(
-        32.0,
-        "cascade runs in a step only when it saves at least this many MiB of KV reads per layer "
-        "(0: whenever a group exists)",
-        check=(lambda x: x >= 0, "must be >= 0"),
-    )
-    output_reserve_ratio: float = option(
-        0.5,
-        "share of remaining output reserved in the KV pool at admission",
-        check=(lambda x: 0 <= x <= 1, "must be in [0, 1]"),
-    )
     triton: bool = option(True, "fused Triton kernels on CUDA (false: the torch paths, for ablation)")
     onednn: bool = option(
         True,
@@ -122,17 +95,6 @@ class EngineConfig:
         "MKL, for ablation)",
     )
     cache_dir: str = option("", "where converted models are cached (empty: `~/.cache/radixq/models`)")
-    grammar_timeout_s: float = option(
-        60.0,
-        "seconds a job's grammar may take to compile (in a child process); a longer compile fails that job only",
-        check=(lambda x: x > 0, "must be > 0"),
-    )
-    grammar_memory_mib: int = option(
-        2048,
-        "MiB one grammar compile may add to the compiler process (its size at rest, about 400 MiB, not "
-        "counted); a compile that needs more fails that job only",
-        check=(lambda n: n >= 16, "must be >= 16"),
-    )
     tensor_parallel_size: int = option(
         1,
         "processes (GPUs) one model is split over, one per rank on `cuda:0..N-1` of the worker's "
@@ -141,18 +103,8 @@ class EngineConfig:
         flags=("--tensor-parallel-size", "--tp"),
         check=_AT_LEAST_1,
     )
-    step_profile: bool = option(False, "record every scheduler step and log a summary at exit (profiling)")
-    fault: str = option(
-        "",
-        "injected failures for the failure tests: `raise-on-token:N`, `exit-on-token:N`, `raise-on-batch:K`, "
-        "`sleep-per-step:MS`",
-    )
 
     def __post_init__(self) -> None:
-        if self.fault:
-            from worker.engine.faults import Fault
-
-            Fault.parse(self.fault)  # raises ValueError naming the rule
         check_options(self)
 
     def resolved(self) -> EngineConfig:
@@ -162,12 +114,3 @@ class EngineConfig:
         import torch
 
         return dataclasses.replace(self, device="cuda" if torch.cuda.is_available() else "cpu")
-
-    @classmethod
-    def from_options(cls, model: str, **options: Any) -> EngineConfig:
-        """Build from keyword options, naming any unknown one."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise TypeError(f"unknown engine option(s) {unknown}; known: {sorted(known)}")
-        return cls(model=model, **options)

@@ -199,6 +199,22 @@ class Engine:
     def model(self) -> torch.nn.Module:
         return self.loaded.model
 
+    # ---- what the scheduler asks of the engine (worker.scheduler.prepare) --------------------
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model_config.vocab_size
+
+    @property
+    def kv_bytes_per_token_layer(self) -> int:
+        """KV bytes one cached token takes in one layer (as the pages hold it, FP8 or not)."""
+        return KVPool.bytes_per_location(1, self.kv.num_kv_heads, self.kv.head_dim, self.kv.dtype)
+
+    def graph_batch_size(self, batch_size: int) -> int | None:
+        """The captured CUDA-graph batch size a decode pass of ``batch_size`` requests is padded
+        to, or None when it runs eagerly (no graphs, or more requests than captured)."""
+        return self.graph_runner.batch_size_for(batch_size) if self.graph_runner is not None else None
+
     @torch.inference_mode()
     def forward(self, fi: ForwardInput) -> ForwardOutput:
         """Run the pass and sample: ``sample(fi, forward_logits(fi))`` (logprobs, when asked

@@ -55,7 +55,7 @@ class Outcome(NamedTuple):
 
 
 START_TIMEOUT_S = 120.0  # loading the tokenizer in the child
-DEFAULT_MEMORY_LIMIT_MIB = 2048  # what one compile may add to the child (EngineConfig.grammar_memory_mib)
+DEFAULT_MEMORY_LIMIT_MIB = 2048  # what one compile may add to the child (SchedulerConfig.grammar_memory_mib)
 # NOTE: a compiled grammar's memory in the scheduler process (xgrammar's memory_size_bytes);
 # reading one back costs about 1 s per 15 MB (off the scheduler's thread, but held in memory)
 MAX_GRAMMAR_BYTES = 128 << 20

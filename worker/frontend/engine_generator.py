@@ -23,12 +23,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from wire.schema import Job, Result, Timings, error_result
-from worker.engine.config import EngineConfig
 from worker.frontend.channel import PeerGone
 from worker.frontend.contract import ENGINE_CRASH, GeneratorUnavailable
 from worker.frontend.process import SchedulerProcess
 from worker.frontend.results import build_result
 from worker.models.tokenizer import NoTokenizer, load_tokenizer_or_none, prompt_ids
+from worker.scheduler.config import RunConfig
 from worker.scheduler.messages import GenerateRequest, RequestFinished
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ class EngineGenerator:
 
     def __init__(
         self,
-        config: EngineConfig,
+        config: RunConfig,
         *,
         log_level: str = "INFO",
         ready_timeout_s: float = 900,
@@ -307,4 +307,4 @@ class EngineGenerator:
 
 def create_engine_generator(config: WorkerConfig) -> EngineGenerator:
     """The engine generator of a worker (the factory ``[worker] generator = "engine"`` names)."""
-    return EngineGenerator(config.engine, log_level=config.worker.log_level)
+    return EngineGenerator(config.run_config, log_level=config.worker.log_level)

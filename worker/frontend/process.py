@@ -8,8 +8,6 @@ gets fresh sockets, so nothing sent to a dead one can reach the next.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
 import shutil
 import signal
@@ -20,9 +18,9 @@ from pathlib import Path
 
 from wire.lifetime import start_child
 from wire.owned_dirs import owned_dir, remove_stale_dirs
-from worker.engine.config import EngineConfig
 from worker.engine.threads import openmp_env
 from worker.frontend.channel import FrontendChannel, PeerGone
+from worker.scheduler.config import RunConfig
 from worker.scheduler.messages import (
     RANK_LOST_EXIT,
     Inbound,
@@ -51,7 +49,7 @@ class EngineStartError(RuntimeError):
 
 
 class SchedulerProcess:
-    def __init__(self, config: EngineConfig, log_level: str = "INFO") -> None:
+    def __init__(self, config: RunConfig, log_level: str = "INFO") -> None:
         self.config = config
         self.ready: SchedulerReady | None = None
         self.failure: SchedulerFailed | None = None
@@ -71,7 +69,7 @@ class SchedulerProcess:
             "worker.frontend.scheduler_main",
             self._channel.inbound_addr,
             self._channel.outbound_addr,
-            json.dumps(dataclasses.asdict(config)),
+            config.to_json(),
             log_level,
         ]
         self._closed = False

@@ -8,12 +8,8 @@ Exit codes: 0 after a ShutdownRequest, 2 when the engine cannot be built, 1 on a
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
-import traceback
-
-from worker.engine.config import EngineConfig
 
 
 def main(argv: list[str]) -> int:
@@ -23,19 +19,10 @@ def main(argv: list[str]) -> int:
         format="%(asctime)s %(levelname)s %(name)s[scheduler]: %(message)s",
     )
     from worker.frontend.channel import ZmqSchedulerIO
-    from worker.scheduler.run import LoadError, run_scheduler
+    from worker.scheduler.config import RunConfig
+    from worker.scheduler.run import serve
 
-    io = ZmqSchedulerIO(inbound_addr, outbound_addr)
-    try:
-        run_scheduler(EngineConfig(**json.loads(config_json)), io, log_level=log_level)
-    except LoadError:
-        return 2  # reported to the front end, which says it in one line
-    except BaseException:
-        traceback.print_exc()
-        return 1
-    finally:
-        io.close()
-    return 0
+    return serve(RunConfig.from_json(config_json), ZmqSchedulerIO(inbound_addr, outbound_addr), log_level)
 
 
 if __name__ == "__main__":

@@ -8,12 +8,8 @@ Exit codes as worker.frontend.scheduler_main's.
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
-import traceback
-
-from worker.engine.config import EngineConfig
 
 
 def main(argv: list[str]) -> int:
@@ -24,22 +20,18 @@ def main(argv: list[str]) -> int:
     )
     from worker.distributed import init_tp
     from worker.engine.engine import rank_device
-    from worker.scheduler.run import LoadError, run_scheduler
+    from worker.scheduler.config import RunConfig
+    from worker.scheduler.run import serve
     from worker.scheduler.tp import FollowerIO
 
-    config = EngineConfig(**json.loads(config_json)).resolved()
-    io = FollowerIO(frames_addr)
-    try:
-        init_tp(int(rank), int(size), init_method, str(rank_device(config.device, int(rank), int(size))))
-        run_scheduler(config, io, log_level=log_level)
-    except LoadError:
-        return 2
-    except BaseException:
-        traceback.print_exc()
-        return 1
-    finally:
-        io.close()
-    return 0
+    config = RunConfig.from_json(config_json).resolved()
+    device = str(rank_device(config.engine.device, int(rank), int(size)))
+    return serve(
+        config,
+        FollowerIO(frames_addr),
+        log_level,
+        join=lambda: init_tp(int(rank), int(size), init_method, device),
+    )
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from worker.forward import PrefixGroups
 # A request's path: (node, tokens from the root to the end of that node), root's child first.
 Path = Sequence[tuple[Hashable, int]]
 
-# The cost rule's threshold is EngineConfig.cascade_min_saved_mib (default 32): KV MiB a step
+# The cost rule's threshold is SchedulerConfig.cascade_min_saved_mib (default 32): KV MiB a step
 # must save per layer before cascade attention runs. The cascade adds, per layer, one attention
 # launch over the groups' prefixes plus a gather and a log-sum-exp merge over the grouped
 # queries (~10 us on an H200 at the benchmarks' shapes: an estimate, not yet measured);

@@ -174,11 +174,18 @@ class BatchPreparer:
     """Builds each pass's ForwardInput. ``prefix``: the prefix cache whose shared prefixes the
     layouts name (PrefixGroups, for cascade attention); None leaves layouts without groups."""
 
-    def __init__(self, engine: Engine, tables: TableManager, prefix: PrefixCache | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        tables: TableManager,
+        cascade_min_saved_mib: float,
+        prefix: PrefixCache | None = None,
+    ) -> None:
         self.engine = engine
         self.tables = tables
         self.device = engine.device
         self.prefix = prefix
+        self.cascade_min_saved_mib = cascade_min_saved_mib
         self._rows: dict[PendingReq, SamplingRow] = {}
         self._extras: dict[PendingReq, Extras | None] = {}
 
@@ -204,11 +211,10 @@ class BatchPreparer:
         extend = torch.tensor(device_lens, dtype=torch.int64) - cached
         num_tokens = int(extend.sum())
         groups = self._prefix_groups(reqs) if self.prefix is not None else None
-        runner = engine.graph_runner
         graph_bs = None
-        if num_tokens == batch_size and runner is not None and groups is None:
+        if num_tokens == batch_size and groups is None:
             # NOTE: cascade passes run eagerly: the captured graphs hold the plain path only
-            graph_bs = runner.batch_size_for(batch_size)
+            graph_bs = engine.graph_batch_size(batch_size)
         if num_tokens == batch_size:
             pad = (graph_bs or batch_size) - batch_size
             load_slots = torch.cat([slots, torch.full((pad,), tables.dummy_slot, dtype=torch.int64)])
@@ -276,9 +282,8 @@ class BatchPreparer:
             return None
         paths = [self.prefix.prefix_path(r.handle) for r in reqs]
         groups = choose_groups(paths, [r.cached_len for r in reqs])
-        kv = self.engine.kv
-        kv_bytes = kv.bytes_per_location(1, kv.num_kv_heads, kv.head_dim, kv.dtype)
-        if not cascade_pays(saved_kv_tokens(groups), kv_bytes, self.engine.config.cascade_min_saved_mib):
+        kv_bytes = self.engine.kv_bytes_per_token_layer
+        if not cascade_pays(saved_kv_tokens(groups), kv_bytes, self.cascade_min_saved_mib):
             return None
         return to_prefix_groups(groups, len(reqs))
 
@@ -287,7 +292,7 @@ class BatchPreparer:
         if row is None:
             if len(self._rows) > 4 * self.tables.max_running_reqs:
                 self._rows.clear()  # NOTE: entries of finished requests; rebuilt on demand
-            vocab_size = self.engine.model_config.vocab_size
+            vocab_size = self.engine.vocab_size
             row = self._rows[pending] = sampling_row(pending.sampling, pending.seed, vocab_size)
         return row
 
@@ -298,7 +303,7 @@ class BatchPreparer:
             return self._extras[pending]
         if len(self._extras) > 4 * self.tables.max_running_reqs:
             self._extras.clear()  # NOTE: entries of finished requests; rebuilt on demand
-        extra = extras_of(pending.sampling, self.engine.eos_token_ids, self.engine.model_config.vocab_size)
+        extra = extras_of(pending.sampling, self.engine.eos_token_ids, self.engine.vocab_size)
         self._extras[pending] = extra
         return extra
 
@@ -310,7 +315,7 @@ class BatchPreparer:
             [r.slot for r in reqs],
             [r.prompt_len for r in reqs],
             device_lens,
-            self.engine.token_pool,
+            self.tables.token_pool,
         )
         logprobs = logprob_rows([e.top_logprobs if e is not None else None for e in extras], self.device)
         return replace(sampling, penalties=penalties, logprobs=logprobs)

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 def output_reserve(remain_len: int, ratio: float) -> int:
     """KV tokens held for a request that may still generate ``remain_len`` tokens: ``ratio``
-    of them, rounded up (EngineConfig.output_reserve_ratio)."""
+    of them, rounded up (SchedulerConfig.output_reserve_ratio)."""
     return math.ceil(ratio * remain_len)
 
 

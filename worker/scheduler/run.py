@@ -5,13 +5,16 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import traceback
+from collections.abc import Callable
+from typing import Protocol
 
 import torch
 
 from worker.distributed import init_tp, tp_info
-from worker.engine.config import EngineConfig
 from worker.engine.engine import Engine, rank_device
 from worker.engine.faults import Fault
+from worker.scheduler.config import RunConfig
 from worker.scheduler.messages import SchedulerFailed, SchedulerIO, SchedulerReady
 from worker.scheduler.scheduler import Scheduler
 from worker.scheduler.stop import Detokenize
@@ -20,16 +23,15 @@ from worker.scheduler.tp import LeaderIO, TPGroup, check_shardable
 logger = logging.getLogger(__name__)
 
 
-def build_scheduler(config: EngineConfig, io: SchedulerIO, detokenize: Detokenize | None = None) -> Scheduler:
+def build_scheduler(config: RunConfig, io: SchedulerIO, detokenize: Detokenize | None = None) -> Scheduler:
     """Load the model and wire a Scheduler to ``io`` (no message sent yet)."""
-    config = config.resolved()
-    return Scheduler(Engine(config), config, io, detokenize)
+    return Scheduler(Engine(config.engine.resolved()), config.scheduler, io, detokenize)
 
 
 def ready_message(scheduler: Scheduler) -> SchedulerReady:
     engine = scheduler.engine
     return SchedulerReady(
-        max_running_reqs=scheduler.config.max_running_reqs,
+        max_running_reqs=engine.config.max_running_reqs,
         max_seq_len=engine.max_seq_len,
         num_pages=engine.num_pages,
         page_size=engine.page_size,
@@ -60,16 +62,16 @@ def one_line(exc: BaseException) -> str:
     return " ".join(f"{type(exc).__name__}: {exc}".split())
 
 
-def _lead_group(config: EngineConfig, io: SchedulerIO, log_level: str) -> tuple[SchedulerIO, TPGroup | None]:
+def _lead_group(config: RunConfig, io: SchedulerIO, log_level: str) -> tuple[SchedulerIO, TPGroup | None]:
     """With tensor_parallel_size > 1 in a process not yet in a group: start the followers,
     join the group as rank 0, and forward every receive to them (worker.scheduler.tp)."""
-    if config.tensor_parallel_size == 1 or tp_info().size > 1:
+    size = config.engine.tensor_parallel_size
+    if size == 1 or tp_info().size > 1:
         return io, None
-    check_shardable(config)
+    check_shardable(config.engine)
     group = TPGroup(config, log_level)
     try:
-        device = str(rank_device(config.device, 0, config.tensor_parallel_size))
-        init_tp(0, config.tensor_parallel_size, group.init_method, device)
+        init_tp(0, size, group.init_method, str(rank_device(config.engine.device, 0, size)))
     except BaseException:
         group.kill()
         raise
@@ -77,7 +79,7 @@ def _lead_group(config: EngineConfig, io: SchedulerIO, log_level: str) -> tuple[
 
 
 def run_scheduler(
-    config: EngineConfig, io: SchedulerIO, detokenize: Detokenize | None = None, log_level: str = "INFO"
+    config: RunConfig, io: SchedulerIO, detokenize: Detokenize | None = None, log_level: str = "INFO"
 ) -> None:
     """Load the engine, send SchedulerReady, then serve until a ShutdownRequest.
 
@@ -94,14 +96,14 @@ def run_scheduler(
         if scheduler.detokenize is None:
             scheduler.detokenize = tokenizer_detokenize(str(scheduler.engine.loaded.path))
         # NOTE: injected failures fire on the leader only (a follower's would read as a lost rank)
-        scheduler.fault = Fault.parse(config.fault) if tp_info().leader else None
+        scheduler.fault = Fault.parse(config.scheduler.fault) if tp_info().leader else None
     except Exception as exc:
         if group is not None:
             group.kill()
         io.send([SchedulerFailed(error=one_line(exc), loading=True)])
         raise LoadError(one_line(exc)) from exc
     profiler = None
-    if config.step_profile:  # profiling runs only: records every step
+    if config.scheduler.step_profile:  # profiling runs only: records every step
         from worker.scheduler.profile import StepProfiler
 
         profiler = StepProfiler.install(scheduler)
@@ -127,3 +129,26 @@ def run_scheduler(
         gc.unfreeze()  # let shutdown collect them (frozen objects read as leaks to nanobind at exit)
         if profiler is not None:
             logger.warning("step profile: %s", json.dumps(profiler.summary()))
+
+
+class ClosableIO(SchedulerIO, Protocol):
+    def close(self) -> None: ...
+
+
+def serve(config: RunConfig, io: ClosableIO, log_level: str, join: Callable[[], object] | None = None) -> int:
+    """A scheduler process's life (worker.frontend.scheduler_main, worker.scheduler.follower):
+    ``join`` (a follower joining its group) then run_scheduler; the process's exit code: 0 after
+    a ShutdownRequest, 2 when the engine cannot be built (already reported on ``io``), 1 on a
+    crash (its traceback printed)."""
+    try:
+        if join is not None:
+            join()
+        run_scheduler(config, io, log_level=log_level)
+    except LoadError:
+        return 2
+    except BaseException:
+        traceback.print_exc()
+        return 1
+    finally:
+        io.close()
+    return 0

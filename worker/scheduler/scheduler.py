@@ -20,12 +20,12 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from worker.engine.config import EngineConfig
 from worker.engine.engine import Engine
 from worker.engine.faults import Fault
 from worker.forward import ForwardInput, ForwardOutput
 from worker.kvcache.manager import CacheManager
 from worker.kvcache.table import TableManager
+from worker.scheduler.config import SchedulerConfig
 from worker.scheduler.decode import DecodeManager
 from worker.scheduler.hooks import StepHooks
 from worker.scheduler.intake import make_group, refusal
@@ -67,20 +67,22 @@ class Stats(msgspec.Struct):
 
 class Scheduler:
     def __init__(
-        self, engine: Engine, config: EngineConfig, io: SchedulerIO, detokenize: Detokenize | None = None
+        self, engine: Engine, config: SchedulerConfig, io: SchedulerIO, detokenize: Detokenize | None = None
     ) -> None:
         self.engine = engine
         self.config = config
         self.io = io
         self.detokenize = detokenize
-        self.tables = TableManager(config.max_running_reqs, engine.page_table, engine.token_pool)
+        self.tables = TableManager(engine.config.max_running_reqs, engine.page_table, engine.token_pool)
         self.cache = CacheManager(engine.num_pages, engine.page_size, config.cache, self.tables)
         self.prefill = PrefillManager(
             self.cache, self.tables, config.output_reserve_ratio, config.schedule_policy
         )
         self.decode = DecodeManager()
-        cascade = config.cascade_attention and engine.backend.supports_cascade
-        self.preparer = BatchPreparer(engine, self.tables, self.cache.prefix if cascade else None)
+        cascade = engine.config.cascade_attention and engine.backend.supports_cascade
+        self.preparer = BatchPreparer(
+            engine, self.tables, config.cascade_min_saved_mib, self.cache.prefix if cascade else None
+        )
         self.groups: dict[str, RequestGroup] = {}
         self.retracting: list[Req] = []
         self.outbox: list[Outbound] = []
@@ -134,10 +136,10 @@ class Scheduler:
         current = None if self.shutdown else self._launch()
         if current is None and last is None and not self.shutdown:
             self._fail_unschedulable()
-        if self.config.overlap:
+        if self.engine.config.overlap:
             self._process(last)
         current = self._sample_constrained(current)
-        if not self.config.overlap:
+        if not self.engine.config.overlap:
             self._process(current)
             current = None
         self._finish_retractions()
@@ -205,8 +207,12 @@ class Scheduler:
         if msg.uid in self.groups or msg.uid in self.compiling:
             refused: tuple[str, str] | None = ("invalid_job", f"request {msg.uid!r} is already running")
         else:
-            refused = refusal(msg, self.engine.max_seq_len, self.engine.model_config.vocab_size)
-        if refused is None and msg.sampling.structured is not None and self.config.tensor_parallel_size > 1:
+            refused = refusal(msg, self.engine.max_seq_len, self.engine.vocab_size)
+        if (
+            refused is None
+            and msg.sampling.structured is not None
+            and self.engine.config.tensor_parallel_size > 1
+        ):
             # NOTE: a grammar compiles in the background and is admitted when it is done, which
             # differs between ranks: their batches would part ways (worker.scheduler.tp)
             refused = ("invalid_job", "structured output is not supported with tensor_parallel_size > 1")

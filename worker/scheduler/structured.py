@@ -44,7 +44,7 @@ class GrammarWaits:
             engine = self.engine
             self.grammars = Grammars.in_background(
                 str(engine.loaded.path),
-                engine.model_config.vocab_size,
+                engine.vocab_size,
                 engine.eos_token_ids,
                 self.timeout_s,
                 self.memory_limit_mib,

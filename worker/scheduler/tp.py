@@ -20,8 +20,6 @@ will never complete), which the front end reads as "the group lost a rank".
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
 import os
 import signal
@@ -37,6 +35,7 @@ import zmq
 from wire.lifetime import start_child
 from worker.distributed import NVLS_OFF_ENV, free_loopback_address
 from worker.engine.config import EngineConfig
+from worker.scheduler.config import RunConfig
 from worker.scheduler.messages import RANK_LOST_EXIT, Inbound, Outbound, SchedulerIO, encoder
 
 log = logging.getLogger(__name__)
@@ -63,8 +62,8 @@ def check_shardable(config: EngineConfig) -> None:
 class TPGroup:
     """The leader's side: the follower processes, the frame socket and the watchdog."""
 
-    def __init__(self, config: EngineConfig, log_level: str = "INFO") -> None:
-        self.size = config.tensor_parallel_size
+    def __init__(self, config: RunConfig, log_level: str = "INFO") -> None:
+        self.size = config.engine.tensor_parallel_size
         self.init_method = free_loopback_address()
         self._ctx = zmq.Context()
         # NOTE: one PUSH socket per follower: a PUSH with several peers deals frames out round-robin
@@ -72,7 +71,7 @@ class TPGroup:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_ROOT, env.get("PYTHONPATH", "")]))
         env.update({k: v for k, v in NVLS_OFF_ENV.items() if k not in env})
-        config_json = json.dumps(dataclasses.asdict(config))
+        config_json = config.to_json()
         self.followers: dict[int, subprocess.Popen[bytes]] = {}
         for rank in range(1, self.size):
             push = self._ctx.socket(zmq.PUSH)
