@@ -10,6 +10,7 @@ removed by the next LocalRedis that makes a folder of its own.
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import shutil
@@ -42,6 +43,13 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+PORT_ATTEMPTS = 3  # free ports tried when another process takes the one chosen before Redis binds it
+
+
+class PortTaken(RuntimeError):
+    """redis-server could not bind its port: something else listens there."""
+
+
 class LocalRedis:
     """Start, stop, kill and restart one private Redis. Use as a context manager.
 
@@ -68,6 +76,7 @@ class LocalRedis:
         ready_timeout_s: float = 10.0,
     ) -> None:
         self.port = port or free_port()
+        self._port_given = port is not None
         self.appendonly = appendonly
         self.fsync = fsync
         self.ready_timeout_s = ready_timeout_s
@@ -102,16 +111,25 @@ class LocalRedis:
         return self._proc.pid if self._proc is not None else None
 
     def start(self) -> LocalRedis:
-        try:
-            if self.binary:
-                self._start_server()
-            else:
-                self._start_fake()
-            self._wait_ready()
-        except BaseException:
-            self.stop(cleanup=False)
-            raise
-        return self
+        for attempt in range(PORT_ATTEMPTS):
+            try:
+                if self.binary:
+                    self._start_server()
+                else:
+                    self._start_fake()
+                self._wait_ready()
+                return self
+            except PortTaken:
+                # NOTE: another process bound the free port first; a port of our own choosing is
+                # chosen again (a port the caller named is not)
+                self.stop(cleanup=False)
+                if self._port_given or attempt == PORT_ATTEMPTS - 1:
+                    raise
+                self.port = free_port()
+            except BaseException:
+                self.stop(cleanup=False)
+                raise
+        raise AssertionError("unreachable")
 
     def _config(self) -> str:
         lines = [
@@ -153,7 +171,12 @@ class LocalRedis:
 
         # NOTE: fakeredis's TCP server accepts every client (it does not enforce requirepass),
         # so the fallback has no password; it listens on the loopback interface only.
-        fake = TcpFakeServer(("127.0.0.1", self.port), server_type="redis")
+        try:
+            fake = TcpFakeServer(("127.0.0.1", self.port), server_type="redis")
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise PortTaken(f"fakeredis could not listen on port {self.port}: {exc}") from exc
+            raise
         fake.daemon_threads = True
         self._fake = fake
         self._fake_thread = threading.Thread(target=fake.serve_forever, name="fakeredis", daemon=True)
@@ -173,7 +196,8 @@ class LocalRedis:
                 if self._proc is not None and self._proc.poll() is not None:
                     log = (self.data_dir / "redis.log").read_text(errors="replace").splitlines()
                     last = " | ".join(line.strip() for line in log[-3:] if line.strip())
-                    raise RuntimeError(f"redis-server exited with {self._proc.returncode}: {last}")
+                    error = PortTaken if "Address already in use" in last else RuntimeError
+                    raise error(f"redis-server exited with {self._proc.returncode}: {last}")
                 try:
                     if client.ping():
                         return

@@ -15,6 +15,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from producer.local_redis import free_port
+from tests.waiting import LIVENESS_S
 
 
 class LocalCluster:
@@ -63,7 +64,7 @@ class LocalCluster:
 
     def restart(self, port: int) -> None:
         self.start(port)
-        _wait_ping(port)
+        assert _wait_ping(port, self.procs[port]), f"the node on port {port} did not start again"
         _wait_ok(port)
 
     def stop(self) -> None:
@@ -86,8 +87,12 @@ def running_cluster(nodes: int = 3, aof: bool = False) -> Iterator[LocalCluster]
     try:
         for port in cluster.ports:
             cluster.start(port)
-        for port in cluster.ports:
-            _wait_ping(port)
+        for i, port in enumerate(cluster.ports):
+            while not _wait_ping(port, cluster.procs[port]):
+                # NOTE: another process took the free port before the node bound it: a new one
+                del cluster.procs[port]
+                port = cluster.ports[i] = _cluster_port()
+                cluster.start(port)
         subprocess.run(
             [
                 "redis-cli",
@@ -134,19 +139,23 @@ def _free(port: int) -> bool:
     return True
 
 
-def _wait_ping(port: int, timeout_s: float = 10) -> None:
+def _wait_ping(port: int, proc: subprocess.Popen[bytes], timeout_s: float = LIVENESS_S) -> bool:
+    """True once the node on ``port`` answers; False when its process ended first (it could
+    not bind the port)."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
             redis.Redis(host="127.0.0.1", port=port).ping()
-            return
+            return True
         except redis.ConnectionError:
+            if proc.poll() is not None:
+                return False
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.05)
 
 
-def _wait_ok(port: int, timeout_s: float = 20) -> None:
+def _wait_ok(port: int, timeout_s: float = LIVENESS_S) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
         info = subprocess.run(

@@ -6,7 +6,9 @@ documented way: enqueue the same input again, collect again into the same output
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 
 import redis
 
@@ -67,9 +69,10 @@ def redis_rolled_back(lab: Lab, jobs: int = 2000, later: int = 500, latency_s: f
     files again and collecting into the same output completes every job once. (A kill -9 of
     Redis alone does not lose the second: the kernel still has what Redis wrote.)
 
-    NOTE: the first file must still be running at the kill, or the collect ends before the
-    second file exists and nothing is lost: at ``latency_s`` 0.2 two workers of 8 slots take
-    ~7 s for 600 jobs (at 0.03 they took ~1.2 s, and the collect ended first)."""
+    NOTE: the first file must still be running when the second goes in, or the collect ends
+    before the second file exists and nothing is lost. The workers are stopped (SIGSTOP) from
+    the copy until the second file is in, so that holds however slow the copy and the enqueue
+    are (on a loaded box they took 7 s, longer than the rest of the first file)."""
     server = lab.redis(fsync="everysec")
     first, second, out = lab.dir / "in.jsonl", lab.dir / "later.jsonl", lab.dir / "out.jsonl"
     ids = write_input(first, jobs)
@@ -81,11 +84,16 @@ def redis_rolled_back(lab: Lab, jobs: int = 2000, later: int = 500, latency_s: f
         lab.fake_worker(server.url, label, **fake_env(8, latency_s, 5.0))
     collect = collect_in_background(lab, "collect", out, server.url)
     lab.wait_for(lambda: line_count(out) >= jobs // 4, 60, "a quarter of the results")
+    for label in labels:
+        os.kill(lab.procs[label].pid, signal.SIGSTOP)
     aof = server.data_dir / "appendonlydir"
     shutil.copytree(aof, lab.dir / "aof-copy")
     admin = redis.Redis.from_url(server.url)
     Client(admin).enqueue(read_jobs(second).jobs)  # in process: the copy is a second old at the kill
-    lab.sleep(1.0)
+    lab.expect(line_count(out) < jobs, "the first file was done before the second went in: nothing was tested")
+    for label in labels:
+        os.kill(lab.procs[label].pid, signal.SIGCONT)
+    lab.sleep(1.0)  # the workers write results and done marks the rollback will lose
     before = admin.hlen(KEYS.done), admin.llen(KEYS.order)
     server.kill()
     shutil.rmtree(aof)

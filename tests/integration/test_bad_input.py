@@ -15,6 +15,7 @@ import redis
 from tests.fake_generator import fake_text
 from tests.integration.procs import radixq, start_worker
 from tests.jobs_stream import job_entries, pending_count
+from tests.waiting import LIVENESS_S
 from wire.keys import FIELD_ID, FIELD_JOB, QueueKeys
 from wire.schema import MAX_JOB_BYTES
 
@@ -99,7 +100,7 @@ def test_bad_lines_reported_and_valid_jobs_complete(redis_url: str, tmp_path: Pa
         assert f"{len(BAD_LINES)} jobs failed" in collected.stderr
     finally:
         worker.send_signal(signal.SIGTERM)
-        assert worker.wait(timeout=30) == 0
+        assert worker.wait(timeout=LIVENESS_S) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     # One row per input line, in input order; each rejected line is its invalid_job row.
     assert len(rows) == num_valid + len(BAD_LINES)
@@ -136,12 +137,12 @@ def test_job_invalid_at_intake_gets_error_result_without_retries(redis_url: str,
     wrong_entry = client.xadd(keys.jobs, {FIELD_ID: "raw-2", FIELD_JOB: b"\x81\xa2id\xa5raw-2"}).decode()
     worker = start_worker(redis_url, "w1", tmp_path / "w1.log", "--max-attempts", "5")
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + LIVENESS_S
         while client.hlen(keys.done) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
     finally:
         worker.send_signal(signal.SIGTERM)
-        assert worker.wait(timeout=30) == 0
+        assert worker.wait(timeout=LIVENESS_S) == 0
     assert client.hgetall(keys.done) == {b"raw-1": bad_entry.encode(), b"raw-2": wrong_entry.encode()}
     assert client.hgetall(keys.failed) == {b"raw-1": b"invalid_job", b"raw-2": b"invalid_job"}
     out = tmp_path / "out.jsonl"

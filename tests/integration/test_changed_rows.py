@@ -17,6 +17,7 @@ import pytest
 from producer.digest import job_digest
 from producer.jsonl import parse_line
 from tests.integration.procs import FAKE_GENERATOR, radixq, start_worker
+from tests.waiting import LIVENESS_S
 from wire import exits
 
 pytestmark = pytest.mark.integration
@@ -82,7 +83,7 @@ def test_enqueue_refuses_changed_content_and_reruns_it_on_request(redis_url: str
         assert "replaced 1 row with new results" in resumed.stdout
     finally:
         worker.send_signal(signal.SIGTERM)
-        assert worker.wait(timeout=30) == 0
+        assert worker.wait(timeout=LIVENESS_S) == 0
     after = rows(out)
     assert list(after) == ["a", "b"] and after["a"]["usage"]["prompt_tokens"] == 4
 
@@ -109,7 +110,7 @@ def test_after_a_trimming_collect_a_changed_job_runs_again_and_replaces_its_row(
         assert "replaced 1 row with new results" in resumed.stdout
     finally:
         worker.send_signal(signal.SIGTERM)
-        assert worker.wait(timeout=30) == 0
+        assert worker.wait(timeout=LIVENESS_S) == 0
     after = rows(out)
     assert list(after) == ["a", "b"] and after["a"]["usage"]["prompt_tokens"] == 4
     assert after["a"]["job_digest"] == job_digest(parse_line(lines[0], 1))

@@ -16,6 +16,7 @@ import pytest
 import redis
 
 from tests.integration.procs import REPO_ROOT, radixq, subprocess_env
+from tests.waiting import LIVENESS_S
 from wire import exits
 from wire.keys import QueueKeys
 
@@ -132,7 +133,7 @@ def test_enqueue_streams_an_input_that_is_still_being_written(redis_url: str, tm
     feeder = threading.Thread(target=feed)
     feeder.start()
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + LIVENESS_S
         while client.llen(KEYS.order) < 2000:
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
             time.sleep(0.05)
@@ -140,7 +141,7 @@ def test_enqueue_streams_an_input_that_is_still_being_written(redis_url: str, tm
     finally:
         release.set()
         feeder.join()
-    out, err = proc.communicate(timeout=120)
+    out, err = proc.communicate(timeout=LIVENESS_S)
     assert proc.returncode == exits.OK, err
     assert "enqueued 3500, skipped 0" in out
     assert [i.decode() for i in client.lrange(KEYS.order, 0, -1)] == [f"f{i}" for i in range(3500)]

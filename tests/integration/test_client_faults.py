@@ -22,7 +22,7 @@ from tests.conftest import require_redis_server
 from tests.fake_generator import fake_text
 from tests.integration.procs import REPO_ROOT, radixq, start_worker, subprocess_env
 from tests.jobs_stream import total_len
-from tests.waiting import wait_until
+from tests.waiting import LIVENESS_S, wait_until
 from wire import exits
 from wire.keys import META_RESULTS_TRIMMED, QueueKeys
 from wire.redis_errors import classify
@@ -60,7 +60,7 @@ def stop(proc: subprocess.Popen) -> None:  # type: ignore[type-arg]
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
-            proc.wait(timeout=30)
+            proc.wait(timeout=LIVENESS_S)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
@@ -114,7 +114,7 @@ def test_enqueue_waits_while_redis_is_full(server: LocalRedis, tmp_path: Path) -
         wait_until(lambda: "errorstat_OOM" in admin.info("errorstats"))
         time.sleep(0.5)
         admin.config_set("maxmemory", 0)  # someone collected results or raised the limit
-        assert proc.wait(timeout=60) == exits.OK, log.read_text()
+        assert proc.wait(timeout=LIVENESS_S) == exits.OK, log.read_text()
     finally:
         stop(proc)
     text = log.read_text()
@@ -139,7 +139,7 @@ def test_collect_waits_through_a_redis_restart(tmp_path: Path) -> None:
         server.kill()
         time.sleep(1.5)
         server.restart()
-        assert collect.wait(timeout=90) == exits.OK, log.read_text()
+        assert collect.wait(timeout=LIVENESS_S) == exits.OK, log.read_text()
     finally:
         stop(collect)
         stop(worker)
@@ -165,7 +165,7 @@ def test_lost_queue_is_said_loudly_and_recovered_by_enqueueing_again(
         stop(worker)
         server.kill()
         server.restart()  # without its data: no AOF
-        assert collect.wait(timeout=60) == exits.JOBS_FAILED, log.read_text()
+        assert collect.wait(timeout=LIVENESS_S) == exits.JOBS_FAILED, log.read_text()
     finally:
         stop(collect)
         stop(worker)

@@ -15,7 +15,7 @@ import redis
 from tests.fake_generator import fake_text
 from tests.integration.procs import FAKE_GENERATOR, radixq, start_worker
 from tests.redis_cluster import LocalCluster, cluster_client, running_cluster
-from tests.waiting import wait_until
+from tests.waiting import LIVENESS_S, wait_until
 from wire.keys import QueueKeys
 
 pytestmark = pytest.mark.integration
@@ -75,7 +75,7 @@ def test_every_command_works_pointed_at_any_node(cluster: LocalCluster, tmp_path
             assert collected.returncode == 0, collected.stderr
         finally:
             worker.terminate()
-            assert worker.wait(timeout=60) == 0, (tmp_path / f"w{n}.log").read_text()
+            assert worker.wait(timeout=LIVENESS_S) == 0, (tmp_path / f"w{n}.log").read_text()
         rows = [json.loads(line) for line in out.read_text().splitlines()]
         assert [row["id"] for row in rows] == ids
         assert all(row["choices"][0]["text"] == fake_text(row["id"]) for row in rows)
@@ -124,7 +124,7 @@ def test_a_node_killed_mid_run_loses_no_job_and_duplicates_no_id(
         for worker in workers:
             worker.terminate()
         for i, worker in enumerate(workers):
-            assert worker.wait(timeout=60) == 0, (tmp_path / f"w{i}.log").read_text()
+            assert worker.wait(timeout=LIVENESS_S) == 0, (tmp_path / f"w{i}.log").read_text()
         client.close()
     rows = [json.loads(line)["id"] for line in out.read_text().splitlines()]
     back = [

@@ -17,6 +17,7 @@ from producer.client import Client
 from producer.outlock import lock_path
 from tests.integration.procs import REPO_ROOT, subprocess_env
 from tests.integration.results import complete_all
+from tests.waiting import LIVENESS_S
 from wire import exits
 from wire.keys import QueueKeys
 from wire.schema import Job
@@ -54,17 +55,17 @@ def test_a_collect_started_while_another_writes_refuses_naming_it(redis_url: str
     out = tmp_path / "out.jsonl"
     first = start_collect(redis_url, out, "--timeout", "300")
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + LIVENESS_S
         while not (out.exists() and len(ids_in(out)) == JOBS // 2):  # it holds the file, waiting
             assert first.poll() is None and time.monotonic() < deadline, first.communicate()
             time.sleep(0.05)
         second = start_collect(redis_url, out)
-        _, err = second.communicate(timeout=120)
+        _, err = second.communicate(timeout=LIVENESS_S)
         assert second.returncode == exits.USAGE, err
         assert "Traceback" not in err and len(err.splitlines()) == 1, err
         assert err.startswith(f"error: {out} is being written by another collect or run (pid {first.pid} ")
         complete_all(client, ids[JOBS // 2 :])
-        _, err = first.communicate(timeout=120)
+        _, err = first.communicate(timeout=LIVENESS_S)
         assert first.returncode == exits.OK, err
     finally:
         if first.poll() is None:
@@ -79,7 +80,7 @@ def test_collects_started_together_write_each_id_once(redis_url: str, tmp_path: 
     complete_all(client, ids)
     out = tmp_path / "out.jsonl"
     procs = [start_collect(redis_url, out, "--keep-results") for _ in range(3)]
-    outcomes = [(proc, *proc.communicate(timeout=180)) for proc in procs]
+    outcomes = [(proc, *proc.communicate(timeout=LIVENESS_S)) for proc in procs]
     pids = {proc.pid for proc in procs}
     for proc, _, err in outcomes:
         assert proc.returncode in (exits.OK, exits.USAGE), err

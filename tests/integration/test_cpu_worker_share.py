@@ -14,6 +14,7 @@ import redis
 from tests.integration.procs import radixq, start_engine_worker
 from tests.jobs_stream import pending_count
 from tests.model_fixtures import smollm2_dir  # noqa: F401  (fixture)
+from tests.waiting import LIVENESS_S
 from wire.keys import QueueKeys
 from worker.config import CPU_DEFAULTS
 from worker.queue.consumer import HELD_PER_SLOT
@@ -38,7 +39,7 @@ def test_a_cpu_worker_does_not_take_a_whole_queue(
     limit = CPU_DEFAULTS["engine.max_running_reqs"]
     most_held = 0
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + LIVENESS_S
         started_at = None
         while time.monotonic() < deadline:
             held = pending_count(client, KEYS)  # over every partition stream (a new queue routes)
@@ -52,6 +53,6 @@ def test_a_cpu_worker_does_not_take_a_whole_queue(
         assert started_at is not None, (tmp_path / "worker.log").read_text()[-2000:]
     finally:
         worker.send_signal(signal.SIGTERM)
-        worker.wait(timeout=60)
+        worker.wait(timeout=LIVENESS_S)
         client.close()
     assert 0 < most_held <= HELD_PER_SLOT * limit < 100

@@ -17,6 +17,7 @@ import pytest
 
 from tests.fake_generator import fake_text
 from tests.integration.procs import FAKE_GENERATOR, radixq, start_worker
+from tests.waiting import LIVENESS_S
 from wire import exits
 
 pytestmark = pytest.mark.integration
@@ -71,7 +72,7 @@ def test_openai_file_enqueue_collect_rows_in_place_or_in_the_errors_file(
     finally:
         for proc in (worker, other):
             proc.send_signal(signal.SIGTERM)
-            assert proc.wait(timeout=30) == 0
+            assert proc.wait(timeout=LIVENESS_S) == 0
     assert collected.returncode == exits.JOBS_FAILED and "2 jobs failed" in collected.stderr
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [row["custom_id"] for row in rows] == ids  # 5 lines in, 5 lines out, in order
@@ -134,7 +135,7 @@ def test_parquet_enqueue_collect_joined(redis_url: str, tmp_path: Path) -> None:
         )
     finally:
         worker.send_signal(signal.SIGTERM)
-        assert worker.wait(timeout=30) == 0
+        assert worker.wait(timeout=LIVENESS_S) == 0
     assert collected.returncode == exits.JOBS_FAILED, collected.stderr
     check_joined(out, records)
     refused = radixq(

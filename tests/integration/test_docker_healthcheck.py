@@ -16,6 +16,7 @@ import pytest
 import redis
 
 from tests.integration.procs import FAKE_GENERATOR, REPO_ROOT, subprocess_env
+from tests.waiting import LIVENESS_S
 from wire.keys import QueueKeys
 from wire.status import DEAD_AFTER_BEATS, Heartbeat, now_ms
 
@@ -55,7 +56,7 @@ def test_healthy_while_the_worker_heartbeats_unhealthy_once_it_stops(redis_url: 
             stderr=subprocess.STDOUT,
         )
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + LIVENESS_S
         code, line = healthcheck(redis_url)
         while code != 0 and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -70,7 +71,7 @@ def test_healthy_while_the_worker_heartbeats_unhealthy_once_it_stops(redis_url: 
     finally:
         worker.send_signal(signal.SIGCONT)
         worker.terminate()
-        worker.wait(timeout=30)
+        worker.wait(timeout=LIVENESS_S)
 
 
 def test_default_limit_is_the_age_at_which_status_calls_a_worker_dead(redis_url: str) -> None:

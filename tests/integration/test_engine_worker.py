@@ -19,6 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.integration.procs import REPO_ROOT, radixq, subprocess_env
 from tests.model_fixtures import smollm2_dir  # noqa: F401  (fixture)
+from tests.waiting import LIVENESS_S
 
 pytestmark = [pytest.mark.integration, pytest.mark.model]
 
@@ -79,7 +80,7 @@ def test_engine_worker_matches_transformers_through_redis(
         assert "1 job failed" in collected.stderr
     finally:
         worker.send_signal(signal.SIGTERM)
-        assert worker.wait(timeout=60) == 0, log_path.read_text()
+        assert worker.wait(timeout=LIVENESS_S) == 0, log_path.read_text()
 
     rows = {row["id"]: row for row in map(json.loads, out.read_text().splitlines())}
     assert list(rows) == [job["id"] for job in jobs]

@@ -129,7 +129,7 @@ def test_ctrl_c_mid_run_drains_writes_results_and_gives_the_rest_back(
     )
     scheduler = scheduler_of(worker)
     os.killpg(worker.pid, signal.SIGINT)
-    assert worker.wait(timeout=30) == 0, log_path.read_text()[-3000:]
+    assert worker.wait(timeout=LIVENESS_S) == 0, log_path.read_text()[-3000:]
     wait_until(lambda: not is_alive(scheduler), "the scheduler to exit")
     assert "Traceback" not in log_path.read_text()
     done = client.redis.hlen(KEYS.done)
@@ -188,7 +188,7 @@ def test_a_job_that_crashes_the_engine_is_dead_lettered_alone(
         assert worker.poll() is None  # the worker lives on
     finally:
         worker.send_signal(signal.SIGTERM)
-        assert worker.wait(timeout=60) == 0, log_path.read_text()[-3000:]
+        assert worker.wait(timeout=LIVENESS_S) == 0, log_path.read_text()[-3000:]
     rows = {row["id"]: row for row in map(json.loads, out.read_text().splitlines())}
     for job in innocents:
         assert rows[job.id]["error"] is None

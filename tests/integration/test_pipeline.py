@@ -21,6 +21,7 @@ from producer.datasets import ColumnMapping
 from producer.pipeline import Pipeline, ResultsGone
 from tests.fake_generator import fake_text
 from tests.integration.procs import radixq, start_worker
+from tests.waiting import LIVENESS_S
 from wire.schema import Job
 
 pytestmark = pytest.mark.integration
@@ -31,7 +32,7 @@ def worker(redis_url: str, tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
     proc = start_worker(redis_url, "w1", tmp_path / "w1.log", RADIXQ_FAKE_LATENCY_S="0.05")
     yield proc
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=30) == 0
+    assert proc.wait(timeout=LIVENESS_S) == 0
 
 
 def test_results_as_they_complete_and_resubmission_enqueues_nothing(

@@ -17,6 +17,7 @@ import pytest
 
 from producer.client import Client
 from tests.integration.procs import FAKE_GENERATOR, REPO_ROOT, radixq, start_worker, subprocess_env
+from tests.waiting import LIVENESS_S
 from wire.schema import Job
 
 pytestmark = pytest.mark.integration
@@ -141,7 +142,7 @@ def test_run_prints_progress_lines_reaching_every_job(tmp_path: Path) -> None:
     assert final is not None and (final.group(1), final.group(2), final.group(3)) == ("12", "12", "0")
 
 
-def run_in_pty(args: list[str], env: dict[str, str], timeout_s: float = 120) -> tuple[int, str]:
+def run_in_pty(args: list[str], env: dict[str, str], timeout_s: float = LIVENESS_S) -> tuple[int, str]:
     """Run a command with stdin, stdout and stderr on a fresh pseudo-terminal (Python's pty
     module, 200 columns), as a shell in a terminal would; returns (exit code, what the
     terminal received)."""

@@ -18,7 +18,7 @@ from producer.local_redis import LocalRedis
 from tests.conftest import require_redis_server
 from tests.fake_generator import fake_text
 from tests.integration.procs import radixq, start_worker
-from tests.waiting import wait_until
+from tests.waiting import LIVENESS_S, wait_until
 from wire import exits
 from wire.keys import QueueKeys
 from wire.schema import Job
@@ -41,7 +41,7 @@ def test_redis_restart_loses_nothing(tmp_path: Path) -> None:
         client.enqueue(jobs)
         env = {"RADIXQ_FAKE_CAPACITY": "8", "RADIXQ_FAKE_LATENCY_S": "0.03"}
         workers = [start_worker(server.url, f"w{i}", tmp_path / f"w{i}.log", **env) for i in range(2)]
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + LIVENESS_S
         while client.redis.hlen(keys.done) < NUM_JOBS // 4:
             assert time.monotonic() < deadline
             time.sleep(0.02)
@@ -57,7 +57,7 @@ def test_redis_restart_loses_nothing(tmp_path: Path) -> None:
         for proc in workers:
             proc.send_signal(signal.SIGTERM)
         for i, proc in enumerate(workers):
-            assert proc.wait(timeout=30) == 0, (tmp_path / f"w{i}.log").read_text()[-3000:]
+            assert proc.wait(timeout=LIVENESS_S) == 0, (tmp_path / f"w{i}.log").read_text()[-3000:]
     finally:
         for proc in workers:
             if proc.poll() is None:

@@ -18,7 +18,7 @@ from tests.integration.procs import radixq, start_worker
 from tests.redis_cluster import cluster_client, local_cluster
 from tests.unit.queue_worlds import config_for
 from tests.unit.test_routing import group_jobs, group_keys
-from tests.waiting import wait_until
+from tests.waiting import LIVENESS_S, wait_until
 from wire.keys import QueueKeys
 from wire.routing import partition_of, prefix_key
 from wire.schema import decode_result
@@ -75,7 +75,7 @@ def test_sigkill_of_the_worker_holding_groups_moves_them_to_the_survivor(
         for proc in (victim, survivor):
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
-        assert survivor.wait(timeout=30) == 0, (tmp_path / "survivor.log").read_text()[-3000:]
+        assert survivor.wait(timeout=LIVENESS_S) == 0, (tmp_path / "survivor.log").read_text()[-3000:]
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert [line["id"] for line in lines] == [job.id for job in first + late]  # each once, in order
     assert all(line["choices"][0]["text"] == fake_text(line["id"]) for line in lines)
@@ -116,7 +116,7 @@ def test_a_partitioned_queue_runs_on_a_redis_cluster(cluster_ports: list[int], t
         return Consumer(queue, FakeGenerator(capacity=4, latency_s=0.01), config)
 
     pool = [consumer("c1"), consumer("c2")]
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + LIVENESS_S
     steps = 0
     while redis.hlen(client.keys.done) < len(jobs):
         assert time.monotonic() < deadline

@@ -136,7 +136,7 @@ def test_signal_mid_run_drains_writes_what_finished_and_cleans_up(
         os.killpg(run.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
     else:
         os.kill(run.pid, signal.SIGTERM)
-    assert run.wait(timeout=30) == 1
+    assert run.wait(timeout=LIVENESS_S) == 1
     log = (tmp_path / "run.log").read_text()
 
     written = read_output(out)
@@ -226,7 +226,7 @@ def test_timeout_stops_the_run_as_a_signal_does(
     reaped.append(run)
     run_children(run, 1)
     children = descendants(run.pid)
-    assert run.wait(timeout=30) == 1
+    assert run.wait(timeout=LIVENESS_S) == 1
     log = (tmp_path / "run.log").read_text()
     assert f"timed out after 3s: wrote 0 of 4 rows to {out}; run the same command again to resume" in log
     assert still_running(children) == [] and run_folders(run.pid) == []
@@ -284,7 +284,7 @@ def test_private_redis_wants_its_password_which_no_command_line_shows(
         except OSError:
             pass  # exited meanwhile
     os.kill(run.pid, signal.SIGTERM)
-    assert run.wait(timeout=30) == 1
+    assert run.wait(timeout=LIVENESS_S) == 1
     assert password not in (tmp_path / "run.log").read_text()
 
 
@@ -348,7 +348,7 @@ def test_a_run_resumed_after_ctrl_c_is_in_input_order(
     wait_until(lambda: client.hlen(KEYS.done) == len(ids) - len(slow), "every fast job done")
     client.close()
     os.killpg(run.pid, signal.SIGINT)
-    assert run.wait(timeout=60) == 1
+    assert run.wait(timeout=LIVENESS_S) == 1
     first = read_output(out)
     assert set(first) == set(ids) - set(slow)  # the rows behind the missing ones were written
 

@@ -19,6 +19,7 @@ import pytest
 
 from tests.integration.procs import REPO_ROOT, cmdline, descendants, radixq, still_running, subprocess_env
 from tests.model_fixtures import smollm2_dir  # noqa: F401  (fixture)
+from tests.waiting import LIVENESS_S
 
 pytestmark = [pytest.mark.integration, pytest.mark.model]
 
@@ -74,7 +75,7 @@ def test_grammar_jobs_fail_alone_and_the_compiler_leaves_with_the_worker(
         assert compilers, "no grammar compiler process under the worker"
     finally:
         worker.send_signal(signal.SIGTERM)
-        assert worker.wait(timeout=60) == 0, log_path.read_text()
+        assert worker.wait(timeout=LIVENESS_S) == 0, log_path.read_text()
     assert still_running(compilers) == []
 
     rows = {row["id"]: row for row in map(json.loads, out.read_text().splitlines())}

@@ -73,7 +73,7 @@ def test_untrusted_certificate_is_one_line_and_exit_2(tls_redis: tuple[int, Path
         (line,) = done.stderr.strip().splitlines()
         assert "certificate verify failed" in line and "not trusted" in line, line
     worker = start_worker(url, "w", tmp_path / "w.log")
-    assert worker.wait(timeout=60) == 2
+    assert worker.wait(timeout=LIVENESS_S) == 2
     text = (tmp_path / "w.log").read_text()
     assert "Traceback" not in text
     (line,) = [line for line in text.splitlines() if line.startswith("error: ")]

@@ -14,7 +14,7 @@ import pytest
 from producer.client import Client
 from tests.integration.procs import children, descendants, start_engine_worker, still_running
 from tests.model_fixtures import hf_from_dir, hf_greedy, tiny_hf_model
-from tests.waiting import wait_until
+from tests.waiting import LIVENESS_S, wait_until
 from wire.keys import FIELD_RESULT, QueueKeys
 from wire.schema import Job, SamplingParams, decode_result
 
@@ -88,5 +88,5 @@ def test_kill_9_of_a_follower_rank_restarts_the_group_and_loses_nothing(
     finally:
         everything = descendants(worker.pid)
         worker.send_signal(signal.SIGTERM)
-        worker.wait(timeout=60)
+        worker.wait(timeout=LIVENESS_S)
     wait_until(lambda: not still_running(everything), "no process left behind", log_path=log_path)

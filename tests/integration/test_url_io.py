@@ -19,6 +19,7 @@ import pytest
 from producer.local_redis import free_port
 from tests.fake_generator import fake_text
 from tests.integration.procs import FAKE_GENERATOR, radixq, start_worker, subprocess_env
+from tests.waiting import LIVENESS_S
 
 pytestmark = pytest.mark.integration
 
@@ -181,7 +182,7 @@ def test_enqueue_and_collect_by_url(
         )
     finally:
         worker.terminate()
-        worker.wait(timeout=30)
+        worker.wait(timeout=LIVENESS_S)
     assert collected.returncode == 0, collected.stderr
     assert [json.loads(line)["id"] for line in s3_text(s3, "c.jsonl").splitlines()] == ids
 

@@ -15,7 +15,7 @@ from producer.local_redis import LocalRedis
 from tests.conftest import require_redis_server
 from tests.integration.procs import start_worker
 from tests.jobs_stream import pending_count, total_len
-from tests.waiting import wait_until
+from tests.waiting import LIVENESS_S, wait_until
 from wire.epoch import create_epoch
 from wire.keys import QueueKeys
 from wire.schema import Job
@@ -39,7 +39,7 @@ def test_wrong_password_is_one_line_and_exit_2(redis_url: str, tmp_path: Path) -
     admin.acl_setuser("app", enabled=True, passwords=["+right"], commands=["+@all"], keys=["*"])
     url = redis_url.replace("redis://", "redis://app:wrong@")
     worker = start_worker(url, "w", tmp_path / "w.log")
-    assert worker.wait(timeout=60) == 2
+    assert worker.wait(timeout=LIVENESS_S) == 2
     line = one_line_error(tmp_path / "w.log")
     assert "invalid username-password pair" in line and "app:***@" in line and "wrong" not in line
 
@@ -51,7 +51,7 @@ def test_acl_denial_is_one_line_and_exit_2(redis_url: str, tmp_path: Path) -> No
     admin.acl_setuser("reader", enabled=True, passwords=["+pw"], commands=["+@all", "-xadd"], keys=["*"])
     url = redis_url.replace("redis://", "redis://reader:pw@")
     worker = start_worker(url, "w", tmp_path / "w.log")
-    assert worker.wait(timeout=60) == 2
+    assert worker.wait(timeout=LIVENESS_S) == 2
     assert "no permissions to run the 'xadd' command" in one_line_error(tmp_path / "w.log")
 
 
@@ -75,7 +75,7 @@ def test_full_redis_keeps_results_in_the_outbox_until_there_is_room(redis_url: s
         wait_until(lambda: admin.hlen(KEYS.done) == 200, "every job done once Redis has room")
     finally:
         worker.send_signal(signal.SIGTERM)
-        assert worker.wait(timeout=30) == 0, (tmp_path / "w.log").read_text()[-3000:]
+        assert worker.wait(timeout=LIVENESS_S) == 0, (tmp_path / "w.log").read_text()[-3000:]
     assert pending_count(admin, KEYS) == 0
     assert "queue is back" in (tmp_path / "w.log").read_text()
 
@@ -100,7 +100,7 @@ def test_redis_restarted_without_its_data_is_reported_by_the_worker(tmp_path: Pa
     finally:
         if worker is not None:
             worker.send_signal(signal.SIGTERM)
-            assert worker.wait(timeout=30) == 0, (tmp_path / "w.log").read_text()[-3000:]
+            assert worker.wait(timeout=LIVENESS_S) == 0, (tmp_path / "w.log").read_text()[-3000:]
         server.stop()
 
 

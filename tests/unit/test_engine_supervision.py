@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.model_fixtures import hf_from_dir, hf_greedy, tiny_hf_model
+from tests.waiting import LIVENESS_S
 from wire.schema import Job, Result, SamplingParams
 from worker.frontend.contract import ENGINE_CRASH, GeneratorUnavailable
 from worker.frontend.engine_generator import EngineGenerator
@@ -41,7 +42,7 @@ def backend_with(model_dir: Path, fault: str) -> EngineGenerator:
     return EngineGenerator(config, restart_delays_s=(0.0, 0.1, 0.1))
 
 
-def collect(backend: EngineGenerator, count: int, timeout_s: float = 120) -> dict[str, Result]:
+def collect(backend: EngineGenerator, count: int, timeout_s: float = LIVENESS_S) -> dict[str, Result]:
     results: dict[str, Result] = {}
     deadline = time.monotonic() + timeout_s
     while len(results) < count:
@@ -60,7 +61,7 @@ def submit_all(backend: EngineGenerator, poison: bool) -> None:
         backend.submit(Job(id=job_id, input_ids=prompt, sampling=GREEDY))
 
 
-def settle(backend: EngineGenerator, timeout_s: float = 60) -> None:
+def settle(backend: EngineGenerator, timeout_s: float = LIVENESS_S) -> None:
     """Poll until the backend takes jobs again (a restart after the last crash has finished)."""
     deadline = time.monotonic() + timeout_s
     while backend.free_capacity() == 0:
@@ -146,7 +147,7 @@ def test_engine_that_cannot_restart_is_given_up(model_dir: Path, tmp_path: Path)
     try:
         moved.unlink()  # the next start cannot find the model
         os.kill(backend._proc.pid, signal.SIGKILL)  # type: ignore[union-attr]
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + LIVENESS_S
         with pytest.raises(GeneratorUnavailable, match="could not start again"):
             while time.monotonic() < deadline:
                 backend.poll(0.2)

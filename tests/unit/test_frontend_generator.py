@@ -10,6 +10,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.model_fixtures import hf_from_dir, hf_greedy, tiny_hf_model
+from tests.waiting import LIVENESS_S
 from wire.schema import Job, SamplingParams
 from worker.frontend.engine_generator import EngineGenerator
 from worker.metrics import WorkerMetrics
@@ -24,7 +25,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def _poll_all(backend, count: int, timeout_s: float = 60) -> dict:
+def _poll_all(backend, count: int, timeout_s: float = LIVENESS_S) -> dict:
     results: dict = {}
     deadline = time.monotonic() + timeout_s
     while len(results) < count and time.monotonic() < deadline:

@@ -38,7 +38,7 @@ SLOW = grammar_key(
 assert SLOW is not None
 
 
-def _until(compiler: BackgroundCompiler, count: int, timeout_s: float = 60.0) -> list[Outcome]:
+def _until(compiler: BackgroundCompiler, count: int, timeout_s: float = LIVENESS_S) -> list[Outcome]:
     done: list[Outcome] = []
     deadline = time.monotonic() + timeout_s
     while len(done) < count:
@@ -81,7 +81,7 @@ def test_grammars_from_the_child_equal_grammars_compiled_here(smollm2_dir: Path)
         assert background.submit("c", invalid) is None
         assert background.background is not None
         done: dict[str, object] = {}
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + LIVENESS_S
         while len(done) < 3:
             done.update(background.poll())
             background.background.wait(0.02)
@@ -115,7 +115,7 @@ def test_a_crashing_child_fails_the_key_it_was_compiling_only(compiler: Backgrou
     then ends) answers the key it was compiling with that reason; the next key compiles in a new child."""
     compiler.submit("victim", SLOW)
     compiler.submit("next", ("regex", "[a-z]+"))
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + LIVENESS_S
     while compiler._running is None:  # the child is up and compiling the slow key
         assert compiler.poll() == [] and time.monotonic() < deadline
         compiler.wait(0.02)
@@ -146,7 +146,7 @@ def test_cancelling_the_running_compile_stops_the_child(compiler: BackgroundComp
     """A compile no job waits for any more burns no CPU: its child is stopped at once, and
     the next key gets a new one."""
     compiler.submit("gone", SLOW)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + LIVENESS_S
     while compiler._running is None:
         assert compiler.poll() == [] and time.monotonic() < deadline
         compiler.wait(0.02)
@@ -206,7 +206,7 @@ def test_a_key_that_failed_fails_at_once_next_time(smollm2_dir: Path) -> None:  
         assert grammars.submit("first", slow) is None
         assert grammars.background is not None
         done: list[tuple[str, object]] = []
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + LIVENESS_S
         while not done:
             done += grammars.poll()
             grammars.background.wait(0.02)
@@ -246,7 +246,7 @@ def test_a_large_grammar_is_read_back_off_the_callers_thread(
         assert background.submit("big", schema) is None
         assert background.background is not None
         done: list[tuple[str, object]] = []
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + LIVENESS_S
         while not done:
             done += background.poll()
             background.background.wait(0.02)
@@ -336,7 +336,7 @@ def test_a_compile_over_the_memory_limit_fails_that_key_only(smollm2_dir: Path) 
         compiler.submit("next", ("regex", "[a-z]+"))
         done: dict[str, tuple[object, str | None]] = {}
         peak, baseline = 0, None
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + LIVENESS_S
         while len(done) < 2:
             done.update((o.uid, (o.compiled, o.error)) for o in compiler.poll())
             child = compiler._child

@@ -17,6 +17,7 @@ from openai.types.chat import ChatCompletion
 
 from producer.jsonl import output_record, parse_line
 from tests.model_fixtures import smollm2_dir  # noqa: F401  (fixture)
+from tests.waiting import LIVENESS_S
 from wire.schema import Result
 from worker.frontend.engine_generator import EngineGenerator
 from worker.queue.consumer import envelope
@@ -70,14 +71,14 @@ def test_openai_lines_on_the_real_model(smollm2_dir: Path) -> None:  # noqa: F81
         EngineGenerator(RunConfig.from_options(str(smollm2_dir), device="cpu", max_running_reqs=4))
     )
     try:
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + LIVENESS_S
         while generator.free_capacity() == 0:  # the scheduler process is loading
             assert time.monotonic() < deadline
             generator.poll(0.2)
         for job in jobs:
             generator.submit(job)
         results: dict[str, Result] = {}
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + LIVENESS_S
         while len(results) < len(jobs):
             assert time.monotonic() < deadline
             by_id = {job.id: job for job in jobs}

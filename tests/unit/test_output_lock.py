@@ -16,6 +16,7 @@ import pytest
 
 from producer.outfile import OutputFile
 from producer.outlock import OutputBusy, lock_path, output_lock
+from tests.waiting import LIVENESS_S
 
 
 def test_a_second_writer_is_refused_naming_the_first(tmp_path: Path) -> None:
@@ -72,7 +73,7 @@ def test_the_lock_goes_with_a_killed_holder(tmp_path: Path) -> None:
         holder.kill()
         holder.wait()
     assert lock_path(out).exists()  # left behind by the kill
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + LIVENESS_S
     while True:
         try:
             with OutputFile(out):

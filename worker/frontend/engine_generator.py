@@ -199,12 +199,7 @@ class EngineGenerator:
         """A tensor-parallel follower died: the group is restarted and every job it held runs
         again, nobody blamed. NOTE: a second loss before any job finished goes the way of a
         crash (suspects one at a time), so a job that kills a rank every time is still found."""
-        assert self._proc is not None
-        held = list(self._inflight.values())
-        self._inflight.clear()
-        self._proc.stop(0)
-        self._proc = None
-        self._start_at = time.monotonic() + self.restart_delays_s[0]
+        held = self._drop_process()
         self.rank_losses += 1
         self._rank_lost_again = True
         log.error("%s holding %d jobs; they run again on a new group", reason, len(held))
@@ -221,13 +216,19 @@ class EngineGenerator:
         log.error("%s; trying again in %.0f s", why, delay)
         self._start_at = time.monotonic() + delay
 
-    def _crashed(self, reason: str, failing_uids: list[str] | None) -> None:
+    def _drop_process(self) -> list[_Entry]:
+        """Stop the scheduler process that ended (or lost a rank), schedule its restart after the
+        first delay, and hand back the jobs it held."""
         assert self._proc is not None
         held = list(self._inflight.values())
         self._inflight.clear()
         self._proc.stop(0)
         self._proc = None
         self._start_at = time.monotonic() + self.restart_delays_s[0]
+        return held
+
+    def _crashed(self, reason: str, failing_uids: list[str] | None) -> None:
+        held = self._drop_process()
         if len(held) == 1:  # it ran alone: the crash is its own
             (culprit,) = held
             log.error("job %s crashed the engine while it ran alone: %s", culprit.job.id, reason)
