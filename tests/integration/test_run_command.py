@@ -16,7 +16,7 @@ from producer.collector import Collector
 from producer.local_redis import LocalRedis, free_port
 from tests.fake_generator import fake_text
 from tests.integration.procs import FAKE_GENERATOR, REPO_ROOT, radixq, start_worker, subprocess_env
-from tests.waiting import LIVENESS_S
+from tests.waiting import LIVENESS_S, wait_until
 from wire.keys import QueueKeys
 from wire.schema import Job
 from wire.status import Heartbeat, now_ms
@@ -222,8 +222,11 @@ def test_status_and_dlq_commands(redis_url: str, tmp_path: Path) -> None:
         while client.redis.hlen(keys.done) < 3:
             assert time.monotonic() < deadline
             time.sleep(0.05)
-        text = radixq("status", "--redis-url", redis_url).stdout
-        assert re.search(r"consumer w: running, 0 in flight, idle \d+ ms, heartbeat [\d.]+ s ago", text), text
+        running = r"consumer w: running, 0 in flight, idle \d+ ms, heartbeat [\d.]+ s ago"
+        wait_until(  # polled: a heartbeat late on a loaded box may show it dead in one listing
+            lambda: re.search(running, radixq("status", "--redis-url", redis_url).stdout) is not None,
+            "status to show w running",
+        )
     finally:
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(timeout=LIVENESS_S) == 0
