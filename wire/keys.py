@@ -107,6 +107,17 @@ class QueueKeys:
         return self._key("meta")
 
     @property
+    def survey(self) -> str:
+        """The pool's last survey (worker.queue.streams.survey): backlog, owners, live workers,
+        when it was taken; written by one worker for all, dropped by Redis 10 minutes after."""
+        return self._key("survey")
+
+    @property
+    def surveying(self) -> str:
+        """The lease of the worker taking the pool's survey now (SET NX PX: one at a time)."""
+        return self._key("surveying")
+
+    @property
     def requeued(self) -> str:
         """Hash job id -> times ``dlq requeue`` put it back: a resumed collect replaces the
         dead-letter row of such a job with its new result."""

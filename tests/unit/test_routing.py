@@ -19,7 +19,7 @@ from wire.keys import QueueKeys
 from wire.routing import partition_of, prefix_key, qualify, split_id
 from wire.schema import Job
 from worker.queue.consumer import Consumer
-from worker.queue.routing import PrefixTally, Router, Survey, assign
+from worker.queue.routing import PrefixTally, Router, assign, survey_of
 from worker.queue.streams import RedisJobQueue
 
 P = 8
@@ -111,7 +111,7 @@ def test_steal_order_waits_for_the_owner_then_takes_from_the_far_end_of_the_long
     now = [0.0]
     router = Router("a", steal_after_s=1.0, clock=lambda: now[0])
     lag = [3, 1, 4, 1, 5, 9, 2, 6]
-    survey = router.update(Survey(8, lag, 0, ["a", "b", "c"]))
+    survey = router.update(survey_of(8, lag, 0, ["a", "b", "c"]))
     assert router.steal_order() == []  # the owners get steal_after_s to take their jobs
     now[0] = 1.0
     router.update(survey)

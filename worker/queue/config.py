@@ -54,7 +54,9 @@ class ConsumerConfig:
         check=(lambda n: n >= 1, "must be >= 1"),
     )
     heartbeat_s: float = option(
-        2.0, "how often the worker writes its heartbeat", check=(lambda x: x >= 0, "must be >= 0 (0: every step)")
+        2.0,
+        "how often the worker writes its heartbeat",
+        check=(lambda x: x >= 0, "must be >= 0 (0: every step)"),
     )
     drain_timeout_s: float = option(
         30.0,

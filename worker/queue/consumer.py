@@ -11,8 +11,11 @@ the window: ``read_window``, by default HELD_PER_SLOT jobs per running slot of t
 (the engine queues the jobs beyond its slots for its scheduling policy to order), capped by
 what the generator takes and by a fair share of the
 queue's jobs over the live workers, so one worker does not take a small queue from its
-siblings. Every few seconds the queue trims acknowledged entries and forgets consumers that
-died holding nothing.
+siblings. The survey behind the window and the routing is taken by one consumer for the pool
+(worker.queue.streams.survey); reclaim looks where it saw entries of consumers that stopped.
+Trimming acknowledged entries, forgetting consumers that died holding nothing and sweeping
+every partition for entries nobody renews are the pool's duties, each done about once per
+period by the pool as a whole (worker.queue.duties).
 
 Failure belongs to the job: anything that goes wrong with one entry becomes that entry's error
 result, and a job that crashes the engine alone collects attempts until it is dead-lettered.
@@ -24,7 +27,9 @@ that lost its data. The queue itself is behind worker.queue.jobqueue.JobQueue.
 from __future__ import annotations
 
 import logging
+import math
 import os
+import random
 import time
 from collections import deque
 from collections.abc import Callable
@@ -37,6 +42,7 @@ from wire.schema import Job, JobError, Result, Timings, error_result
 from wire.status import Heartbeat, RateWindow, now_ms
 from worker.frontend.contract import ENGINE_CRASH, Generator, GeneratorUnavailable
 from worker.queue.config import ConsumerConfig
+from worker.queue.duties import PoolDuty
 from worker.queue.guard import Guard
 from worker.queue.jobqueue import Completion, DeadLetter, Delivery, JobQueue, Release, decode_entry, of_epoch
 from worker.queue.outbox import Outbox
@@ -51,6 +57,9 @@ log = logging.getLogger("radixq.worker")
 # read_window 0: the running slots and as many again waiting in the engine, for its policy to
 # order by prefix; more would let one worker take what its siblings could start now
 HELD_PER_SLOT = 2
+# while reads come back full, the backlog figures change nothing: the survey is taken this
+# many times less often
+FULL_READS_SURVEY_EVERY = 4
 
 
 @dataclass
@@ -63,6 +72,7 @@ class _Held:
     key: str  # prefix key
     started_at_ms: int
     epoch: str | None  # the queue's epoch it was read under (its result is written only there)
+    leased_at: float  # the consumer's clock when its entry's lease was last renewed (or taken)
     duplicates: list[str] = field(default_factory=list)
     crashes: int = 0  # times it crashed the engine while it ran alone
     crash: Result | None = None  # the last such crash, until settled
@@ -109,16 +119,20 @@ class Consumer:
         self._rate = RateWindow(window_s=60.0)  # of completed, for the heartbeat
         self.tally = PrefixTally()
         self._survey: Survey | None = None
-        self._next_survey = 0.0
+        self._surveyed_at = -math.inf
+        self._short_read = True  # the last read brought fewer entries than it asked for
         self._held: dict[str, _Held] = {}
         self._crashed: deque[_Held] = deque()
         self._stop_requested = False
         self._force_stop = False
         self._verify_stream = False
         self._next_heartbeat = 0.0
-        self._next_renew = clock() + config.renew_every_s
+        self._epoch_seen = False  # a read told the queue's epoch since the last heartbeat
+        self._next_renew = clock() + config.renew_every_s / 2
         self._next_reclaim = 0.0
-        self._next_housekeeping = clock() + config.housekeeping_s
+        rng = random.Random(config.name)
+        self._housekeeping = PoolDuty(config.housekeeping_s, clock(), rng)
+        self._sweep = PoolDuty(config.reclaim_every_s, clock(), rng)  # reclaim looking in every partition
         self._prepared = False
 
     @property
@@ -191,32 +205,33 @@ class Consumer:
         if self._verify_stream:
             self._verify_stream = False
             self.watch.check_stream(self.queue)
+            self._epoch_seen = False
             self._heartbeat("running")  # and the epoch, at once
         if self._crashed:
             self._settle_crashes()
-        if now >= self._next_housekeeping:
-            self._next_housekeeping = now + self.config.housekeeping_s
+        if self._housekeeping.due(now, self._live):
+            self._housekeeping.done(now)
             forgotten = self.queue.housekeeping(self.config.trim_jobs)
             if forgotten:
                 log.info("forgot %d dead consumers holding nothing: %s", len(forgotten), ", ".join(forgotten))
-        room = self._room()
-        if now >= self._next_survey or (
-            room <= 0 < self.generator.free_capacity()
-            and now >= self._next_survey - 0.9 * self.config.survey_s
-        ):  # NOTE: a window held shut by an old survey (jobs came since) opens within a tenth of survey_s
-            self._next_survey = now + self.config.survey_s
-            self._survey = self.queue.survey()
-            room = self._room()
+        room = self._resurvey(now, self._room())
+        if self._survey is None:
+            room = 0  # NOTE: nothing is read before the first survey says which partitions are ours
         if room > 0 and now >= self._next_reclaim:
             self._next_reclaim = now + self.config.reclaim_every_s
-            claimed = self.queue.reclaim(room)
+            sweep = self._sweep.due(now, self._live)
+            if sweep:
+                self._sweep.done(now)
+            claimed = self.queue.reclaim(room, sweep)
             if claimed:
                 log.info("reclaimed %d pending entries from stopped consumers", len(claimed))
             room -= self._intake(claimed)
         got = 0
         if room > 0:
             block_s = None if (self._held or len(self.outbox)) else self.config.block_s
-            fresh = self.queue.read(min(room, self.config.read_batch), block_s)
+            wanted = min(room, self.config.read_batch)
+            fresh = self.queue.read(wanted, block_s)
+            self._short_read = len(fresh) < wanted
             for delivery in fresh:  # NOTE: from several partitions, the last is not the newest
                 self.watch.saw(delivery.entry.entry_id)
             got = self._intake(fresh)
@@ -224,6 +239,35 @@ class Consumer:
             self._take_results(self.generator.poll(self.config.poll_s))
         elif not self._held and room <= 0:
             self._wait(self.config.poll_s)
+
+    def _resurvey(self, now: float, room: int) -> int:
+        """Take a new survey when one is due; returns the room it leaves. Due: every survey_s
+        while reads come back short (the backlog is what decides), every
+        FULL_READS_SURVEY_EVERY x survey_s while they come back full; within a tenth of
+        survey_s when the window is held shut by an old survey while the generator has room
+        (jobs may have come since); never while the generator is full (nothing to decide)."""
+        survey_s, free = self.config.survey_s, self.generator.free_capacity()
+        if self._survey is not None and min(self.read_window - len(self._held), free) <= 0:
+            return room
+        every_s = survey_s if self._short_read else FULL_READS_SURVEY_EVERY * survey_s
+        if now >= self._surveyed_at + every_s:
+            max_age_s = survey_s
+        elif room <= 0 < free and now >= self._surveyed_at + 0.1 * survey_s:
+            max_age_s = 0.1 * survey_s
+        else:
+            return room
+        self._surveyed_at = now
+        survey = self.queue.survey(max_age_s)
+        if survey is None:  # another consumer is taking the pool's first survey: ask again soon
+            self._surveyed_at = now - every_s + 0.1 * survey_s
+            return room
+        self._survey = survey
+        return self._room()
+
+    @property
+    def _live(self) -> int:
+        """Live workers in the last survey: the pool that shares the duties (worker.queue.duties)."""
+        return self._survey.live if self._survey is not None else 1
 
     @property
     def read_window(self) -> int:
@@ -243,6 +287,9 @@ class Consumer:
         """Hand new entries to the generator; returns how many were submitted."""
         if not deliveries:
             return 0
+        for epoch in {d.epoch for d in deliveries}:
+            self.watch.saw_epoch(epoch)
+        self._epoch_seen = True
         done = self.queue.completed([d.entry.job_id for d in deliveries])
         submitted = 0
         for delivery, is_done in zip(deliveries, done, strict=True):
@@ -289,17 +336,20 @@ class Consumer:
         if held is not None and not of_epoch(held.epoch, delivery.epoch):
             # NOTE: Redis lost the queue it was read from, and the job was enqueued again: the
             # run under way answers the new entry (its old entries are gone with that queue)
-            held.entry_id, held.data, held.duplicates, held.epoch = (
+            held.entry_id, held.data, held.duplicates, held.epoch, held.leased_at = (
                 entry.entry_id,
                 entry.data,
                 [],
                 delivery.epoch,
+                self.clock(),
             )
             return 0
         if held is not None:  # enqueued twice, or reclaimed while we run it
             held.duplicates.append(entry.entry_id)
             return 0
-        self._held[job.id] = _Held(job, entry.entry_id, entry.data, entry.key, now_ms(), delivery.epoch)
+        self._held[job.id] = _Held(
+            job, entry.entry_id, entry.data, entry.key, now_ms(), delivery.epoch, self.clock()
+        )
         try:
             self.generator.submit(job)
         except Exception as exc:  # the contract says submit never raises; one job must not stop others
@@ -367,6 +417,7 @@ class Consumer:
         while self._crashed:
             held = self._crashed[0]
             deliveries = self.queue.count_attempt(held.entry_id)
+            held.leased_at = self.clock()
             held.crashes += 1
             attempts = deliveries if deliveries is not None else held.crashes + 1
             self._crashed.popleft()
@@ -396,8 +447,17 @@ class Consumer:
                 self.generator.submit(held.job)
 
     def _renew(self) -> None:
-        self._next_renew = self.clock() + self.config.renew_every_s
-        lost = self.queue.renew([held.entry_id for held in self._held.values()])
+        """Renew the leases taken or renewed renew_every_s ago or more (checked twice as often):
+        none is left idle for more than 1.5 x renew_every_s (half of min_idle), and a job that
+        finishes within renew_every_s is never renewed."""
+        now = self.clock()
+        self._next_renew = now + self.config.renew_every_s / 2
+        due = [held for held in self._held.values() if now - held.leased_at >= self.config.renew_every_s]
+        if not due:
+            return
+        lost = self.queue.renew([held.entry_id for held in due])
+        for held in due:
+            held.leased_at = now
         if lost:
             # NOTE: another consumer took these over (we were away longer than min_idle). Both
             # may finish the job; the first result written counts.
@@ -424,7 +484,8 @@ class Consumer:
             prefix_keys=self.tally.prefix_keys,
             partitions=self._survey.own if self._survey is not None else [],
         )
-        self.watch.beat(self.queue, beat)
+        self.watch.beat(self.queue, beat, epoch=not self._epoch_seen)
+        self._epoch_seen = False
 
     # ---- leaving ---------------------------------------------------------------------------
 

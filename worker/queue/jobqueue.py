@@ -113,15 +113,18 @@ def decode_entry(entry: Entry) -> Job:
 class JobQueue(Protocol):
     """What a consumer named ``name`` asks of the queue.
 
-    - ``survey()``: the queue's backlog and live workers now (worker.queue.routing.Survey);
-      it also decides which partitions this consumer owns, for ``read``.
+    - ``survey(max_age_s)``: the queue's backlog, live workers and partition owners
+      (worker.queue.routing.Survey), taken within ``max_age_s`` by this consumer or another
+      of its pool; None when there is none yet (another consumer is taking it: ask again
+      soon). It also decides which partitions this consumer owns, for ``read``.
     - ``read(count, block_s)``: up to ``count`` entries never delivered before, from this
       consumer's own partitions, else stolen from one other partition (worker.queue.routing),
       waiting up to ``block_s`` for the first (None: do not wait); they are now held by this
       consumer.
-    - ``reclaim(count)``: up to ``count`` entries held by consumers that stopped renewing them
-      (idle longer than the queue's min-idle time), own partitions first; their delivery
-      count goes up by one.
+    - ``reclaim(count, sweep)``: up to ``count`` entries held by consumers that stopped
+      renewing them (idle longer than the queue's min-idle time), own partitions first; their
+      delivery count goes up by one. It looks in the partitions where the last survey saw
+      entries held by consumers whose heartbeat stopped, or, with ``sweep``, in every one.
     - ``completed(job_ids)``: which of these jobs already have a result that counts.
     - ``complete(writes, acks)``: for each write, its result, the job's done mark (the first
       one wins), its error code, its dead letter if any, and the acknowledgement of its
@@ -134,7 +137,8 @@ class JobQueue(Protocol):
     - ``release(jobs)``: give unfinished jobs back to every worker at once. All or nothing;
       returns the jobs it dropped, of another epoch than the queue's now.
     - ``leave()``: forget this consumer if it holds nothing, and its heartbeat.
-    - ``heartbeat(beat)``: publish the heartbeat; returns the queue's epoch (None: it has none).
+    - ``heartbeat(beat, epoch)``: publish the heartbeat; with ``epoch``, returns the queue's
+      epoch too (None: it has none; without ``epoch``: None).
     - ``newest_entry()``: the id of the newest entry ever added ((0, 0) when none).
     - ``housekeeping(trim)``: trim acknowledged entries (``trim``) and forget consumers that
       died holding nothing; returns the names forgotten.
@@ -145,11 +149,11 @@ class JobQueue(Protocol):
 
     def prepare(self) -> None: ...
 
-    def survey(self) -> Survey: ...
+    def survey(self, max_age_s: float) -> Survey | None: ...
 
     def read(self, count: int, block_s: float | None) -> list[Delivery]: ...
 
-    def reclaim(self, count: int) -> list[Delivery]: ...
+    def reclaim(self, count: int, sweep: bool) -> list[Delivery]: ...
 
     def completed(self, job_ids: list[str]) -> list[bool]: ...
 
@@ -163,7 +167,7 @@ class JobQueue(Protocol):
 
     def leave(self) -> None: ...
 
-    def heartbeat(self, beat: Heartbeat) -> str | None: ...
+    def heartbeat(self, beat: Heartbeat, epoch: bool) -> str | None: ...
 
     def newest_entry(self) -> tuple[int, int]: ...
 

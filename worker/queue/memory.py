@@ -20,7 +20,7 @@ from wire.routing import DEFAULT_PREFIX_CHARS, partition_of, prefix_key, qualify
 from wire.schema import Job, Result, decode_result, encode_job
 from wire.status import Heartbeat, now_ms
 from worker.queue.jobqueue import Delivery, Entry, Release, Write, entry_key, of_epoch
-from worker.queue.routing import STEAL_AFTER_S, Router, Survey, live_workers, read_routed
+from worker.queue.routing import STEAL_AFTER_S, Router, Survey, beating, live_workers, read_routed, survey_of
 
 
 @dataclass
@@ -33,7 +33,9 @@ class _Pending:
 class InMemoryJobQueue:
     """See worker.queue.jobqueue.JobQueue. One instance per consumer, sharing a ``MemoryStore``."""
 
-    def __init__(self, store: MemoryStore, name: str, min_idle_s: float, steal_after_s: float = STEAL_AFTER_S) -> None:
+    def __init__(
+        self, store: MemoryStore, name: str, min_idle_s: float, steal_after_s: float = STEAL_AFTER_S
+    ) -> None:
         self.store = store
         self.name = name
         self.where = "memory"
@@ -47,15 +49,22 @@ class InMemoryJobQueue:
     def prepare(self) -> None:
         self._check()
 
-    def survey(self) -> Survey:
+    def survey(self, max_age_s: float) -> Survey:
         self._check()
-        store = self.store
+        store, now = self.store, now_ms()
         lag = [
             len(entries) - delivered
             for entries, delivered in zip(store.streams, store.delivered, strict=True)
         ]
-        workers = live_workers(dict(store.heartbeats), self.name, now_ms())
-        survey = Survey(store.partitions, lag, len(store.pending), workers)
+        beats: dict[str, Heartbeat | None] = dict(store.heartbeats)
+        recent = beating(beats, self.name, now)
+        orphaned = [0] * store.partitions
+        for entry_id, held in store.pending.items():
+            if held.consumer not in recent:
+                orphaned[split_id(entry_id)[0]] += 1
+        survey = survey_of(
+            store.partitions, lag, len(store.pending), live_workers(beats, self.name, now), orphaned
+        )
         return self.router.update(survey)
 
     def _read(self, partitions: list[int], count: int, block_s: float | None) -> list[Delivery]:
@@ -74,12 +83,15 @@ class InMemoryJobQueue:
         self._check()
         return read_routed(self.router, count, block_s, self._read, sleep=lambda _: None)
 
-    def reclaim(self, count: int) -> list[Delivery]:
+    def reclaim(self, count: int, sweep: bool) -> list[Delivery]:
         self._check()
         store, now = self.store, self.store.clock()
         taken: list[Delivery] = []
-        own = set(self.router.own)
-        candidates = sorted(store.pending.items(), key=lambda item: split_id(item[0])[0] not in own)
+        own, survey = set(self.router.own), self.router.survey
+        candidates = sorted(
+            (item for item in store.pending.items() if sweep or survey.orphans_in(split_id(item[0])[0])),
+            key=lambda item: split_id(item[0])[0] not in own,
+        )
         for entry_id, held in candidates:
             if len(taken) == count:
                 break
@@ -142,10 +154,10 @@ class InMemoryJobQueue:
         self._check()
         self.store.heartbeats.pop(self.name, None)
 
-    def heartbeat(self, beat: Heartbeat) -> str | None:
+    def heartbeat(self, beat: Heartbeat, epoch: bool) -> str | None:
         self._check()
         self.store.heartbeats[self.name] = beat
-        return self.store.epoch
+        return self.store.epoch if epoch else None
 
     def newest_entry(self) -> tuple[int, int]:
         self._check()
@@ -206,5 +218,7 @@ class MemoryStore:
         """Every call of every queue on this store raises ``failure`` until it is set to None."""
         self.failure = failure
 
-    def queue(self, name: str, min_idle_s: float = 60.0, steal_after_s: float = STEAL_AFTER_S) -> InMemoryJobQueue:
+    def queue(
+        self, name: str, min_idle_s: float = 60.0, steal_after_s: float = STEAL_AFTER_S
+    ) -> InMemoryJobQueue:
         return InMemoryJobQueue(self, name, min_idle_s, steal_after_s)

@@ -1,7 +1,7 @@
 """What a worker checks the queue still knows.
 
-Every heartbeat returns the queue's epoch: one that disappears or changes means Redis lost the
-queue's data (wire.epoch). After an outage or a lost group, the jobs stream must still
+Every read and reclaim returns the queue's epoch, and so does a heartbeat when none came since
+the last one: one that disappears or changes means Redis lost the queue's data (wire.epoch). After an outage or a lost group, the jobs stream must still
 reach the newest entry this worker read: a Redis restarted without its data, or from an AOF
 that missed the last writes, does not. Either is logged as DATA LOSS with what to do, and
 counted in the heartbeat.
@@ -33,9 +33,15 @@ class QueueWatch:
     def saw(self, entry_id: str) -> None:
         self.last_read = max(self.last_read, entry_key(entry_id))
 
-    def beat(self, queue: JobQueue, heartbeat: Heartbeat) -> None:
-        """Publish the heartbeat; report a changed epoch."""
-        lost = self.epoch.observe(queue.heartbeat(heartbeat))
+    def beat(self, queue: JobQueue, heartbeat: Heartbeat, epoch: bool = True) -> None:
+        """Publish the heartbeat; with ``epoch``, ask the queue's epoch and report a change."""
+        current = queue.heartbeat(heartbeat, epoch)
+        if epoch:
+            self.saw_epoch(current)
+
+    def saw_epoch(self, current: str | None) -> None:
+        """The queue's epoch as a read or a heartbeat found it; report a change."""
+        lost = self.epoch.observe(current)
         if lost is not None:
             log.error("DATA LOSS: %s", lost)
 

@@ -1,21 +1,25 @@
 """Pending entries: taking over those of dead consumers, keeping our own alive.
 
 A consumer that holds an entry renews its lease (XCLAIM ... JUSTID to itself, which resets
-the idle time without counting a delivery) every ``min_idle / 3``. An entry idle for longer
-than ``min_idle`` therefore belongs to a consumer that stopped; XAUTOCLAIM moves it to us and
-counts one more delivery, which the dead-letter rule reads. A job that crashed the engine when
-it ran alone counts one more delivery the same way (``count_attempt``). Each call works on one
+the idle time without counting a delivery) before it is ``min_idle / 2`` idle
+(worker.queue.consumer). An entry idle for longer than ``min_idle`` therefore belongs to a
+consumer that stopped; XCLAIM (of those XPENDING lists as idle) moves it to us and counts one
+more delivery, which the dead-letter rule reads. A job that crashed the engine when it ran
+alone counts one more delivery the same way (``count_attempt``). Each call works on one
 partition stream; ids here are that stream's own.
 """
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 from typing import Any
 
 import redis
 
 from wire.keys import QueueKeys
+
+CLAIM_CHOICES = 8  # idle entries listed per entry wanted, to pick from at random
 
 
 @dataclass(frozen=True)
@@ -39,7 +43,7 @@ class Leases:
         self.keys = keys
         self.name = name
         self.min_idle_ms = min_idle_ms
-        self._cursors: dict[str, str] = {}
+        self._rng = random.Random(name)
         self._count_script: Any = None
 
     def count_attempt(self, client: redis.Redis, stream: str, entry_id: str) -> int | None:
@@ -50,29 +54,27 @@ class Leases:
         return count if count >= 0 else None
 
     def claim(self, client: redis.Redis, stream: str, count: int) -> list[Claimed]:
-        """Take over up to ``count`` entries idle for at least min_idle (one XAUTOCLAIM scan step)."""
-        reply = client.xautoclaim(
-            stream,
-            self.keys.group,
-            self.name,
-            self.min_idle_ms,
-            start_id=self._cursors.get(stream, "0-0"),
-            count=count,
+        """Take over up to ``count`` entries idle for at least min_idle.
+
+        NOTE: XPENDING IDLE lists the idle ones wherever they are in the pending list (an
+        XAUTOCLAIM of ``count`` scans only 10 x ``count`` entries from its cursor: a small
+        window crawls through a long list), and XCLAIM with the same min-idle takes those still
+        idle, so two consumers never both take one. Each picks at random among up to
+        CLAIM_CHOICES x ``count`` listed, so consumers claiming at once mostly pick different
+        entries. An entry deleted while pending comes back without fields: left out."""
+        listed: Any = client.xpending_range(
+            stream, self.keys.group, min="-", max="+", count=CLAIM_CHOICES * count, idle=self.min_idle_ms
         )
-        cursor, entries = reply[0], reply[1]
-        self._cursors[stream] = cursor.decode() if isinstance(cursor, bytes) else cursor
-        entries = [(entry_id, fields) for entry_id, fields in entries if fields]  # deleted entries: no body
-        if not entries:
+        if not listed:
             return []
-        with client.pipeline(transaction=False) as pipe:
-            for entry_id, _ in entries:
-                pipe.xpending_range(stream, self.keys.group, min=entry_id, max=entry_id, count=1)
-            pending = pipe.execute()
-        claimed = []
-        for (entry_id, fields), info in zip(entries, pending, strict=True):
-            deliveries = int(info[0]["times_delivered"]) if info else 1
-            claimed.append(Claimed(entry_id.decode(), fields, deliveries))
-        return claimed
+        picked = self._rng.sample(listed, min(count, len(listed)))
+        times = {info["message_id"]: int(info["times_delivered"]) for info in picked}
+        taken: Any = client.xclaim(stream, self.keys.group, self.name, self.min_idle_ms, list(times))
+        return [
+            Claimed(entry_id.decode(), fields, times.get(entry_id, 0) + 1)
+            for entry_id, fields in taken
+            if fields
+        ]
 
     def renew(self, client: redis.Redis, stream: str, entry_ids: list[str]) -> set[str]:
         """Reset the idle time of those ``entry_ids`` we still own; returns the ones we lost."""

@@ -5,13 +5,15 @@ command below runs on the partitions concerned (worker.queue.routing says which 
 On a Redis Cluster the partitions other than 0 have hash slots of their own
 (wire.keys): reads go per slot, and writes that must be atomic stay in one (streams.writes).
 
-    survey       XINFO GROUPS per partition, HGETALL workers, HGET meta partitions
-    read         XREADGROUP > + HGET meta epoch     complete  one MULTI: XADD result, HSETNX done,
-    reclaim      XAUTOCLAIM (min idle)                        HSET failed, XADD dead, XACK
-    renew        XCLAIM ... JUSTID (own entries)    release   one MULTI: XADD the job again, XACK
-                                                    (both under WATCH: streams.writes)
-    count        a script: XCLAIM (counts a delivery) if still ours
-    heartbeat    HSET workers + HGET meta epoch     housekeeping  XTRIM MINID, forget dead consumers
+    survey        GET the pool's record, or take it for the pool (streams.survey)
+    read          XREADGROUP >, then (entries came) HGET meta epoch
+    reclaim       XPENDING IDLE + XCLAIM, where the survey saw orphans, or in a sweep
+    renew         XPENDING (own) + XCLAIM ... JUSTID, the leases due
+    count         a script: XCLAIM (counts a delivery) if still ours
+    complete      one MULTI: XADD result, HSETNX done, HSET failed, XADD dead, XACK
+    release       one MULTI: XADD the job again, XACK (both under WATCH: streams.writes)
+    heartbeat     HSET workers (+ HGET meta epoch, unless a read just told it)
+    housekeeping  XTRIM MINID, forget dead consumers (a duty of the pool: worker.queue.duties)
 
 A lag Redis cannot tell (nil after an AOF restart) is counted by the survey
 (worker.queue.streams.lag).
@@ -29,7 +31,7 @@ from typing import Any, TypeVar
 import msgspec
 import redis
 
-from wire.cluster import by_slot, is_cluster
+from wire.cluster import by_slot
 from wire.keys import (
     FIELD_ID,
     FIELD_JOB,
@@ -39,7 +41,7 @@ from wire.keys import (
 )
 from wire.redis_errors import classify, describe, url_of
 from wire.routing import RoutingCorrupt, qualify, read_routing, split_id
-from wire.status import Heartbeat, decode_heartbeat, now_ms
+from wire.status import Heartbeat
 from wire.streams import ensure_groups
 from worker.queue.jobqueue import (
     Delivery,
@@ -51,17 +53,18 @@ from worker.queue.jobqueue import (
     Write,
     entry_key,
 )
-from worker.queue.routing import STEAL_AFTER_S, Router, Survey, live_workers, read_routed
+from worker.queue.routing import STEAL_AFTER_S, Router, Survey, read_routed
 from worker.queue.streams import writes as streams_writes
 from worker.queue.streams.lag import LagCount
 from worker.queue.streams.leases import Leases
 from worker.queue.streams.retention import ConsumerJanitor, trim_acked_jobs
+from worker.queue.streams.survey import SharedSurvey, as_survey
 
 T = TypeVar("T")
 
 
 def read_entry(entry_id: bytes | str, fields: dict[bytes, bytes], partition: int = 0) -> Entry:
-    """An entry as XREADGROUP/XAUTOCLAIM hand it over, whatever its fields hold."""
+    """An entry as XREADGROUP/XCLAIM hand it over, whatever its fields hold."""
     entry_id = qualify(partition, entry_id.decode() if isinstance(entry_id, bytes) else entry_id)
     key = fields.get(FIELD_KEY.encode(), b"").decode("ascii", "replace")
     raw_id = fields.get(FIELD_ID.encode())
@@ -125,7 +128,8 @@ class RedisJobQueue:
         self.janitor = ConsumerJanitor(self.keys, name, dead_after_ms)
         self.router = Router(name, steal_after_s)
         self.partitions = 1
-        self._count_lag = LagCount()
+        self.shared = SharedSurvey(self.keys, name, LagCount())
+        self._prepared_once = False
         self._turn = 0  # the slot a cluster read waits on next
 
     def _streams(self) -> list[str]:
@@ -134,35 +138,20 @@ class RedisJobQueue:
     @_translated
     def prepare(self) -> None:
         self.partitions = read_routing(self.redis, self.keys)[0]
+        # NOTE: after a lost group (prepare again) always: the record may predate the loss
+        if not self._prepared_once and self.shared.grouped(self.redis, self.partitions):
+            self._prepared_once = True
+            return
         ensure_groups(self.redis, self.keys, self.partitions)
+        self._prepared_once = True
 
     @_translated
-    def survey(self) -> Survey:
-        partitions = read_routing(self.redis, self.keys)[0]
-        if partitions != self.partitions:
-            ensure_groups(self.redis, self.keys, partitions)
-            self.partitions = partitions
-        with self.redis.pipeline(transaction=False) as pipe:
-            pipe.hgetall(self.keys.workers)
-            for stream in self._streams():
-                pipe.xinfo_groups(stream)
-            reply: Any = pipe.execute(raise_on_error=False)
-        lag, in_flight = [], 0
-        for stream, groups in zip(self._streams(), reply[1:], strict=True):
-            group: dict[str, Any] = (
-                {}
-                if isinstance(groups, Exception)
-                else next((g for g in groups if g["name"].decode() == self.keys.group), {})
-            )
-            if group and group.get("lag") is None:  # NOTE: Redis lost the count (an AOF restart)
-                group["lag"] = self._count_lag(self.redis, stream, group["last-delivered-id"].decode())
-            lag.append(int(group.get("lag") or 0))
-            in_flight += int(group.get("pending") or 0)
-        if isinstance(reply[0], Exception):
-            raise reply[0]
-        beats = {name.decode(): decode_heartbeat(data) for name, data in reply[0].items()}
-        survey = Survey(partitions, lag, in_flight, live_workers(beats, self.name, now_ms()))
-        return self.router.update(survey)
+    def survey(self, max_age_s: float) -> Survey | None:
+        record = self.shared.get(self.redis, max_age_s, self.partitions)
+        if record is None:
+            return None
+        self.partitions = record.partitions  # NOTE: its taker made the groups of a new routing
+        return self.router.update(as_survey(record))
 
     def _read(self, partitions: list[int], count: int, block_s: float | None) -> list[Delivery]:
         block_ms = None if block_s is None else int(block_s * 1000)
@@ -184,17 +173,20 @@ class RedisJobQueue:
                 pipe.xreadgroup(
                     self.keys.group, self.name, dict.fromkeys(streams, ">"), count=count, block=block_ms
                 )
-            if block_ms is None or not is_cluster(self.redis):
-                pipe.hget(self.keys.meta, META_EPOCH)  # NOTE: after the read: the epoch it was read under
             replies = pipe.execute()
-        # NOTE: a cluster pipeline runs its nodes' commands side by side: after a wait, the
-        # epoch is asked once the read is back
-        epoch = replies.pop() if len(replies) > len(groups) else self.redis.hget(self.keys.meta, META_EPOCH)
-        return [
-            Delivery(read_entry(entry_id, fields, index[stream.decode()]), 1, _text(epoch))
+        found = [
+            (entry_id, fields, index[stream.decode()])
             for reply in replies
             for stream, entries in reply or []
             for entry_id, fields in entries
+        ]
+        if not found:
+            return []
+        # NOTE: asked once the read is back: the epoch the entries were read under
+        epoch = _text(self.redis.hget(self.keys.meta, META_EPOCH))
+        return [
+            Delivery(read_entry(entry_id, fields, partition), 1, epoch)
+            for entry_id, fields, partition in found
         ]
 
     @_translated
@@ -202,9 +194,13 @@ class RedisJobQueue:
         return read_routed(self.router, count, block_s, self._read)
 
     @_translated
-    def reclaim(self, count: int) -> list[Delivery]:
-        own = self.router.own
-        order = own + [p for p in range(self.partitions) if p not in own]
+    def reclaim(self, count: int, sweep: bool) -> list[Delivery]:
+        own, survey = self.router.own, self.router.survey
+        order = [
+            p
+            for p in own + [p for p in range(self.partitions) if p not in own]
+            if sweep or survey.orphans_in(p)
+        ]
         taken: list[Delivery] = []
         for partition in order:
             if len(taken) >= count:
@@ -260,12 +256,13 @@ class RedisJobQueue:
         self.redis.hdel(self.keys.workers, self.name)
 
     @_translated
-    def heartbeat(self, beat: Heartbeat) -> str | None:
+    def heartbeat(self, beat: Heartbeat, epoch: bool) -> str | None:
         with self.redis.pipeline(transaction=False) as pipe:
             pipe.hset(self.keys.workers, self.name, msgspec.msgpack.encode(beat))
-            pipe.hget(self.keys.meta, META_EPOCH)
+            if epoch:
+                pipe.hget(self.keys.meta, META_EPOCH)
             reply: Any = pipe.execute()
-        return reply[1].decode() if reply[1] is not None else None
+        return _text(reply[1]) if epoch else None
 
     @_translated
     def newest_entry(self) -> tuple[int, int]:
