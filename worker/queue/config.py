@@ -40,7 +40,8 @@ class ConsumerConfig:
     )
     survey_s: float = option(
         0.5,
-        "how often to read the queue's backlog and live workers (window, partition owners)",
+        "how old the pool's survey of the backlog, live workers and partition owners may be (one worker "
+        "takes it for all; a worker reads it when it has room)",
         check=(lambda x: x > 0, "must be > 0"),
     )
     min_idle_s: float = option(
@@ -67,7 +68,10 @@ class ConsumerConfig:
     trim_jobs: bool = option(
         True, "trim acknowledged entries from the jobs stream", flags=("--trim-jobs/--keep-jobs",)
     )
-    housekeeping_s: float = option(5.0, "how often to trim and to forget dead consumers")
+    housekeeping_s: float = option(
+        5.0,
+        "how often the pool trims acknowledged entries and forgets dead consumers (a worker of W: every W x this)",
+    )
 
     def __post_init__(self) -> None:
         check_options(self)
