@@ -193,8 +193,10 @@ class Consumer:
     def step(self) -> None:
         """One round of the loop (raises what the queue raises; ``guarded`` judges it)."""
         if not self._prepared:
-            self.queue.prepare()
-            self._prepared = True
+            self._prepared = self.queue.prepare()
+            if not self._prepared:  # another consumer of the pool is preparing the queue
+                self._wait(self.config.poll_s)
+                return
         self._take_results(self.generator.poll(0))
         now = self.clock()
         if now >= self._next_renew:  # NOTE: before the writes, which fail first when Redis is full

@@ -113,6 +113,8 @@ def decode_entry(entry: Entry) -> Job:
 class JobQueue(Protocol):
     """What a consumer named ``name`` asks of the queue.
 
+    - ``prepare()``: make the queue readable by this consumer (its consumer groups); False
+      while another consumer of the pool does it (ask again soon).
     - ``survey(max_age_s)``: the queue's backlog, live workers and partition owners
       (worker.queue.routing.Survey), taken within ``max_age_s`` by this consumer or another
       of its pool; None when there is none yet (another consumer is taking it: ask again
@@ -147,7 +149,7 @@ class JobQueue(Protocol):
     name: str
     where: str  # for messages: the queue's address, no secrets
 
-    def prepare(self) -> None: ...
+    def prepare(self) -> bool: ...
 
     def survey(self, max_age_s: float) -> Survey | None: ...
 

@@ -46,8 +46,9 @@ class InMemoryJobQueue:
         if self.store.failure is not None:
             raise self.store.failure
 
-    def prepare(self) -> None:
+    def prepare(self) -> bool:
         self._check()
+        return True
 
     def survey(self, max_age_s: float) -> Survey:
         self._check()

@@ -136,14 +136,13 @@ class RedisJobQueue:
         return self.keys.partitions(self.partitions)
 
     @_translated
-    def prepare(self) -> None:
+    def prepare(self) -> bool:
         self.partitions = read_routing(self.redis, self.keys)[0]
-        # NOTE: after a lost group (prepare again) always: the record may predate the loss
-        if not self._prepared_once and self.shared.grouped(self.redis, self.partitions):
-            self._prepared_once = True
-            return
-        ensure_groups(self.redis, self.keys, self.partitions)
-        self._prepared_once = True
+        if self._prepared_once:  # NOTE: a lost group: created here, the record may predate the loss
+            ensure_groups(self.redis, self.keys, self.partitions)
+            return True
+        self._prepared_once = self.shared.prepare(self.redis, self.partitions)
+        return self._prepared_once
 
     @_translated
     def survey(self, max_age_s: float) -> Survey | None:

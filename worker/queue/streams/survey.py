@@ -46,6 +46,7 @@ from worker.queue.routing import Survey, beating, live_workers, survey_of
 RECORD_KEPT_MS = 600_000  # a record outlives its pool by this much (then Redis drops it)
 LEASE_TRIERS = 2  # consumers of a pool, on average, that try to take an old record's survey
 GROUPS_TRUSTED_MS = 60_000  # a consumer starting within this of a whole survey does not create groups
+PREPARE_LEASE_MS = 100  # the lease of the consumer creating the groups (longer than it takes)
 
 # (stream, last-delivered id) -> the lag Redis lost (worker.queue.streams.lag)
 CountLag = Callable[[redis.Redis, str, str], int]
@@ -154,15 +155,26 @@ class SharedSurvey:
             return self._seen(record)
         return self._seen(record) if record is not None else self.last
 
-    def grouped(self, client: redis.Redis, partitions: int) -> bool:
-        """Whether a survey of these ``partitions`` found every consumer group lately."""
+    def prepare(self, client: redis.Redis, partitions: int) -> bool:
+        """Whether the consumer groups of ``partitions`` can be read: a whole survey found them
+        lately, else this consumer won the lease, created the missing ones and wrote the
+        survey; False while another consumer does that (a pool starting at once creates them
+        once, not once per consumer)."""
         record = self.read(client)
-        return (
+        if (
             record is not None
             and record.grouped
             and record.partitions == partitions
             and now_ms() - record.taken_ms < GROUPS_TRUSTED_MS
-        )
+        ):
+            return True
+        if not client.set(self.keys.surveying, self.name, nx=True, px=PREPARE_LEASE_MS):
+            return False
+        ensure_groups(client, self.keys, partitions)
+        record = take(client, self.keys, self.name, partitions, self.count_lag)
+        client.set(self.keys.survey, msgspec.msgpack.encode(record), px=RECORD_KEPT_MS)
+        self._seen(record)
+        return True
 
     def _seen(self, record: SurveyRecord) -> SurveyRecord:
         if self.last is None or record.taken_ms >= self.last.taken_ms:
