@@ -1,0 +1,63 @@
+"""What a pool shares (worker.queue.streams.survey, worker.queue.duties): one consumer takes the
+survey for all, and a duty any consumer can do is done about once a period by the pool as a
+whole, whatever its size."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import fakeredis
+import pytest
+
+from producer.client import Client
+from wire.schema import Job
+from worker.queue.duties import PoolDuty
+from worker.queue.streams import RedisJobQueue
+from worker.queue.streams import survey as survey_module
+
+
+def test_a_pool_of_twenty_takes_one_survey_and_all_read_it(
+    fake_redis: fakeredis.FakeRedis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    Client(fake_redis, partitions=8).enqueue([Job(id=f"j{i}", prompt=f"prompt {i}") for i in range(40)])
+    taken: list[str] = []
+    real_take = survey_module.take
+
+    def counting(*args: Any) -> survey_module.SurveyRecord:
+        taken.append(args[2])  # the consumer taking it
+        return real_take(*args)
+
+    monkeypatch.setattr(survey_module, "take", counting)
+    queues = [RedisJobQueue(fake_redis, "default", f"c{i:02d}", 60_000, 600_000) for i in range(20)]
+    assert all(queue.prepare() for queue in queues)  # the first creates nothing: enqueue did
+    surveys = [queue.survey(max_age_s=60.0) for queue in queues]
+    assert len(taken) == 1  # by the first consumer, in its prepare; the others read its record
+    assert all(s is not None and s.queued == 40 and s.partitions == 8 for s in surveys)
+    assert len({queue.shared.last.taken_ms for queue in queues if queue.shared.last}) == 1
+
+
+def test_a_lone_consumer_does_a_duty_every_period() -> None:
+    duty = PoolDuty(every_s=5.0, start_s=0.0, rng=random.Random(1))
+    times = []
+    for step in range(1, 4001):  # 200 s in steps of 0.05 s
+        now = step * 0.05
+        if duty.due(now, live=1):
+            duty.done(now)
+            times.append(now)
+    assert len(times) == 40 and all(abs(b - a - 5.0) < 0.06 for a, b in zip(times, times[1:], strict=False))
+
+
+@pytest.mark.parametrize("pool", [10, 200])
+def test_a_pool_does_a_duty_about_once_a_period_whatever_its_size(pool: int) -> None:
+    every_s, span_s = 1.0, 2000.0
+    duties = [PoolDuty(every_s, 0.0, random.Random(i)) for i in range(pool)]
+    done = 0
+    for step in range(1, int(span_s / 0.5) + 1):
+        now = step * 0.5
+        for duty in duties:
+            if duty.due(now, live=pool):
+                duty.done(now)
+                done += 1
+    # NOTE: 2,000 expected; without pacing each consumer would do it 2,000 times
+    assert 0.8 * span_s / every_s <= done <= 1.2 * span_s / every_s
