@@ -33,10 +33,10 @@ from wire.status import Heartbeat, is_alive
 
 T = TypeVar("T")
 STEAL_AFTER_S = 2.0  # a partition's backlog this old may be stolen by a worker that ran dry
-PREFIX_KEYS_KEPT = 4096
+PREFIX_KEYS_KEPT = 4096  # distinct prefix keys a worker remembers for its heartbeat
 # partitions to steal from that a worker may find empty per survey: with many workers stealing
 # at once, the survey's lag is soon old, and each empty read is a command spent on nothing
-STEAL_TRIES = 2  # distinct prefix keys a worker remembers for its heartbeat
+STEAL_TRIES = 2
 
 
 def _score(worker: str, partition: int) -> int:

@@ -1,9 +1,9 @@
 """What a worker checks the queue still knows.
 
 Every read and reclaim returns the queue's epoch, and so does a heartbeat when none came since
-the last one: one that disappears or changes means Redis lost the queue's data (wire.epoch). After an outage or a lost group, the jobs stream must still
-reach the newest entry this worker read: a Redis restarted without its data, or from an AOF
-that missed the last writes, does not. Either is logged as DATA LOSS with what to do, and
+the last one: one that disappears or changes means Redis lost the queue's data (wire.epoch).
+After an outage or a lost group, the jobs stream must still reach the newest entry this worker
+read: a Redis restarted without its data, or from an AOF that missed the last writes, does not. Either is logged as DATA LOSS with what to do, and
 counted in the heartbeat.
 """
 

@@ -136,23 +136,20 @@ class SharedSurvey:
         lease); else the newest one seen, None if none (another consumer is taking it now)."""
         max_age_ms = max(1, int(max_age_s * 1000))
         record = self.read(client)
-        age_ms = now_ms() - record.taken_ms if record is not None else None
-        if record is not None and age_ms is not None and age_ms < max_age_ms:
-            return self._seen(record)
-        # NOTE: of W consumers finding the record old, about LEASE_TRIERS try the lease; all
-        # of them once it is twice too old
-        tries = (
-            record is None
-            or (age_ms is not None and age_ms >= 2 * max_age_ms)
-            or self._rng.random() * record.live < LEASE_TRIERS
-        )
+        if record is None:
+            tries = True
+        else:
+            age_ms = now_ms() - record.taken_ms
+            if age_ms < max_age_ms:
+                return self._seen(record)
+            # NOTE: of W consumers finding the record old, about LEASE_TRIERS try the lease;
+            # all of them once it is twice too old
+            tries = age_ms >= 2 * max_age_ms or self._rng.random() * record.live < LEASE_TRIERS
         if tries and client.set(self.keys.surveying, self.name, nx=True, px=max(1, max_age_ms // 10)):
             routed = read_routing(client, self.keys)[0]
             if routed != partitions:  # NOTE: the queue was routed since: every partition needs the group
                 ensure_groups(client, self.keys, routed)
-            record = take(client, self.keys, self.name, routed, self.count_lag)
-            client.set(self.keys.survey, msgspec.msgpack.encode(record), px=RECORD_KEPT_MS)
-            return self._seen(record)
+            return self._publish(client, routed)
         return self._seen(record) if record is not None else self.last
 
     def prepare(self, client: redis.Redis, partitions: int) -> bool:
@@ -171,10 +168,14 @@ class SharedSurvey:
         if not client.set(self.keys.surveying, self.name, nx=True, px=PREPARE_LEASE_MS):
             return False
         ensure_groups(client, self.keys, partitions)
+        self._publish(client, partitions)
+        return True
+
+    def _publish(self, client: redis.Redis, partitions: int) -> SurveyRecord:
+        """Take the survey now (this consumer holds the lease) and write it for the pool."""
         record = take(client, self.keys, self.name, partitions, self.count_lag)
         client.set(self.keys.survey, msgspec.msgpack.encode(record), px=RECORD_KEPT_MS)
-        self._seen(record)
-        return True
+        return self._seen(record)
 
     def _seen(self, record: SurveyRecord) -> SurveyRecord:
         if self.last is None or record.taken_ms >= self.last.taken_ms:
