@@ -67,9 +67,10 @@ class QueueKeys:
     def done(self) -> str:
         """Hash job id -> jobs-stream entry id of the delivery whose result counts.
 
-        Set once (HSETNX) in the same transaction as the result and the ack, so completion is
-        idempotent by job id; a later duplicate result carries another or the same entry id and
-        collect keeps only the one named here. ``dlq requeue`` deletes the field.
+        Set once, in the same script as the result and the ack (worker.queue.streams.writes):
+        a job that has it gets no second result, so completion is idempotent by job id. ``dlq
+        requeue`` and a rerun of a changed id delete the field: the results stream may then hold
+        an older result of the id too, and collect keeps only the one named here.
         """
         return self._key("done")
 

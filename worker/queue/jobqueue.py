@@ -128,9 +128,10 @@ class JobQueue(Protocol):
       delivery count goes up by one. It looks in the partitions where the last survey saw
       entries held by consumers whose heartbeat stopped, or, with ``sweep``, in every one.
     - ``completed(job_ids)``: which of these jobs already have a result that counts.
-    - ``complete(writes, acks)``: for each write, its result, the job's done mark (the first
-      one wins), its error code, its dead letter if any, and the acknowledgement of its
-      entries; plus ``acks`` (entries of jobs already done). All or nothing. Returns the
+    - ``complete(writes, acks)``: for each write of a job not done yet, its result, the job's
+      done mark, its error code and its dead letter if any (the first write of a job counts: a
+      job already done gets none of these again), and for every write the acknowledgement of
+      its entries; plus ``acks`` (entries of jobs already done). All or nothing. Returns the
       writes it dropped: those of another epoch than the queue's now (see Epochs).
     - ``renew(entry_ids)``: keep held entries from being reclaimed; returns those no longer
       held by this consumer.

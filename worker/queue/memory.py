@@ -111,13 +111,15 @@ class InMemoryJobQueue:
         dropped = [w for w in writes if not of_epoch(w.completion.epoch, store.epoch)]
         for write in [w for w in writes if of_epoch(w.completion.epoch, store.epoch)]:
             completion, result = write.completion, write.completion.result
+            acks = [*acks, completion.entry_id, *completion.also_ack]
+            if result.id in store.done:  # NOTE: the first result written counts; this one is not kept
+                continue
             store.results.append((completion.entry_id, write.data))
-            store.done.setdefault(result.id, completion.entry_id)
+            store.done[result.id] = completion.entry_id
             if result.error is not None:
                 store.failed[result.id] = result.error.code
             if completion.dead is not None:
                 store.dead.append((result.id, completion.dead.reason, completion.dead.attempts))
-            acks = [*acks, completion.entry_id, *completion.also_ack]
         for entry_id in acks:
             store.pending.pop(entry_id, None)
         return dropped

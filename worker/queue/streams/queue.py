@@ -10,7 +10,8 @@ On a Redis Cluster the partitions other than 0 have hash slots of their own
     reclaim       XPENDING IDLE + XCLAIM, where the survey saw orphans, or in a sweep
     renew         XPENDING (own) + XCLAIM ... JUSTID, the leases due
     count         a script: XCLAIM (counts a delivery) if still ours
-    complete      one MULTI: XADD result, HSETNX done, HSET failed, XADD dead, XACK
+    complete      a script: HGET meta epoch, HMGET done, XADD result (and dead) per job not
+                  done yet, HSET done, HSET failed, XACK (streams.writes)
     release       one MULTI: XADD the job again, XACK (both under WATCH: streams.writes)
     heartbeat     HSET workers (+ HGET meta epoch, unless a read just told it)
     housekeeping  XTRIM MINID, forget dead consumers (a duty of the pool: worker.queue.duties)
@@ -129,6 +130,7 @@ class RedisJobQueue:
         self.router = Router(name, steal_after_s)
         self.partitions = 1
         self.shared = SharedSurvey(self.keys, name, LagCount())
+        self._complete = streams_writes.complete_script(client)
         self._prepared_once = False
         self._turn = 0  # the slot a cluster read waits on next
 
@@ -221,7 +223,7 @@ class RedisJobQueue:
 
     @_translated
     def complete(self, writes: list[Write], acks: list[str]) -> list[Write]:
-        return streams_writes.complete(self.redis, self.keys, writes, acks)
+        return streams_writes.complete(self.redis, self.keys, writes, acks, self._complete)
 
     @_translated
     def renew(self, entry_ids: list[str]) -> set[str]:

@@ -1,17 +1,26 @@
-"""A worker's writes, each one MULTI/EXEC, made only into the queue its jobs came from.
+"""A worker's writes, each atomic, made only into the queue its jobs came from.
 
-    complete   XADD result (with its epoch), HSETNX done, HSET failed, XADD dead, XACK
-    release    XADD the job again (same partition), XACK its entries
+    complete   one script: the epoch, the done marks of the batch (HMGET), then for each job
+               not done yet: XADD result (with its epoch), XADD dead; one HSET done and one
+               HSET failed for the batch; XACK of every entry it answers
+    release    WATCH meta, then one MULTI: XADD the job again (same partition), XACK its entries
 
-Every write carries the epoch its job was read under (worker.queue.jobqueue). The MULTI runs
-under WATCH of the meta hash, after reading the epoch there: writes of another epoch are left
-out (returned to the caller, who reports them), and a change of the meta hash in between (a
-collect recording its trim, a lost queue enqueued again) aborts the EXEC, which is tried again.
+Every write carries the epoch its job was read under (worker.queue.jobqueue); writes of
+another epoch than the queue's now are left out (returned to the caller, who reports them).
 So a result computed before Redis lost the queue never lands in the queue enqueued since.
+``complete`` reads the epoch inside its script, so nothing can come between the check and the
+writes; ``release`` (rare: a draining worker) reads it under WATCH of the meta hash, and a
+change of the meta hash in between aborts the EXEC, which is tried again.
+
+A job whose ``done`` mark is already set (another delivery of it was written first) gets no
+second result: its entries are only acknowledged. So the first result written counts, and
+the results stream holds one result per job but where a cluster's late acks (below) let a job
+run twice.
 """
 
 from __future__ import annotations
 
+import string
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -33,7 +42,7 @@ from wire.keys import (
 from wire.routing import split_id
 from worker.queue.jobqueue import Release, Write, of_epoch
 
-T = TypeVar("T", Write, Release)
+T = TypeVar("T")
 
 
 def by_partition(entry_ids: Sequence[str]) -> dict[int, list[str]]:
@@ -45,39 +54,165 @@ def by_partition(entry_ids: Sequence[str]) -> dict[int, list[str]]:
     return grouped
 
 
-# One slot's writes that run after the MULTI on the queue's slot (a cluster only): the stream
+# One slot's writes that run after release's MULTI on the queue's slot (a cluster only): the stream
 # they go to, and the commands; ``atomic``: in a MULTI of their own.
 Later = tuple[str, Callable[[Any], None], bool]
 
 
-def complete(client: redis.Redis, keys: QueueKeys, writes: list[Write], acks: list[str]) -> list[Write]:
-    """JobQueue.complete; returns the writes left out (another epoch).
+# KEYS: meta, results, done, failed, dead, then the partition streams acknowledged here.
+# ARGV: group, the number of writes, WRITE_FIELDS for each write (id, entry, encoded result,
+# epoch or "", error code or "", "1" for a dead letter, its job, reason and attempts, and the
+# entries it answers as "K:id K:id", K the index in KEYS), then the other entries to ack.
+# Returns the queue's epoch ("": none; not read when there are no writes).
+_COMPLETE = string.Template("""
+local unpack = unpack or table.unpack
+local group, count = ARGV[1], tonumber(ARGV[2])
+local CHUNK = 1000
+local function each_chunk(list, step, fn)
+  for i = 1, #list, step do
+    fn({unpack(list, i, math.min(i + step - 1, #list))})
+  end
+end
+local current = ''
+if count > 0 then current = redis.call('HGET', KEYS[1], '$META_EPOCH') or '' end
+local kept, ids = {}, {}
+for i = 0, count - 1 do
+  local base = 3 + i * $WRITE_FIELDS
+  if ARGV[base + 3] == '' or ARGV[base + 3] == current then
+    kept[#kept + 1] = base
+    ids[#ids + 1] = ARGV[base]
+  end
+end
+local marks = {}
+each_chunk(ids, CHUNK, function(part)
+  for _, mark in ipairs(redis.call('HMGET', KEYS[3], unpack(part))) do marks[#marks + 1] = mark end
+end)
+local to_ack, done, failed, seen = {}, {}, {}, {}
+local function ack(list)
+  for k, raw in string.gmatch(list, '(%d+):(%S+)') do
+    k = tonumber(k)
+    to_ack[k] = to_ack[k] or {}
+    to_ack[k][#to_ack[k] + 1] = raw
+  end
+end
+for j, base in ipairs(kept) do
+  local id, entry = ARGV[base], ARGV[base + 1]
+  if not marks[j] and not seen[id] then
+    seen[id] = true
+    if ARGV[base + 3] == '' then
+      redis.call('XADD', KEYS[2], '*', '$FIELD_ID', id, '$FIELD_ENTRY', entry, '$FIELD_RESULT', ARGV[base + 2])
+    else
+      redis.call('XADD', KEYS[2], '*', '$FIELD_ID', id, '$FIELD_ENTRY', entry, '$FIELD_RESULT', ARGV[base + 2],
+        '$FIELD_EPOCH', ARGV[base + 3])
+    end
+    done[#done + 1] = id
+    done[#done + 1] = entry
+    if ARGV[base + 4] ~= '' then
+      failed[#failed + 1] = id
+      failed[#failed + 1] = ARGV[base + 4]
+    end
+    if ARGV[base + 5] == '1' then
+      redis.call('XADD', KEYS[5], '*', '$FIELD_ID', id, '$FIELD_ENTRY', entry, '$FIELD_JOB', ARGV[base + 6],
+        '$FIELD_REASON', ARGV[base + 7], '$FIELD_ATTEMPTS', ARGV[base + 8])
+    end
+  end
+  ack(ARGV[base + 9])
+end
+ack(ARGV[3 + count * $WRITE_FIELDS])
+each_chunk(done, CHUNK, function(part) redis.call('HSET', KEYS[3], unpack(part)) end)
+each_chunk(failed, CHUNK, function(part) redis.call('HSET', KEYS[4], unpack(part)) end)
+for k, raws in pairs(to_ack) do
+  each_chunk(raws, CHUNK, function(part) redis.call('XACK', KEYS[k], group, unpack(part)) end)
+end
+return current
+""").substitute(
+    WRITE_FIELDS=10,
+    META_EPOCH=META_EPOCH,
+    FIELD_ID=FIELD_ID,
+    FIELD_ENTRY=FIELD_ENTRY,
+    FIELD_RESULT=FIELD_RESULT,
+    FIELD_EPOCH=FIELD_EPOCH,
+    FIELD_JOB=FIELD_JOB,
+    FIELD_REASON=FIELD_REASON,
+    FIELD_ATTEMPTS=FIELD_ATTEMPTS,
+)
 
-    NOTE: on a cluster, acks of a partition outside the queue's slot follow the EXEC: a result
-    always lands before its ack, and a crash in between leaves the entry pending, to run
-    again and be written again (collect keeps the one ``done`` names)."""
 
-    def queue_writes(pipe: Any, kept: list[Write]) -> list[Later]:
-        to_ack = list(acks)
-        for write in kept:
-            completion, result = write.completion, write.completion.result
-            fields: dict[Any, Any] = {FIELD_ID: result.id, FIELD_ENTRY: completion.entry_id}
-            fields[FIELD_RESULT] = write.data
-            if completion.epoch is not None:
-                fields[FIELD_EPOCH] = completion.epoch
-            pipe.xadd(keys.results, fields)
-            pipe.hsetnx(keys.done, result.id, completion.entry_id)
-            if result.error is not None:
-                pipe.hset(keys.failed, result.id, result.error.code)
-            if completion.dead is not None:
-                dead = completion.dead
-                letter: dict[Any, Any] = {FIELD_ID: result.id, FIELD_ENTRY: completion.entry_id}
-                letter.update({FIELD_JOB: dead.job, FIELD_REASON: dead.reason, FIELD_ATTEMPTS: dead.attempts})
-                pipe.xadd(keys.dead, letter)
-            to_ack += [completion.entry_id, *completion.also_ack]
-        return _acks(client, keys, pipe, by_partition(to_ack))
+def complete_script(client: redis.Redis) -> Any:
+    """The script ``complete`` runs, registered with ``client`` (no Redis call yet)."""
+    return client.register_script(_COMPLETE)
 
-    return _under_epoch(client, keys, writes, lambda w: w.completion.epoch, queue_writes, bool(acks))
+
+def complete(
+    client: redis.Redis, keys: QueueKeys, writes: list[Write], acks: list[str], script: Any
+) -> list[Write]:
+    """JobQueue.complete, in one ``script`` (complete_script); returns the writes left out
+    (another epoch).
+
+    NOTE: on a cluster, acks of a partition outside the queue's slot follow the script: a
+    result always lands before its ack, and a crash in between leaves the entry pending, to be
+    reclaimed and only acknowledged (its job is done)."""
+    script_keys = [keys.meta, keys.results, keys.done, keys.failed, keys.dead]
+    index: dict[str, int] = {}  # partition stream -> its index in KEYS (Lua's, from 1)
+    later: dict[str, list[str]] = {}  # of the writes kept and of ``acks``: outside the slot
+
+    def split(entry_ids: Sequence[str]) -> tuple[str, dict[str, list[str]]]:
+        """The entries acked by the script (as its "K:id" list), and those acked after it."""
+        inside: list[str] = []
+        outside: dict[str, list[str]] = {}
+        for partition, raw_ids in by_partition(entry_ids).items():
+            stream = keys.partition(partition)
+            if not together(client, [keys.meta, stream]):
+                outside.setdefault(stream, []).extend(raw_ids)
+                continue
+            if stream not in index:
+                script_keys.append(stream)
+                index[stream] = len(script_keys)
+            inside += [f"{index[stream]}:{raw}" for raw in raw_ids]
+        return " ".join(inside), outside
+
+    args: list[Any] = [keys.group, len(writes)]
+    outside_of: list[dict[str, list[str]]] = []
+    for write in writes:
+        completion, result = write.completion, write.completion.result
+        dead = completion.dead
+        inside, outside = split([completion.entry_id, *completion.also_ack])
+        outside_of.append(outside)
+        args += [
+            result.id,
+            completion.entry_id,
+            write.data,
+            completion.epoch or "",
+            result.error.code if result.error is not None else "",
+            "1" if dead is not None else "",
+            dead.job if dead is not None else b"",
+            dead.reason if dead is not None else "",
+            dead.attempts if dead is not None else 0,
+            inside,
+        ]
+    inside, outside = split(acks)
+    args.append(inside)
+    raw: Any = script(keys=script_keys, args=args, client=client)
+    current = _text(raw) or None
+    for stream, raw_ids in outside.items():
+        later.setdefault(stream, []).extend(raw_ids)
+    dropped: list[Write] = []
+    for write, outside in zip(writes, outside_of, strict=True):
+        if not of_epoch(write.completion.epoch, current):
+            dropped.append(write)
+            continue
+        for stream, raw_ids in outside.items():
+            later.setdefault(stream, []).extend(raw_ids)
+    if later:
+        with client.pipeline(transaction=False) as batch:
+            for stream, raw_ids in later.items():
+                batch.xack(stream, keys.group, *raw_ids)
+            batch.execute()
+    return dropped
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else (value or "")
 
 
 def release(client: redis.Redis, keys: QueueKeys, jobs: list[Release]) -> list[Release]:
@@ -109,7 +244,7 @@ def release(client: redis.Redis, keys: QueueKeys, jobs: list[Release]) -> list[R
             later += _acks(client, keys, None, grouped)
         return later
 
-    return _under_epoch(client, keys, jobs, lambda j: j.epoch, queue_writes, False)
+    return _under_epoch(client, keys, jobs, lambda j: j.epoch, queue_writes)
 
 
 def _acks(client: redis.Redis, keys: QueueKeys, pipe: Any, grouped: dict[int, list[str]]) -> list[Later]:
@@ -134,11 +269,9 @@ def _under_epoch(
     items: list[T],
     epoch_of: Callable[[T], str | None],
     queue_writes: Callable[[Any, list[T]], list[Later]],
-    always: bool,
 ) -> list[T]:
     """One MULTI of ``queue_writes(pipe, kept)`` for the items of the queue's epoch, under
-    WATCH of the meta hash, then the writes it left for later; the others are returned.
-    ``always``: run it with nothing kept."""
+    WATCH of the meta hash, then the writes it left for later; the others are returned."""
     with client.pipeline(transaction=True) as pipe:
         while True:
             try:
@@ -146,7 +279,7 @@ def _under_epoch(
                 raw: Any = pipe.hget(keys.meta, META_EPOCH)
                 current = raw.decode() if raw is not None else None
                 kept = [item for item in items if of_epoch(epoch_of(item), current)]
-                if not kept and not always:
+                if not kept:
                     pipe.reset()
                     return items
                 pipe.multi()
