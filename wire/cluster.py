@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import redis
+from redis._parsers import CommandsParser
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
@@ -64,7 +65,36 @@ def _cluster_enabled(client: redis.Redis) -> bool:
 
 def _cluster(url: str) -> redis.Redis:
     client = RedisCluster.from_url(url, retry=Retry(NoBackoff(), 0), require_full_coverage=False, **OPTIONS)
+    # NOTE: the client and its pipelines share this parser; the class swap keeps what it read
+    # from COMMAND at start and adds only the local reading of stream reads' keys
+    client.commands_parser.__class__ = _StreamReadKeys
     return client  # type: ignore[return-value]
+
+
+class _StreamReadKeys(CommandsParser):
+    """redis-py's key finder, reading XREAD/XREADGROUP keys itself: their keys follow a
+    keyword (STREAMS), which redis-py asks the server about (COMMAND GETKEYS, one more round
+    trip for every read of a worker)."""
+
+    def get_keys(self, redis_conn: Any, *args: Any) -> Any:
+        name = str(args[0]).upper() if args else ""
+        if name in ("XREAD", "XREADGROUP"):
+            keys = stream_read_keys(name, args)
+            if keys:
+                return keys
+        return super().get_keys(redis_conn, *args)
+
+
+def stream_read_keys(name: str, args: tuple[Any, ...]) -> list[Any]:
+    """The streams an XREAD or XREADGROUP command reads: the first half of what follows its
+    STREAMS keyword (skipping XREADGROUP's group and consumer names, which may be any word)."""
+    start = 4 if name == "XREADGROUP" else 1
+    for at in range(start, len(args)):
+        word = args[at].decode(errors="replace") if isinstance(args[at], bytes) else args[at]
+        if isinstance(word, str) and word.upper() == "STREAMS":
+            rest = args[at + 1 :]
+            return list(rest[: len(rest) // 2])
+    return []
 
 
 def is_cluster(client: Any) -> bool:

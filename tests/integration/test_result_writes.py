@@ -200,3 +200,27 @@ def test_a_plain_server_counts_one_command_a_result_and_a_few_a_batch(redis_url:
     calls.pop("config|resetstat", None)
     calls.pop("info", None)
     assert calls == {"evalsha": 1, "hget": 1, "hmget": 1, "xadd": 19, "hset": 1, "xack": 2}
+
+
+def test_a_cluster_client_reads_streams_without_asking_the_server_for_their_keys(cluster_url: str) -> None:
+    """A worker's XREADGROUP on a cluster goes straight to the node of its streams' slot:
+    redis-py alone would send COMMAND GETKEYS first (the keys follow the STREAMS keyword)."""
+    client = connect(cluster_url)
+    client.flushall(target_nodes="primaries")  # type: ignore[call-arg]
+    stream = KEYS.partition(1)
+    ensure_groups(client, KEYS, PARTITIONS)
+    client.xadd(stream, {"id": "j"})
+    nodes = [redis.Redis(host=n.host, port=n.port) for n in client.get_primaries()]  # type: ignore[attr-defined]
+
+    def getkeys_calls() -> int:
+        return sum(int(node.info("commandstats").get("cmdstat_command|getkeys", {}).get("calls", 0)) for node in nodes)
+
+    before = getkeys_calls()
+    direct: Any = client.xreadgroup(KEYS.group, "STREAMS", {stream: "0"}, count=1)  # a consumer named like the keyword
+    with client.pipeline(transaction=False) as pipe:
+        pipe.xreadgroup(KEYS.group, "w", {stream: ">"}, count=1)
+        piped: Any = pipe.execute()
+    assert getkeys_calls() == before
+    assert direct[0][0].decode() == stream and direct[0][1] == []
+    assert piped[0][0][0].decode() == stream and piped[0][0][1][0][1] == {b"id": b"j"}
+    client.close()
