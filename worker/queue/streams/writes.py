@@ -68,13 +68,25 @@ _COMPLETE = string.Template("""
 local unpack = unpack or table.unpack
 local group, count = ARGV[1], tonumber(ARGV[2])
 local CHUNK = 1000
+-- NOTE: a denied command says which (Redis 7.0 says only that the script's user may not run
+-- "this command"); the first write is the first XADD, so a denial writes nothing
+local function call(...)
+  local reply = redis.pcall(...)
+  if type(reply) == 'table' and reply.err then
+    if string.find(reply.err, "can't run this command", 1, true) then
+      return error({err = "NOPERM this user has no permissions to run the '" .. string.lower(...) .. "' command"})
+    end
+    return error(reply)
+  end
+  return reply
+end
 local function each_chunk(list, step, fn)
   for i = 1, #list, step do
     fn({unpack(list, i, math.min(i + step - 1, #list))})
   end
 end
 local current = ''
-if count > 0 then current = redis.call('HGET', KEYS[1], '$META_EPOCH') or '' end
+if count > 0 then current = call('HGET', KEYS[1], '$META_EPOCH') or '' end
 local kept, ids = {}, {}
 for i = 0, count - 1 do
   local base = 3 + i * $WRITE_FIELDS
@@ -85,7 +97,7 @@ for i = 0, count - 1 do
 end
 local marks = {}
 each_chunk(ids, CHUNK, function(part)
-  for _, mark in ipairs(redis.call('HMGET', KEYS[3], unpack(part))) do marks[#marks + 1] = mark end
+  for _, mark in ipairs(call('HMGET', KEYS[3], unpack(part))) do marks[#marks + 1] = mark end
 end)
 local to_ack, done, failed, seen = {}, {}, {}, {}
 local function ack(list)
@@ -100,9 +112,9 @@ for j, base in ipairs(kept) do
   if not marks[j] and not seen[id] then
     seen[id] = true
     if ARGV[base + 3] == '' then
-      redis.call('XADD', KEYS[2], '*', '$FIELD_ID', id, '$FIELD_ENTRY', entry, '$FIELD_RESULT', ARGV[base + 2])
+      call('XADD', KEYS[2], '*', '$FIELD_ID', id, '$FIELD_ENTRY', entry, '$FIELD_RESULT', ARGV[base + 2])
     else
-      redis.call('XADD', KEYS[2], '*', '$FIELD_ID', id, '$FIELD_ENTRY', entry, '$FIELD_RESULT', ARGV[base + 2],
+      call('XADD', KEYS[2], '*', '$FIELD_ID', id, '$FIELD_ENTRY', entry, '$FIELD_RESULT', ARGV[base + 2],
         '$FIELD_EPOCH', ARGV[base + 3])
     end
     done[#done + 1] = id
@@ -112,17 +124,17 @@ for j, base in ipairs(kept) do
       failed[#failed + 1] = ARGV[base + 4]
     end
     if ARGV[base + 5] == '1' then
-      redis.call('XADD', KEYS[5], '*', '$FIELD_ID', id, '$FIELD_ENTRY', entry, '$FIELD_JOB', ARGV[base + 6],
+      call('XADD', KEYS[5], '*', '$FIELD_ID', id, '$FIELD_ENTRY', entry, '$FIELD_JOB', ARGV[base + 6],
         '$FIELD_REASON', ARGV[base + 7], '$FIELD_ATTEMPTS', ARGV[base + 8])
     end
   end
   ack(ARGV[base + 9])
 end
 ack(ARGV[3 + count * $WRITE_FIELDS])
-each_chunk(done, CHUNK, function(part) redis.call('HSET', KEYS[3], unpack(part)) end)
-each_chunk(failed, CHUNK, function(part) redis.call('HSET', KEYS[4], unpack(part)) end)
+each_chunk(done, CHUNK, function(part) call('HSET', KEYS[3], unpack(part)) end)
+each_chunk(failed, CHUNK, function(part) call('HSET', KEYS[4], unpack(part)) end)
 for k, raws in pairs(to_ack) do
-  each_chunk(raws, CHUNK, function(part) redis.call('XACK', KEYS[k], group, unpack(part)) end)
+  each_chunk(raws, CHUNK, function(part) call('XACK', KEYS[k], group, unpack(part)) end)
 end
 return current
 """).substitute(
