@@ -189,16 +189,16 @@ def test_engine_crash_counts_attempts_then_dead_letters_the_culprit(world: World
 def test_a_surprise_while_taking_one_entry_in_fails_that_entry_only(
     world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import worker.queue.consumer as consumer_module
+    import worker.queue.held as held_module
 
-    real = consumer_module.decode_entry
+    real = held_module.decode_entry
 
     def exploding(entry):  # type: ignore[no-untyped-def]
         if entry.job_id == "j1":
             raise RuntimeError("boom")
         return real(entry)
 
-    monkeypatch.setattr(consumer_module, "decode_entry", exploding)
+    monkeypatch.setattr(held_module, "decode_entry", exploding)
     world.enqueue(make_jobs(4))
     consumer = world.consumer(FakeGenerator())
     step_until([consumer], 4, world)
@@ -338,7 +338,7 @@ def test_the_consumer_alone_fills_the_envelope() -> None:
     it says, the written result has the job's metadata, this worker, the model named, and
     timings from enqueue through this worker's taking of the job to now."""
     from wire.schema import Timings
-    from worker.queue.consumer import envelope
+    from worker.queue.held import envelope
 
     job = Job(id="e", prompt="x", metadata={"row": 7}, enqueued_at_ms=100)
     claimed = Result(

@@ -20,7 +20,7 @@ from tests.model_fixtures import smollm2_dir  # noqa: F401  (fixture)
 from tests.waiting import LIVENESS_S
 from wire.schema import Result
 from worker.frontend.engine_generator import EngineGenerator
-from worker.queue.consumer import envelope
+from worker.queue.held import envelope
 from worker.queue.prompts import PromptLists
 from worker.scheduler.config import RunConfig
 

@@ -15,7 +15,8 @@ from tests.unit.queue_worlds import MemoryWorld, config_for, step_until
 from tests.waiting import LIVENESS_S
 from wire.schema import Job, Result, SamplingParams, error_result
 from worker.frontend.contract import ENGINE_CRASH
-from worker.queue.consumer import Consumer, envelope
+from worker.queue.consumer import Consumer
+from worker.queue.held import envelope
 from worker.queue.prompts import PromptLists, sub_job_id
 
 
