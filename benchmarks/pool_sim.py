@@ -141,7 +141,7 @@ def consumer_process(
             victims = list(range(command[1]))
             killed.update(victims)
             time.sleep(0.5)  # their loops stop within a step
-            held = [job_id for i in victims for job_id in consumers[i]._held]
+            held = [job_id for i in victims for job_id in consumers[i].jobs.job_ids()]
             report.put(("killed", held))
         elif command[0] == "stop":
             break

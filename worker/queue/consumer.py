@@ -100,6 +100,11 @@ class Consumer:
         return len(self.jobs)
 
     @property
+    def completed(self) -> int:
+        """Results this worker produced (its heartbeat's ``completed``)."""
+        return self.jobs.completed
+
+    @property
     def tally(self) -> PrefixTally:
         """Prompt and cached tokens by prefix key, as the heartbeat reports them."""
         return self.jobs.tally

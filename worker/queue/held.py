@@ -93,6 +93,9 @@ class HeldJobs:
     def __len__(self) -> int:
         return len(self._jobs)
 
+    def job_ids(self) -> list[str]:
+        return list(self._jobs)
+
     @property
     def crashed(self) -> bool:
         """Jobs that crashed the engine alone wait for settle_crashes."""
