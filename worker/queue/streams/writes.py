@@ -166,7 +166,6 @@ def complete(
     reclaimed and only acknowledged (its job is done)."""
     script_keys = [keys.meta, keys.results, keys.done, keys.failed, keys.dead]
     index: dict[str, int] = {}  # partition stream -> its index in KEYS (Lua's, from 1)
-    later: dict[str, list[str]] = {}  # of the writes kept and of ``acks``: outside the slot
 
     def split(entry_ids: Sequence[str]) -> tuple[str, dict[str, list[str]]]:
         """The entries acked by the script (as its "K:id" list), and those acked after it."""
@@ -202,12 +201,11 @@ def complete(
             dead.attempts if dead is not None else 0,
             inside,
         ]
-    inside, outside = split(acks)
-    args.append(inside)
+    # the acks outside the slot: those of ``acks``, then those of the writes kept
+    acks_inside, later = split(acks)
+    args.append(acks_inside)
     raw: Any = script(keys=script_keys, args=args, client=client)
-    current = _text(raw) or None
-    for stream, raw_ids in outside.items():
-        later.setdefault(stream, []).extend(raw_ids)
+    current = (raw.decode() if isinstance(raw, bytes) else raw) or None
     dropped: list[Write] = []
     for write, outside in zip(writes, outside_of, strict=True):
         if not of_epoch(write.completion.epoch, current):
@@ -221,10 +219,6 @@ def complete(
                 batch.xack(stream, keys.group, *raw_ids)
             batch.execute()
     return dropped
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else (value or "")
 
 
 def release(client: redis.Redis, keys: QueueKeys, jobs: list[Release]) -> list[Release]:
