@@ -25,7 +25,16 @@ _FATAL_TYPES = (
     redis.exceptions.AuthenticationWrongNumberOfArgsError,
     redis.exceptions.NoPermissionError,
 )
-_FATAL_WORDS = ("NOAUTH", "WRONGPASS", "NOPERM", "certificate verify failed", "CERTIFICATE_VERIFY_FAILED")
+# NOTE: Redis 7.0 reports an ACL denial inside a script as a plain ERR with this text
+_SCRIPT_DENIED = "can't run this command or subcommand"
+_FATAL_WORDS = (
+    "NOAUTH",
+    "WRONGPASS",
+    "NOPERM",
+    _SCRIPT_DENIED,
+    "certificate verify failed",
+    "CERTIFICATE_VERIFY_FAILED",
+)
 _TRANSIENT_TYPES = (
     redis.ConnectionError,  # includes BusyLoadingError (LOADING)
     redis.TimeoutError,
@@ -111,7 +120,7 @@ def describe(exc: BaseException, url: str) -> str:
         exc, (redis.AuthenticationError, redis.exceptions.AuthenticationWrongNumberOfArgsError)
     ) or any(word in text for word in ("NOAUTH", "WRONGPASS")):
         hint = "check the password in --redis-url (redis://user:password@host:port/db)"
-    elif isinstance(exc, redis.exceptions.NoPermissionError) or "NOPERM" in text:
+    elif isinstance(exc, redis.exceptions.NoPermissionError) or "NOPERM" in text or _SCRIPT_DENIED in text:
         hint = "the Redis user lacks a permission radixq needs (streams, hashes, lists on radixq:* keys)"
     elif "certificate verify failed" in text or "CERTIFICATE_VERIFY_FAILED" in text:
         hint = "the server's TLS certificate was not trusted (ssl_ca_certs=... in the rediss:// URL)"

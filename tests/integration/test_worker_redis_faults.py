@@ -18,6 +18,7 @@ from tests.jobs_stream import pending_count, total_len
 from tests.waiting import LIVENESS_S, wait_until
 from wire.epoch import create_epoch
 from wire.keys import QueueKeys
+from wire.redis_errors import classify, describe
 from wire.schema import Job
 from wire.streams import ensure_groups
 from worker.queue.streams.retention import trim_acked_jobs
@@ -149,3 +150,17 @@ def test_trimming_never_drops_a_pending_or_undelivered_entry(redis_url: str) -> 
     )
     trim_acked_jobs(admin, KEYS)
     assert total_len(admin, KEYS) == 0  # once all is acknowledged, nothing is kept
+
+
+def test_an_acl_denial_inside_any_script_is_fatal_and_says_so(redis_url: str) -> None:
+    """Redis 7.0 answers a script's denied command with a plain ERR (no NOPERM): it is still an
+    ACL denial, which retrying cannot fix."""
+    admin = redis.Redis.from_url(redis_url)
+    admin.acl_setuser("noclaim", enabled=True, passwords=["+pw"], commands=["+@all", "-xclaim"], keys=["*"])
+    user = redis.Redis.from_url(redis_url.replace("redis://", "redis://noclaim:pw@"))
+    with pytest.raises(redis.RedisError) as denied:
+        user.eval("return redis.call('XCLAIM', KEYS[1], 'g', 'c', 0, '0-1')", 1, "s")
+    assert classify(denied.value) == "fatal"
+    assert "lacks a permission radixq needs" in describe(denied.value, redis_url)
+    user.close()
+    admin.close()
