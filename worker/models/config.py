@@ -21,6 +21,25 @@ def config_json_path(path: str | Path) -> Path:
     return file
 
 
+@dataclass(frozen=True)
+class LayerAttention:
+    """How one decoder layer attends; every attention backend honours all three fields.
+
+    ``sliding_window`` > 0: a query sees itself and the ``sliding_window - 1`` tokens before it
+    (Hugging Face's ``sliding_window``; FlashInfer's ``window_left`` is ``sliding_window - 1``),
+    0: every earlier token. ``logit_softcap`` > 0: each score s becomes
+    ``logit_softcap * tanh(s / logit_softcap)`` before the softmax (Gemma 2), 0: none.
+    ``scale`` multiplies q.k; 0 means ``head_dim ** -0.5``.
+    """
+
+    sliding_window: int = 0
+    logit_softcap: float = 0.0
+    scale: float = 0.0
+
+    def scale_for(self, head_dim: int) -> float:
+        return self.scale or head_dim**-0.5
+
+
 def _eos_list(value: Any) -> list[int]:
     if value is None:
         return []
@@ -52,12 +71,23 @@ class ModelConfig:
     attention_bias: bool
     eos_token_ids: tuple[int, ...]
     tp_size: int = 1  # tensor-parallel ranks: the head and intermediate counts are one rank's share
+    # Per layer, how it attends (sliding window, soft-capping, scale); () means LayerAttention()
+    # for every layer.
+    layer_attention: tuple[LayerAttention, ...] = ()
 
     def __post_init__(self) -> None:
         if self.num_q_heads % self.num_kv_heads != 0:
             raise ValueError(
                 f"num_q_heads={self.num_q_heads} is not a multiple of num_kv_heads={self.num_kv_heads}"
             )
+        if self.layer_attention and len(self.layer_attention) != self.num_layers:
+            raise ValueError(
+                f"layer_attention has {len(self.layer_attention)} entries for {self.num_layers} layers"
+            )
+
+    def attention_of(self, layer_id: int) -> LayerAttention:
+        """How layer ``layer_id`` attends."""
+        return self.layer_attention[layer_id] if self.layer_attention else LayerAttention()
 
     def shard(self, tp_size: int) -> ModelConfig:
         """One rank's shape under ``tp_size``-way tensor parallelism: query heads, KV heads and
