@@ -30,11 +30,13 @@ Invariants:
   overwrite shared device buffers (int workspace, graph index buffers), so they must run
   on the stream that runs the forward pass, after the previous pass was enqueued there.
 - FlashInfer stages each plan in a pinned host buffer that it copies without waiting;
-  two such buffers alternate, so one pass may be in flight while the next is planned.
+  two such buffers (a layer group) alternate, so one pass may be in flight while the next is
+  planned.
 - KV page indices are gathered from ``page_table`` on the GPU; only slots and per-request
   page offsets cross from the host, in one copy from pinned memory.
-- model_config needs ``num_q_heads`` (worker.models.config.ModelConfig); KV heads, head
-  dim and dtype come from the KV pool, whose pages are FlashInfer's "HND" layout.
+- model_config needs ``num_q_heads`` and may give ``layer_attention``
+  (worker.models.config.ModelConfig); KV heads, head dim and dtype come from the KV pool, whose
+  pages are FlashInfer's "HND" layout.
 - Decode over model-dtype pages runs FlashInfer's CUDA-core kernel for small batches and its
   tensor-core kernel from TENSOR_CORE_MIN_BATCH requests up (or always, from 4 query heads per
   KV head); each captured graph is planned for the kernel of its batch size. A graph whose
