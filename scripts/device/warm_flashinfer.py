@@ -125,11 +125,15 @@ def warm(groups: list[str], jobs: int) -> None:
 def pack(out_dir: Path) -> None:
     """The built modules' shared objects as a gzipped tar laid out as FlashInfer's AOT folder
     (NAME/NAME.so), in parts of PART_BYTES. FlashInfer loads a module found there as it is,
-    without ninja or its object files, which is what keeps the archive small enough to carry."""
+    without ninja or its object files, which is what keeps the archive small enough to carry.
+    Modules already in the AOT folder (an older archive that prelude.sh unpacked, so this run
+    built only what it lacked) go in too: the new archive holds every module."""
     from flashinfer.jit import env
 
     buffer = io.BytesIO()
-    libraries = sorted(Path(env.FLASHINFER_JIT_DIR).glob("*/*.so"))
+    by_name = {lib.name: lib for lib in Path(env.FLASHINFER_AOT_DIR).glob("*/*.so")}
+    by_name.update({lib.name: lib for lib in Path(env.FLASHINFER_JIT_DIR).glob("*/*.so")})
+    libraries = [by_name[name] for name in sorted(by_name)]
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
         for library in libraries:
             tar.add(library, arcname=f"{library.parent.name}/{library.name}")
