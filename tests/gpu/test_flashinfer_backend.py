@@ -272,8 +272,9 @@ def check_graph_replay(
         meta = backend.capture_meta(bs)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            backend.forward(q_static, 0, meta)  # warm-up outside the capture
+        with torch.cuda.stream(side):  # warm-up outside the capture: every layer (group, module)
+            for layer in range(NUM_LAYERS):
+                backend.forward(q_static, layer, meta)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
