@@ -31,6 +31,7 @@ import torch  # noqa: E402
 from worker.attention.registry import create_backend  # noqa: E402
 from worker.forward import BatchLayout  # noqa: E402
 from worker.kvcache.pool import KVPool  # noqa: E402
+from worker.models.config import LayerAttention  # noqa: E402
 
 HEAD_DIM = 128
 POOL_LAYERS = 4
@@ -46,14 +47,17 @@ def build(
     seed: int = 0,
     cache_dtype: torch.dtype | None = None,
     decode_kernel: str = "auto",
+    head_dim: int = HEAD_DIM,
+    attention: LayerAttention | None = None,
 ):
     """A FlashInfer backend over a random pool holding ``specs`` ((cached_len, extend_len) a
-    request, each on random distinct pages), and the pass's pinned layout."""
+    request, each on random distinct pages), and the pass's pinned layout; every layer attends
+    as ``attention`` (default: plain causal attention)."""
     gen = torch.Generator().manual_seed(seed)
     seq_lens = [c + e for c, e in specs]
     max_len = max(seq_lens) + page_size
     num_pages = sum(-(-n // page_size) for n in seq_lens) + 1
-    kv = KVPool(POOL_LAYERS, num_pages, page_size, kv_heads, HEAD_DIM, torch.bfloat16, "cuda", cache_dtype)
+    kv = KVPool(POOL_LAYERS, num_pages, page_size, kv_heads, head_dim, torch.bfloat16, "cuda", cache_dtype)
     for layer in range(POOL_LAYERS):
         for pages in (kv.k_buffer(layer), kv.v_buffer(layer)):
             for chunk in pages.split(max(1, pages.shape[0] // 16)):  # NOTE: no fp32 copy of all of it
@@ -76,7 +80,9 @@ def build(
         "flashinfer",
         kv=kv,
         page_table=page_table.cuda(),
-        model_config=SimpleNamespace(num_q_heads=q_heads),
+        model_config=SimpleNamespace(
+            num_q_heads=q_heads, layer_attention=(attention,) * POOL_LAYERS if attention else ()
+        ),
         page_size=page_size,
         device="cuda",
         use_tensor_cores=use_tensor_cores,

@@ -3,9 +3,15 @@
 bf16 queries over bf16 and FP8 (e4m3) KV pages, head_dim 128, q/kv heads 16/8 and 32/8 (and the
 GPU tests' 4/2 and 8/2), page sizes 1 and 16: ragged prefill (fa2), decode on tensor cores (the
 same fa2 prefill module), decode on CUDA cores, and XQA decode (page 16; its module is built per
-query heads per KV head). Each group of modules builds in its own process, ``--jobs`` at a time
-(FlashInfer compiles a module on first use; its files are keyed by module, so the groups never
-build the same one). With ``--pack DIR`` it then writes the cache as
+query heads per KV head). Then the variants of per-layer attention options (ModelConfig.
+layer_attention), each a module of its own: sliding window (Mistral-7B's 32/8 heads, head_dim
+128; Gemma 3's sliding layers), head_dim 256 (Gemma-3-12B's 16/8 heads, sliding and global
+layers), logit soft-cap with and without a window (Gemma 2, head_dim 256, bf16 and FP8; XQA has
+no soft-cap, so those decode through FA2), and XQA with a window. Each group of modules builds in
+its own process, ``--jobs`` at a time (FlashInfer compiles a module on first use; its files are
+keyed by module: a prefill module by KV dtype, head_dim, window yes/no and soft-cap yes/no, a
+CUDA-core decode module likewise, an XQA module by KV dtype, page size, head_dim, q heads per KV
+head and window yes/no; no two groups share one). With ``--pack DIR`` it then writes the cache as
 DIR/flashinfer_cache.tgz.part00, part01, ... (15 MiB each: the modules' .so files alone, in
 FlashInfer's AOT layout); ``cat`` them, in name order, into .fi_cache/flashinfer_cache.tgz,
 which scripts/device/prelude.sh unpacks into the installed package's AOT folder.
@@ -22,44 +28,79 @@ import sys
 import tarfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 PART_BYTES = 15 * 2**20
 HEADS = ((16, 8), (32, 8), (4, 2), (8, 2))
-# group -> (KV dtype, decode kernel, use_tensor_cores, page sizes, heads): one process each
+GEMMA3_12B, MISTRAL_7B = ((16, 8),), ((32, 8),)  # (q heads, kv heads)
+PLAIN, WINDOW, SOFTCAP, WINDOW_SOFTCAP = (0, 0.0), (32, 0.0), (0, 50.0), (32, 50.0)  # (window, soft-cap)
+
+
+class Group(NamedTuple):
+    """What one process builds: every (kind, heads, page size) pass of these settings."""
+
+    kv: str  # "bf16" or "fp8" pages
+    kernel: str  # decode kernel: "fa2" or "xqa"
+    use_tc: bool | None  # FA2 decode on tensor cores (and prefill: the same module) or CUDA cores
+    page_sizes: tuple[int, ...]
+    heads: tuple[tuple[int, int], ...]
+    head_dim: int = 128
+    kinds: tuple[tuple[int, float], ...] = (PLAIN,)  # (sliding window, logit soft-cap) of every layer
+
+
+# group -> one process each
 GROUPS = {
-    "bf16-tc": ("bf16", "fa2", True, (1, 16), HEADS),
-    "bf16-cc": ("bf16", "fa2", False, (1, 16), HEADS),
-    "fp8-tc": ("fp8", "fa2", True, (16,), HEADS),
-    "fp8-cc": ("fp8", "fa2", False, (16,), HEADS),
-    "xqa-fp8-g2": ("fp8", "xqa", None, (16,), ((16, 8), (4, 2))),
-    "xqa-fp8-g4": ("fp8", "xqa", None, (16,), ((32, 8), (8, 2))),
-    "xqa-bf16-g2": ("bf16", "xqa", None, (16,), ((16, 8),)),
-    "xqa-bf16-g4": ("bf16", "xqa", None, (16,), ((32, 8),)),
+    "bf16-tc": Group("bf16", "fa2", True, (1, 16), HEADS),
+    "bf16-cc": Group("bf16", "fa2", False, (1, 16), HEADS),
+    "fp8-tc": Group("fp8", "fa2", True, (16,), HEADS),
+    "fp8-cc": Group("fp8", "fa2", False, (16,), HEADS),
+    "xqa-fp8-g2": Group("fp8", "xqa", None, (16,), ((16, 8), (4, 2))),
+    "xqa-fp8-g4": Group("fp8", "xqa", None, (16,), ((32, 8), (8, 2))),
+    "xqa-bf16-g2": Group("bf16", "xqa", None, (16,), ((16, 8),)),
+    "xqa-bf16-g4": Group("bf16", "xqa", None, (16,), ((32, 8),)),
+    # per-layer attention options (tests/gpu/test_flashinfer_backend.py runs these same modules)
+    "bf16-window-tc": Group("bf16", "fa2", True, (16,), MISTRAL_7B, kinds=(WINDOW,)),
+    "fp8-window-tc": Group("fp8", "fa2", True, (16,), MISTRAL_7B, kinds=(WINDOW,)),
+    "xqa-fp8-g4-window": Group("fp8", "xqa", None, (16,), MISTRAL_7B, kinds=(WINDOW,)),
+    "bf16-d256-tc": Group("bf16", "fa2", True, (16,), GEMMA3_12B, 256, (PLAIN, WINDOW)),
+    "bf16-d256-cc": Group("bf16", "fa2", False, (16,), GEMMA3_12B, 256, (PLAIN, WINDOW)),
+    "fp8-d256-tc": Group("fp8", "fa2", True, (16,), GEMMA3_12B, 256, (PLAIN, WINDOW)),
+    "xqa-fp8-d256-g2": Group("fp8", "xqa", None, (16,), GEMMA3_12B, 256),
+    "xqa-fp8-d256-g2-window": Group("fp8", "xqa", None, (16,), GEMMA3_12B, 256, (WINDOW,)),
+    "bf16-d256-softcap-tc": Group("bf16", "fa2", True, (16,), GEMMA3_12B, 256, (SOFTCAP, WINDOW_SOFTCAP)),
+    "bf16-d256-softcap-cc": Group("bf16", "fa2", False, (16,), GEMMA3_12B, 256, (SOFTCAP, WINDOW_SOFTCAP)),
+    "fp8-d256-softcap-tc": Group("fp8", "fa2", True, (16,), GEMMA3_12B, 256, (SOFTCAP, WINDOW_SOFTCAP)),
 }
 
 
 def warm_group(name: str) -> None:
     import torch
-    from attention_backend import HEAD_DIM, build
+    from attention_backend import build
 
-    kv, kernel, use_tc, page_sizes, heads = GROUPS[name]
-    cache_dtype = torch.float8_e4m3fn if kv == "fp8" else None
+    from worker.models.config import LayerAttention
+
+    group = GROUPS[name]
+    cache_dtype = torch.float8_e4m3fn if group.kv == "fp8" else None
     t0 = time.perf_counter()
-    for q_heads, kv_heads in heads:
-        for page_size in page_sizes:
-            # NOTE: prefill (the second batch) only in the tensor-core groups, which own the fa2
-            # prefill module of their dtype: two processes never build one module.
-            batches = ([(5, 1), (40, 1)], [(0, 20), (17, 3)]) if use_tc else ([(5, 1), (40, 1)],)
-            for specs in batches:
-                backend, layout = build(
-                    specs, q_heads, kv_heads, page_size, use_tensor_cores=use_tc, cache_dtype=cache_dtype,
-                    decode_kernel=kernel,
-                )  # fmt: skip
-                q = torch.randn(layout.num_tokens, q_heads, HEAD_DIM, dtype=torch.bfloat16, device="cuda")
-                backend.forward(q, 0, backend.plan(layout))
-                torch.cuda.synchronize()
+    for window, softcap in group.kinds:
+        attention = LayerAttention(sliding_window=window, logit_softcap=softcap)
+        for q_heads, kv_heads in group.heads:
+            for page_size in group.page_sizes:
+                # NOTE: prefill (the second batch) only in the tensor-core groups, which own the fa2
+                # prefill module of their dtype and kind: two processes never build one module.
+                batches = ([(5, 1), (40, 1)], [(0, 20), (17, 3)]) if group.use_tc else ([(5, 1), (40, 1)],)
+                for specs in batches:
+                    backend, layout = build(
+                        specs, q_heads, kv_heads, page_size, use_tensor_cores=group.use_tc,
+                        cache_dtype=cache_dtype, decode_kernel=group.kernel, head_dim=group.head_dim,
+                        attention=attention,
+                    )  # fmt: skip
+                    shape = (layout.num_tokens, q_heads, group.head_dim)
+                    q = torch.randn(shape, dtype=torch.bfloat16, device="cuda")
+                    backend.forward(q, 0, backend.plan(layout))
+                    torch.cuda.synchronize()
     print(f"warm {name}: {time.perf_counter() - t0:.1f} s", flush=True)
 
 
@@ -84,11 +125,15 @@ def warm(groups: list[str], jobs: int) -> None:
 def pack(out_dir: Path) -> None:
     """The built modules' shared objects as a gzipped tar laid out as FlashInfer's AOT folder
     (NAME/NAME.so), in parts of PART_BYTES. FlashInfer loads a module found there as it is,
-    without ninja or its object files, which is what keeps the archive small enough to carry."""
+    without ninja or its object files, which is what keeps the archive small enough to carry.
+    Modules already in the AOT folder (an older archive that prelude.sh unpacked, so this run
+    built only what it lacked) go in too: the new archive holds every module."""
     from flashinfer.jit import env
 
     buffer = io.BytesIO()
-    libraries = sorted(Path(env.FLASHINFER_JIT_DIR).glob("*/*.so"))
+    by_name = {lib.name: lib for lib in Path(env.FLASHINFER_AOT_DIR).glob("*/*.so")}
+    by_name.update({lib.name: lib for lib in Path(env.FLASHINFER_JIT_DIR).glob("*/*.so")})
+    libraries = [by_name[name] for name in sorted(by_name)]
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
         for library in libraries:
             tar.add(library, arcname=f"{library.parent.name}/{library.name}")

@@ -3,12 +3,13 @@
 Each case builds a KV pool filled with random bf16 K/V, scatters every request's tokens
 over randomly chosen pages (some requests share prefix pages, as the radix cache makes
 them), and checks the backend's output against causal softmax attention computed densely
-in fp32 from the same locations.
+in fp32 from the same locations. Per-layer attention options (ModelConfig.layer_attention:
+sliding window, logit soft-cap, scale) are applied by the oracle as plain torch masks and
+formulas written from LayerAttention's meaning, independent of any backend.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -19,6 +20,7 @@ torch = pytest.importorskip("torch")
 from worker.engine.graph import fitting_batch_size  # noqa: E402
 from worker.forward import BatchLayout  # noqa: E402
 from worker.kvcache.pool import FP8_E4M3_MAX, KVPool  # noqa: E402
+from worker.models.config import LayerAttention  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -51,13 +53,18 @@ class Case:
         seed: int = 0,
         share_prefix: bool = True,
         cache_dtype: torch.dtype | None = None,
+        head_dim: int = HEAD_DIM,
+        attentions: tuple[LayerAttention, ...] = (),
+        q_mult: float = 1.0,
     ) -> None:
         self.gen = torch.Generator().manual_seed(seed)
         self.specs, self.page_size, self.q_heads, self.device = specs, page_size, q_heads, device
+        self.head_dim, self.q_mult = head_dim, q_mult  # q_mult scales the queries: larger logits
+        self.attentions = attentions or (LayerAttention(),) * NUM_LAYERS
         seq_lens = [c + e for c, e in specs]
         pages_needed = sum(-(-n // page_size) for n in seq_lens) + 3
         self.kv = KVPool(
-            NUM_LAYERS, pages_needed, page_size, kv_heads, HEAD_DIM, torch.bfloat16, device, cache_dtype
+            NUM_LAYERS, pages_needed, page_size, kv_heads, head_dim, torch.bfloat16, device, cache_dtype
         )
         if self.kv.quantized:  # pages hold k / k_scale: scales other than 1 must reach the kernel
             self.kv.set_scales([0.01 * (1 + layer) for layer in range(NUM_LAYERS)], [0.02, 0.005])
@@ -89,7 +96,9 @@ class Case:
                 first_row = row.clone()
             page_table[self.slots[i], :n] = row.to(torch.int32)
         self.page_table = page_table.to(device)
-        self.model_config = SimpleNamespace(num_q_heads=q_heads, num_kv_heads=kv_heads, head_dim=HEAD_DIM)
+        self.model_config = SimpleNamespace(
+            num_q_heads=q_heads, num_kv_heads=kv_heads, head_dim=head_dim, layer_attention=attentions
+        )
 
     def batch(self, requests: list[int] | None = None) -> Batch:
         """A pass over the given requests (default: all), with fresh random queries."""
@@ -107,11 +116,16 @@ class Case:
             extend_lens_cpu=host([e for _, e in specs]),
         )
         num_tokens = sum(e for _, e in specs)
-        q = torch.randn(num_tokens, self.q_heads, HEAD_DIM, generator=self.gen).to(torch.bfloat16)
+        q = (self.q_mult * torch.randn(num_tokens, self.q_heads, self.head_dim, generator=self.gen)).to(
+            torch.bfloat16
+        )
         return Batch(layout, specs, q.to(self.device))
 
-    def oracle(self, batch: Batch, layer_id: int) -> torch.Tensor:
-        """Dense causal attention in fp32, each request read from its page-table locations."""
+    def oracle(self, batch: Batch, layer_id: int, attention: LayerAttention | None = None) -> torch.Tensor:
+        """Dense causal attention in fp32, each request read from its page-table locations, as
+        the layer's LayerAttention says (or ``attention``): query at position p sees keys
+        p - sliding_window + 1 .. p; scores are q.k * scale, then soft-capped."""
+        attention = self.attentions[layer_id] if attention is None else attention
         group = self.q_heads // self.kv.num_kv_heads
         outs, start = [], 0
         for slot, (cached, extend) in zip(batch.layout.slots_cpu.tolist(), batch.specs, strict=True):
@@ -121,10 +135,15 @@ class Case:
                 x.float().repeat_interleave(group, dim=1) for x in self.kv.gather(layer_id, locs)
             )  # [S, Hq, D]
             q = batch.q[start : start + extend].float()  # [E, Hq, D]
-            scores = torch.einsum("ehd,shd->hes", q, k) / math.sqrt(HEAD_DIM)
-            q_pos = cached + torch.arange(extend, device=q.device)
-            k_pos = torch.arange(cached + extend, device=q.device)
-            scores = scores.masked_fill(k_pos[None, None, :] > q_pos[None, :, None], float("-inf"))
+            scores = torch.einsum("ehd,shd->hes", q, k) * attention.scale_for(self.head_dim)
+            if attention.logit_softcap:
+                scores = attention.logit_softcap * torch.tanh(scores / attention.logit_softcap)
+            q_pos = cached + torch.arange(extend, device=q.device)[None, :, None]
+            k_pos = torch.arange(cached + extend, device=q.device)[None, None, :]
+            hidden = k_pos > q_pos
+            if attention.sliding_window:
+                hidden |= k_pos <= q_pos - attention.sliding_window
+            scores = scores.masked_fill(hidden, float("-inf"))
             outs.append(torch.einsum("hes,shd->ehd", scores.softmax(-1), v))
             start += extend
         return torch.cat(outs)
@@ -150,26 +169,41 @@ def make_backend(case: Case, device: str, **kw):
 XQA_REL_ERR = 0.05
 
 
-def assert_matches(out: torch.Tensor, ref: torch.Tensor, xqa: bool) -> None:
-    """Elementwise within bf16 rounding, or (XQA over FP8 pages) within XQA_REL_ERR in norm."""
-    if xqa:
-        rel = float((out.float() - ref).norm() / ref.norm())
-        assert rel < XQA_REL_ERR, f"relative error {rel:.4f}"
+# FlashInfer soft-caps with PTX tanh.approx.f32 (relative error up to 2^-11): at a cap of 50 a
+# logit moves by up to ~0.025, a few percent of a softmax weight, so soft-capped outputs are
+# compared in norm; ignoring the cap or the scale lands far beyond (assert_bites).
+SOFTCAP_REL_ERR = 0.03
+
+
+def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((out.float() - ref).norm() / ref.norm())
+
+
+def assert_matches(out: torch.Tensor, ref: torch.Tensor, xqa: bool, rel_err: float | None = None) -> None:
+    """Elementwise within bf16 rounding, or (XQA over FP8 pages, or ``rel_err`` given) within
+    that relative error in norm."""
+    if xqa or rel_err is not None:
+        bound = max(XQA_REL_ERR if xqa else 0.0, rel_err or 0.0)
+        rel = relative_error(out, ref)
+        assert rel < bound, f"relative error {rel:.4f}"
     else:
         torch.testing.assert_close(out.float(), ref, atol=ATOL, rtol=RTOL)
 
 
-def check_eager(case: Case, device: str, **kw) -> None:
-    """All requests, then (re-planning the same backend) every other one."""
+def check_eager(case: Case, device: str, rel_err: float | None = None, **kw) -> set[str]:
+    """All requests, then (re-planning the same backend) every other one; the meta types seen."""
     backend = make_backend(case, device, **kw)
+    seen = set()
     for requests in (None, list(range(0, len(case.specs), 2))):
         batch = case.batch(requests)
         meta = backend.plan(batch.layout)
         xqa = type(meta).__name__ == "XqaMeta"
+        seen.add(type(meta).__name__)
         for layer in range(NUM_LAYERS):
             out = backend.forward(batch.q, layer, meta)
             assert out.shape == batch.q.shape and out.dtype == torch.bfloat16
-            assert_matches(out, case.oracle(batch, layer), xqa)
+            assert_matches(out, case.oracle(batch, layer), xqa, rel_err)
+    return seen
 
 
 def mixed_specs(page_size: int) -> list[tuple[int, int]]:
@@ -226,18 +260,21 @@ def test_decode_kernel_choice_by_batch_size(device: str, batch_size: int) -> Non
     check_eager(case, device)
 
 
-def check_graph_replay(case: Case, backend, sizes: list[int], request_sets: list[list[int]]) -> None:
+def check_graph_replay(
+    case: Case, backend, sizes: list[int], request_sets: list[list[int]], rel_err: float | None = None
+) -> None:
     """Capture one decode graph per size on dummy data, then replay each request set (padded
     to the smallest size that holds it) and compare every layer with the dense oracle."""
     backend.init_cuda_graphs(sizes, max_seq_len=MAX_SEQ_LEN)
     graphs = {}
     for bs in sorted(sizes, reverse=True):
-        q_static = torch.zeros(bs, case.q_heads, HEAD_DIM, dtype=torch.bfloat16, device=case.device)
+        q_static = torch.zeros(bs, case.q_heads, case.head_dim, dtype=torch.bfloat16, device=case.device)
         meta = backend.capture_meta(bs)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            backend.forward(q_static, 0, meta)  # warm-up outside the capture
+        with torch.cuda.stream(side):  # warm-up outside the capture: every layer (group, module)
+            for layer in range(NUM_LAYERS):
+                backend.forward(q_static, layer, meta)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
@@ -254,7 +291,7 @@ def check_graph_replay(case: Case, backend, sizes: list[int], request_sets: list
         for layer in range(NUM_LAYERS):
             got = outs[layer][: len(requests)]
             assert bool(torch.isfinite(got).all()), f"non-finite output in layer {layer}"
-            assert_matches(got, case.oracle(batch, layer), type(meta).__name__ == "XqaMeta")
+            assert_matches(got, case.oracle(batch, layer), type(meta).__name__ == "XqaMeta", rel_err)
 
 
 @pytest.mark.parametrize("use_tensor_cores", [True, False, None])
@@ -335,4 +372,126 @@ def test_large_graph_batches_plan_without_split_kv(device: str) -> None:
     case = Case(decode_specs(40, seed=9), 32, 8, 16, device, seed=9)
     backend = make_backend(case, device)
     check_graph_replay(case, backend, [16, 1024], [list(range(40)), list(range(10))])
-    assert backend._graph_wrappers[1024]._radixq_no_split and not backend._graph_wrappers[16]._radixq_no_split
+    assert (
+        backend._graph_wrappers[1024][0]._radixq_no_split
+        and not backend._graph_wrappers[16][0]._radixq_no_split
+    )
+
+
+# ---- per-layer attention options (ModelConfig.layer_attention) --------------------------------
+
+WINDOW = 40  # tokens a query sees, itself included: not a multiple of the page size
+GLOBAL = LayerAttention()
+# name -> (q heads, kv heads, head_dim, attention of layers 0 and 1)
+WINDOWED = {
+    # Gemma-3-12B's shape: a sliding layer and a global one (two plan groups), head_dim 256
+    "gemma3": (16, 8, 256, (LayerAttention(sliding_window=WINDOW), GLOBAL)),
+    # Mistral-7B's shape: every layer slides (one group), head_dim 128
+    "mistral": (32, 8, 128, (LayerAttention(sliding_window=WINDOW),) * 2),
+}
+# Gemma 2: soft-cap 50 on every layer, a sliding and a global one, its own scale (head_dim 256)
+SOFTCAP, SCALE = 50.0, 0.1
+SOFTCAPPED = (
+    16,
+    8,
+    256,
+    (
+        LayerAttention(sliding_window=WINDOW, logit_softcap=SOFTCAP, scale=SCALE),
+        LayerAttention(logit_softcap=SOFTCAP, scale=SCALE),
+    ),
+)
+Q_MULT = 25.0  # logits of standard deviation ~40 at scale 0.1: the cap bites hard
+
+
+def chunked_specs() -> list[tuple[int, int]]:
+    """Chunks of long prompts over their earlier chunks (cached_len > 0, as chunked prefill and
+    radix hits leave them), fresh prompts and decode rows; windows reach into the prefixes."""
+    return [(0, 64), (64, 64), (128, 72), (48, 1), (200, 30), (7, 50), (33, 1), (500, 17)]
+
+
+def assert_bites(case: Case, layer: int, other: LayerAttention, min_rel: float) -> None:
+    """The case is one where the option matters: attending as ``other`` instead of the layer's
+    own LayerAttention moves the oracle's output by more than ``min_rel`` (norm)."""
+    batch = case.batch()
+    rel = relative_error(case.oracle(batch, layer, other), case.oracle(batch, layer))
+    assert rel > min_rel, f"layer {layer}: {other} is only {rel:.3f} away; the case does not test the option"
+
+
+@pytest.mark.parametrize("name", list(WINDOWED))
+def test_sliding_window_prefill_over_cached_prefixes(device: str, name: str) -> None:
+    """Chunked prefill with a window shorter than the sequences: each query sees its own
+    WINDOW positions, cached prefix included, in the sliding layers; the global layer all."""
+    q_heads, kv_heads, head_dim, attentions = WINDOWED[name]
+    case = Case(chunked_specs(), q_heads, kv_heads, 16, device, head_dim=head_dim, attentions=attentions)
+    assert_bites(case, 0, GLOBAL, 0.2)
+    check_eager(case, device)
+
+
+@pytest.mark.parametrize(
+    ("name", "use_tensor_cores"), [("gemma3", False), ("gemma3", True), ("mistral", None)]
+)
+def test_sliding_window_decode_longer_than_the_window(
+    device: str, name: str, use_tensor_cores: bool | None
+) -> None:
+    """Decode rows of up to 700 tokens against a 40-token window, on CUDA cores and tensor cores."""
+    q_heads, kv_heads, head_dim, attentions = WINDOWED[name]
+    specs = decode_specs(70, seed=13)
+    case = Case(specs, q_heads, kv_heads, 16, device, seed=13, head_dim=head_dim, attentions=attentions)
+    assert_bites(case, 0, GLOBAL, 0.2)
+    check_eager(case, device, use_tensor_cores=use_tensor_cores)
+
+
+@pytest.mark.parametrize("name", list(WINDOWED))
+def test_sliding_window_cuda_graph_replay(device: str, name: str) -> None:
+    """Captured decode graphs of every layer group replay windows correctly for new batches."""
+    q_heads, kv_heads, head_dim, attentions = WINDOWED[name]
+    case = Case(
+        decode_specs(16, seed=17), q_heads, kv_heads, 16, device, 17, head_dim=head_dim, attentions=attentions
+    )
+    backend = make_backend(case, device)
+    assert len(backend._prefills) == len(set(attentions))  # one plan group per distinct attention
+    check_graph_replay(case, backend, [8, 4], [[0, 3, 5, 9, 12], list(range(8, 16)), [15, 2, 7]])
+
+
+@pytest.mark.parametrize("name", list(WINDOWED))
+def test_sliding_window_fp8_kv(device: str, name: str) -> None:
+    """FP8 pages: windowed prefill through FA2, windowed decode through XQA (its sliding-window
+    module), eager and replayed from graphs."""
+    q_heads, kv_heads, head_dim, attentions = WINDOWED[name]
+    options = dict(head_dim=head_dim, attentions=attentions, cache_dtype=torch.float8_e4m3fn)
+    check_eager(Case(chunked_specs(), q_heads, kv_heads, 16, device, **options), device)
+    case = Case(decode_specs(37, seed=19), q_heads, kv_heads, 16, device, 19, **options)
+    assert check_eager(case, device) == {"XqaMeta"}
+    check_graph_replay(case, make_backend(case, device), [8], [[0, 3, 5, 9, 12], list(range(8, 16))])
+
+
+@pytest.mark.parametrize("use_tensor_cores", [False, True])
+def test_soft_cap_and_scale(device: str, use_tensor_cores: bool) -> None:
+    """Gemma 2's options with large logits: soft-cap 50 and scale 0.1 on both layers, a window on
+    one; prefill over cached prefixes and decode, eager and (decode) replayed from graphs."""
+    q_heads, kv_heads, head_dim, attentions = SOFTCAPPED
+    options = dict(head_dim=head_dim, attentions=attentions, q_mult=Q_MULT)
+    prefill = Case(chunked_specs(), q_heads, kv_heads, 16, device, **options)
+    for layer, attention in enumerate(attentions):
+        assert_bites(
+            prefill, layer, LayerAttention(sliding_window=attention.sliding_window, scale=SCALE), 0.2
+        )
+        # the same layer with the default scale: head_dim ** -0.5 = 0.0625
+        assert_bites(prefill, layer, LayerAttention(attention.sliding_window, logit_softcap=SOFTCAP), 0.05)
+    check_eager(prefill, device, SOFTCAP_REL_ERR, use_tensor_cores=use_tensor_cores)
+    decode = Case(decode_specs(24, seed=23), q_heads, kv_heads, 16, device, 23, **options)
+    check_eager(decode, device, SOFTCAP_REL_ERR, use_tensor_cores=use_tensor_cores)
+    backend = make_backend(decode, device, use_tensor_cores=use_tensor_cores)
+    check_graph_replay(decode, backend, [8], [[0, 3, 5, 9, 12], list(range(8, 16))], SOFTCAP_REL_ERR)
+
+
+def test_soft_cap_fp8_kv_decodes_through_fa2(device: str) -> None:
+    """FP8 pages with soft-capped layers: XQA has no soft-cap, so "auto" decodes through FA2
+    (here on tensor cores) and stays exact; asking for XQA is refused with the reason."""
+    q_heads, kv_heads, head_dim, attentions = SOFTCAPPED
+    options = dict(head_dim=head_dim, attentions=attentions, q_mult=Q_MULT, cache_dtype=torch.float8_e4m3fn)
+    check_eager(Case(chunked_specs(), q_heads, kv_heads, 16, device, **options), device, SOFTCAP_REL_ERR)
+    case = Case(decode_specs(24, seed=29), q_heads, kv_heads, 16, device, 29, **options)
+    assert check_eager(case, device, SOFTCAP_REL_ERR, use_tensor_cores=True) == {"FlashInferMeta"}
+    with pytest.raises(ValueError, match="soft-cap"):
+        make_backend(case, device, decode_kernel="xqa")

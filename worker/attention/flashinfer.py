@@ -30,11 +30,13 @@ Invariants:
   overwrite shared device buffers (int workspace, graph index buffers), so they must run
   on the stream that runs the forward pass, after the previous pass was enqueued there.
 - FlashInfer stages each plan in a pinned host buffer that it copies without waiting;
-  two such buffers alternate, so one pass may be in flight while the next is planned.
+  two such buffers (a layer group) alternate, so one pass may be in flight while the next is
+  planned.
 - KV page indices are gathered from ``page_table`` on the GPU; only slots and per-request
   page offsets cross from the host, in one copy from pinned memory.
-- model_config needs ``num_q_heads`` (worker.models.config.ModelConfig); KV heads, head
-  dim and dtype come from the KV pool, whose pages are FlashInfer's "HND" layout.
+- model_config needs ``num_q_heads`` and may give ``layer_attention``
+  (worker.models.config.ModelConfig); KV heads, head dim and dtype come from the KV pool, whose
+  pages are FlashInfer's "HND" layout.
 - Decode over model-dtype pages runs FlashInfer's CUDA-core kernel for small batches and its
   tensor-core kernel from TENSOR_CORE_MIN_BATCH requests up (or always, from 4 query heads per
   KV head); each captured graph is planned for the kernel of its batch size. A graph whose
@@ -43,11 +45,22 @@ Invariants:
   GPU as they are.
 - Decode over FP8 pages runs XQA (worker.attention.xqa) where it is supported
   (``decode_kernel="auto"``): FlashInfer's FA2 templates dequantize FP8 tiles in their inner
-  loop and are compute-bound there. Prefill always runs FA2.
+  loop and are compute-bound there. Prefill always runs FA2. XQA has no logit soft-cap: a
+  model that caps (Gemma 2) decodes through FA2, chosen here and logged once.
+- Layers that attend differently (sliding windows, soft-caps, scales: ModelConfig.layer_attention)
+  are grouped by their plan-time options (worker.attention.plan_groups); each group has its own
+  wrappers (prefill, decode, one a graph batch size), planned for every pass, and its own int
+  workspace and pinned staging buffers, since two plans of one pass must not overwrite each
+  other's plan data. The float workspace stays shared: the layers run one after another on one
+  stream. A model with one group (Llama, Qwen) has exactly the wrappers and plans it always had.
+  Windows are in absolute positions: a pass's KV indices cover each request's whole sequence
+  (cached prefix, earlier chunks, radix hits), and FlashInfer's mask keeps key k for query row i
+  when ``k >= kv_len - qo_len + i - window_left``, i.e. the query's own position minus the window.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,9 +69,12 @@ from flashinfer import BatchDecodeWithPagedKVCacheWrapper, BatchPrefillWithPaged
 
 from worker.attention.base import AttentionBackend
 from worker.attention.names import DECODE_KERNELS
-from worker.attention.xqa import XqaDecode, XqaMeta, xqa_supported
+from worker.attention.plan_groups import PlanOptions, group_layers, layer_attentions
+from worker.attention.xqa import XqaDecode, XqaMeta, xqa_refusal, xqa_supported
 from worker.forward import BatchLayout
 from worker.kvcache.pool import KVPool
+
+logger = logging.getLogger(__name__)
 
 _INT_WORKSPACE_BYTES = 8 * 1024 * 1024  # FlashInfer's own default for plan data
 # Measured on an H200 (benchmarks/decode_breakdown.py attention, 16/8 heads, bf16, page 16):
@@ -81,10 +97,15 @@ def split_scratch_bytes(batch_size: int, num_qo_heads: int, num_kv_heads: int, h
 
 @dataclass(frozen=True)
 class FlashInferMeta:
-    """One planned pass: the wrapper to run and the number of query rows it was planned for."""
+    """One planned pass: the wrapper to run (layer group 0's), the number of query rows it was
+    planned for, and the wrappers of layer groups 1.. planned for the same pass."""
 
     wrapper: Any  # a planned FlashInfer wrapper
     num_rows: int  # query rows (tokens) the plan expects, padding included
+    other_groups: tuple[Any, ...] = ()
+
+    def wrapper_of(self, group: int) -> Any:
+        return self.other_groups[group - 1] if group else self.wrapper
 
 
 class FlashInferBackend(AttentionBackend):
@@ -128,6 +149,8 @@ class FlashInferBackend(AttentionBackend):
         self._always_tensor_cores = group_size >= 4
         self.sm_scale = sm_scale
         self._pin = self.device.type == "cuda"
+        self.groups = group_layers(layer_attentions(model_config, kv.num_layers), sm_scale)
+        self._group_of_layer = self.groups.group_of_layer
 
         if kv.layout != "HND":
             raise ValueError(f"KV pool layout {kv.layout!r}: FlashInferBackend reads HND pages")
@@ -136,34 +159,64 @@ class FlashInferBackend(AttentionBackend):
         self._float_workspace = torch.zeros(
             workspace_mib * 1024 * 1024, dtype=torch.uint8, device=self.device
         )
-        self._int_workspace = torch.zeros(_INT_WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
-        self._host_staging = [
-            torch.zeros(_INT_WORKSPACE_BYTES, dtype=torch.uint8, pin_memory=self._pin) for _ in range(2)
+        num_groups = self.groups.num_groups
+        # per layer group: an int workspace, two pinned staging buffers and their plan count
+        self._int_workspaces = [
+            torch.zeros(_INT_WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
+            for _ in range(num_groups)
         ]
-        self._num_plans = 0
-        self._prefill = self._adopt(
-            BatchPrefillWithPagedKVCacheWrapper(self._float_workspace, "HND", backend=prefill_backend)
-        )
-        self._decode = {
-            tc: self._adopt(
-                BatchDecodeWithPagedKVCacheWrapper(
-                    self._float_workspace, "HND", use_tensor_cores=tc, backend="fa2"
-                )
+        self._host_staging = [
+            [torch.zeros(_INT_WORKSPACE_BYTES, dtype=torch.uint8, pin_memory=self._pin) for _ in range(2)]
+            for _ in range(num_groups)
+        ]
+        self._num_plans = [0] * num_groups
+        self._prefills = [
+            self._adopt(
+                BatchPrefillWithPagedKVCacheWrapper(self._float_workspace, "HND", backend=prefill_backend), g
             )
-            for tc in (False, True)
-        }
-        if decode_kernel not in DECODE_KERNELS:
-            raise ValueError(f"decode_kernel={decode_kernel!r}: expected one of {list(DECODE_KERNELS)}")
-        use_xqa = decode_kernel == "xqa" or (
-            decode_kernel == "auto" and kv.quantized and xqa_supported(kv, self.device)
-        )
-        if use_xqa and not xqa_supported(kv, self.device):
-            raise ValueError(f"decode_kernel='xqa' needs sm90 and page_size in (16, 32, 64, 128), got {page_size}")
-        self._xqa = XqaDecode(kv, page_table, self.num_qo_heads, sm_scale) if use_xqa else None
+            for g in range(num_groups)
+        ]
+        self._decodes = [
+            {
+                tc: self._adopt(
+                    BatchDecodeWithPagedKVCacheWrapper(
+                        self._float_workspace, "HND", use_tensor_cores=tc, backend="fa2"
+                    ),
+                    g,
+                )
+                for tc in (False, True)
+            }
+            for g in range(num_groups)
+        ]
+        self._prefill, self._decode = self._prefills[0], self._decodes[0]  # layer group 0's
+        self._xqa = self._xqa_decode(decode_kernel)
         self._range_host: dict[int, torch.Tensor] = {}
         self.graph_batch_sizes: list[int] = []
-        self._graph_wrappers: dict[int, Any] = {}
+        self._graph_wrappers: dict[int, tuple[Any, ...]] = {}  # batch size -> one wrapper a group
         self._graph_metas: dict[int, FlashInferMeta] = {}
+
+    def _xqa_decode(self, decode_kernel: str) -> XqaDecode | None:
+        """The XQA decode path where it is asked for ("xqa") or chosen ("auto": FP8 pages it can
+        read, layers it can run), else None (FA2 decode)."""
+        if decode_kernel not in DECODE_KERNELS:
+            raise ValueError(f"decode_kernel={decode_kernel!r}: expected one of {list(DECODE_KERNELS)}")
+        if decode_kernel == "fa2":
+            return None
+        kv, supported, refusal = self.kv, xqa_supported(self.kv, self.device), xqa_refusal(self.groups)
+        if decode_kernel == "xqa":
+            if refusal is not None:
+                raise ValueError(f"decode_kernel='xqa': {refusal}; use decode_kernel 'auto' or 'fa2'")
+            if not supported:
+                raise ValueError(
+                    f"decode_kernel='xqa' needs sm90, head_dim <= 256 in multiples of 16 and page_size in "
+                    f"(16, 32, 64, 128), got head_dim {kv.head_dim}, page_size {kv.page_size}"
+                )
+        elif not (kv.quantized and supported):
+            return None
+        elif refusal is not None:
+            logger.info("FP8 KV decode runs FlashInfer FA2, not XQA: %s", refusal)
+            return None
+        return XqaDecode(kv, self.page_table, self.num_qo_heads, self.groups)
 
     # ---- eager path -------------------------------------------------------------------
 
@@ -174,12 +227,15 @@ class FlashInferBackend(AttentionBackend):
         lens = self._lengths(layout.slots_cpu, layout.seq_lens_cpu)
         indices_gpu = self._page_indices_gpu(lens)
         if layout.is_decode:
-            wrapper = self._decode[self.decode_uses_tensor_cores(layout.batch_size)]
-            self._plan_decode(wrapper, lens, indices_gpu)
-            return FlashInferMeta(wrapper, layout.batch_size)
+            tensor_cores = self.decode_uses_tensor_cores(layout.batch_size)
+            wrappers = [decode[tensor_cores] for decode in self._decodes]
+            for wrapper in wrappers:
+                self._plan_decode(wrapper, lens, indices_gpu)
+            return FlashInferMeta(wrappers[0], layout.batch_size, tuple(wrappers[1:]))
         qo_indptr_cpu = self._indptr_host(layout.extend_lens_cpu)
-        self._plan_pages(self._stage(self._prefill), lens, indices_gpu, qo_indptr_cpu, causal=True)
-        return FlashInferMeta(self._prefill, layout.num_tokens)
+        for wrapper in self._prefills:
+            self._plan_pages(self._stage(wrapper), lens, indices_gpu, qo_indptr_cpu, causal=True)
+        return FlashInferMeta(self._prefills[0], layout.num_tokens, tuple(self._prefills[1:]))
 
     def decode_uses_tensor_cores(self, batch_size: int) -> bool:
         """Which decode kernel a batch of this many requests runs (module docstring)."""
@@ -193,7 +249,8 @@ class FlashInferBackend(AttentionBackend):
             assert self._xqa is not None
             return self._xqa.forward(q, layer_id, meta)
         out = torch.empty_like(q)
-        return meta.wrapper.run(q, self._paged_kv[layer_id], out=out, **self.kv_scales(layer_id))
+        wrapper = meta.wrapper_of(self._group_of_layer[layer_id])
+        return wrapper.run(q, self._paged_kv[layer_id], out=out, **self.kv_scales(layer_id))
 
     def kv_scales(self, layer_id: int) -> dict[str, float]:
         """The run() arguments of an FP8 cache's scales for this layer (none for bf16/fp16):
@@ -205,7 +262,8 @@ class FlashInferBackend(AttentionBackend):
     # ---- CUDA-graph decode ------------------------------------------------------------
 
     def init_cuda_graphs(self, batch_sizes: list[int], max_seq_len: int) -> None:
-        """Allocate the fixed index buffers and one graph-mode decode wrapper per batch size."""
+        """Allocate the fixed index buffers and one graph-mode decode wrapper per batch size and
+        layer group (the groups' wrappers share the index buffers: they read the same pages)."""
         if self._graph_wrappers:
             raise RuntimeError("init_cuda_graphs was already called")
         sizes = sorted(set(batch_sizes))
@@ -215,36 +273,42 @@ class FlashInferBackend(AttentionBackend):
         self.graph_batch_sizes = sizes
         if self._xqa is not None:
             self._xqa.init_cuda_graphs(max_bs, max_seq_len)
-            self._graph_wrappers = {bs: None for bs in sizes}
+            self._graph_wrappers = {bs: () for bs in sizes}
             return
         max_pages = max_bs * (-(-max_seq_len // self.page_size))
         self._graph_indptr = torch.zeros(max_bs + 1, dtype=torch.int32, device=self.device)
         self._graph_indices = torch.zeros(max_pages, dtype=torch.int32, device=self.device)
         self._graph_last_page_len = torch.ones(max_bs, dtype=torch.int32, device=self.device)
         for bs in sizes:
-            wrapper = BatchDecodeWithPagedKVCacheWrapper(
-                self._float_workspace,
-                "HND",
-                use_cuda_graph=True,
-                use_tensor_cores=self.decode_uses_tensor_cores(bs),
-                paged_kv_indptr_buffer=self._graph_indptr[: bs + 1],
-                paged_kv_indices_buffer=self._graph_indices,
-                paged_kv_last_page_len_buffer=self._graph_last_page_len[:bs],
-                backend="fa2",
-            )
             # NOTE: read back by _plan_decode: capture and every replay plan the same way; the
             # 1 MiB spare is the allocator's 16-byte alignment of each of FlashInfer's buffers.
             scratch = split_scratch_bytes(bs, self.num_qo_heads, self.num_kv_heads, self.head_dim)
-            wrapper._radixq_no_split = scratch + 2**20 > self._float_workspace.numel()
-            self._graph_wrappers[bs] = self._adopt(wrapper)
-            self._graph_metas[bs] = FlashInferMeta(wrapper, bs)
+            no_split = scratch + 2**20 > self._float_workspace.numel()
+            wrappers = tuple(
+                self._graph_decode_wrapper(bs, no_split, g) for g in range(self.groups.num_groups)
+            )
+            self._graph_wrappers[bs] = wrappers
+            self._graph_metas[bs] = FlashInferMeta(wrappers[0], bs, wrappers[1:])
+
+    def _graph_decode_wrapper(self, bs: int, no_split: bool, group: int) -> Any:
+        wrapper = BatchDecodeWithPagedKVCacheWrapper(
+            self._float_workspace,
+            "HND",
+            use_cuda_graph=True,
+            use_tensor_cores=self.decode_uses_tensor_cores(bs),
+            paged_kv_indptr_buffer=self._graph_indptr[: bs + 1],
+            paged_kv_indices_buffer=self._graph_indices,
+            paged_kv_last_page_len_buffer=self._graph_last_page_len[:bs],
+            backend="fa2",
+        )
+        wrapper._radixq_no_split = no_split
+        return self._adopt(wrapper, group)
 
     def capture_meta(self, bs: int) -> FlashInferMeta | XqaMeta:
         """Plan the bs wrapper on bs dummy one-token requests reading page 0."""
         if self._xqa is not None:
             self._graph_wrapper(bs)  # checks bs was set up
             return self._xqa.capture_meta(bs)
-        wrapper = self._graph_wrapper(bs)
         ones_cpu = self._host(torch.ones(bs, dtype=torch.int32))
         lens = _Lengths(
             slots_gpu=None,
@@ -253,7 +317,9 @@ class FlashInferBackend(AttentionBackend):
             last_page_len_cpu=ones_cpu,
             total_pages=bs,
         )
-        self._plan_decode(wrapper, lens, torch.zeros(bs, dtype=torch.int32, device=self.device))
+        indices_gpu = torch.zeros(bs, dtype=torch.int32, device=self.device)
+        for wrapper in self._graph_wrapper(bs):
+            self._plan_decode(wrapper, lens, indices_gpu)
         return self._graph_metas[bs]
 
     def plan_for_replay(self, layout: BatchLayout, bs: int) -> FlashInferMeta | XqaMeta:
@@ -276,28 +342,37 @@ class FlashInferBackend(AttentionBackend):
             raise ValueError(
                 f"{lens.total_pages} KV pages exceed the graph buffer of {self._graph_indices.numel()}"
             )
-        self._plan_decode(self._graph_wrapper(bs), lens, self._page_indices_gpu(lens))
+        indices_gpu = self._page_indices_gpu(lens)
+        for wrapper in self._graph_wrapper(bs):
+            self._plan_decode(wrapper, lens, indices_gpu)
         return self._graph_metas[bs]
 
     # ---- helpers ----------------------------------------------------------------------
 
-    def _graph_wrapper(self, bs: int) -> Any:
-        """The graph-mode FlashInfer wrapper of batch size bs (None on the XQA path)."""
+    def _graph_wrapper(self, bs: int) -> tuple[Any, ...]:
+        """The graph-mode FlashInfer wrappers of batch size bs, one a layer group (none on the
+        XQA path)."""
         if bs not in self._graph_wrappers:
             raise ValueError(f"batch size {bs} was not set up by init_cuda_graphs {self.graph_batch_sizes}")
         return self._graph_wrappers[bs]
 
-    def _adopt(self, wrapper: Any) -> Any:
-        # NOTE: every wrapper plans into the one shared int workspace; this is safe because
-        # plans and runs are ordered on one stream (module docstring).
-        wrapper._int_workspace_buffer = self._int_workspace
+    def _adopt(self, wrapper: Any, group: int = 0) -> Any:
+        # NOTE: every wrapper of a layer group plans into the group's one int workspace; this is
+        # safe because one pass plans each group once and plans and runs are ordered on one
+        # stream (module docstring).
+        wrapper._int_workspace_buffer = self._int_workspaces[group]
+        wrapper._radixq_group = group
         return wrapper
 
     def _stage(self, wrapper: Any) -> Any:
-        """Point the wrapper at the next pinned staging buffer before it plans."""
-        wrapper._pin_memory_int_workspace_buffer = self._host_staging[self._num_plans % 2]
-        self._num_plans += 1
+        """Point the wrapper at its group's next pinned staging buffer before it plans."""
+        group = getattr(wrapper, "_radixq_group", 0)
+        wrapper._pin_memory_int_workspace_buffer = self._host_staging[group][self._num_plans[group] % 2]
+        self._num_plans[group] += 1
         return wrapper
+
+    def _options(self, wrapper: Any) -> PlanOptions:
+        return self.groups.options[getattr(wrapper, "_radixq_group", 0)]
 
     def _host(self, t: torch.Tensor) -> torch.Tensor:
         return t.pin_memory() if self._pin else t
@@ -342,6 +417,7 @@ class FlashInferBackend(AttentionBackend):
         """FlashInfer's own plan over these pages. Its prefill and decode plans take the same
         arguments, but for the prefill's leading query offsets (and its ``causal`` in ``kw``)."""
         queries = () if qo_indptr_cpu is None else (qo_indptr_cpu,)
+        options = self._options(wrapper)
         wrapper.plan(
             *queries,
             lens.kv_indptr_cpu,
@@ -351,7 +427,9 @@ class FlashInferBackend(AttentionBackend):
             self.num_kv_heads,
             self.head_dim,
             self.page_size,
-            sm_scale=self.sm_scale,
+            sm_scale=options.sm_scale,
+            window_left=options.window_left,
+            logits_soft_cap=options.logits_soft_cap,
             q_data_type=self.kv.model_dtype,
             kv_data_type=self.kv.dtype,  # FP8 pages with bf16 queries for an FP8 cache
             seq_lens=lens.seq_lens_cpu,
@@ -404,7 +482,7 @@ class FlashInferBackend(AttentionBackend):
             self.head_dim,
             self.head_dim,
             False,  # causal
-            -1,  # window_left
+            self._options(wrapper).window_left,  # as the wrapper's first plan (same group)
             -1,  # fixed_split_size
             no_split,  # disable_split_kv
             0,  # num_colocated_ctas

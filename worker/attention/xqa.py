@@ -18,6 +18,12 @@ known on the host.
 
 Scales: FlashInfer folds the layer's k_scale into bmm1 (with the softmax scale) and its v_scale
 into bmm2; XQA turns them into its query and KV scales itself.
+
+Per-layer options (worker.attention.plan_groups): XQA takes the sliding window and the softmax
+scale at run time (``window_left``, ``bmm1_scale``), so one meta serves every layer; a window
+builds its own module (``use_sliding_window``), whose kernel skips the keys before the window of
+the request's last token (TensorRT-LLM's mha_sm90.cu, linear block tables). It has no logit
+soft-cap: ``xqa_refusal`` names it, and the backend decodes such a model through FA2.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from typing import Any
 
 import torch
 
+from worker.attention.plan_groups import LayerGroups
 from worker.kvcache.pool import KVPool
 
 PAGE_SIZES = (16, 32, 64, 128)
@@ -41,6 +48,14 @@ def xqa_supported(kv: KVPool, device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device)[0] == 9
 
 
+def xqa_refusal(groups: LayerGroups) -> str | None:
+    """What of these layers' options XQA cannot run (it has no logit soft-cap), or None."""
+    capped = [layer for layer, g in enumerate(groups.group_of_layer) if groups.options[g].logits_soft_cap > 0]
+    if not capped:
+        return None
+    return f"XQA has no attention-logit soft-cap ({len(capped)} of {len(groups.group_of_layer)} layers cap)"
+
+
 @dataclass(frozen=True)
 class XqaMeta:
     """One planned decode pass: block table [rows, width] and lengths [rows] on the device."""
@@ -53,18 +68,23 @@ class XqaMeta:
 class XqaDecode:
     """The XQA decode path of one FlashInfer backend: its workspace and graph buffers."""
 
-    def __init__(
-        self, kv: KVPool, page_table: torch.Tensor, num_qo_heads: int, sm_scale: float | None
-    ) -> None:
+    def __init__(self, kv: KVPool, page_table: torch.Tensor, num_qo_heads: int, groups: LayerGroups) -> None:
         from flashinfer.decode import xqa_batch_decode_with_kv_cache
 
+        if (refusal := xqa_refusal(groups)) is not None:
+            raise ValueError(refusal)
         self._run = xqa_batch_decode_with_kv_cache
         self.kv = kv
         self.page_table = page_table
         self.page_size = kv.page_size
         self.device = page_table.device
-        self.sm_scale = kv.head_dim**-0.5 if sm_scale is None else sm_scale
         self.num_qo_heads = num_qo_heads
+        default_scale = kv.head_dim**-0.5
+        # per layer: (window_left, softmax scale)
+        self._layer_options = [
+            (o.window_left, default_scale if o.sm_scale is None else o.sm_scale)
+            for o in (groups.options[g] for g in groups.group_of_layer)
+        ]
         self._paged_kv = [(kv.k_buffer(layer), kv.v_buffer(layer)) for layer in range(kv.num_layers)]
         # NOTE: zeroed once; XQA leaves its semaphores as it found them after every launch.
         self._workspace = torch.zeros(
@@ -109,11 +129,12 @@ class XqaDecode:
     def forward(self, q: torch.Tensor, layer_id: int, meta: XqaMeta) -> torch.Tensor:
         out = torch.empty_like(q)
         k_scale, v_scale = self.kv.k_scale[layer_id], self.kv.v_scale[layer_id]
+        window_left, sm_scale = self._layer_options[layer_id]
         width = meta.block_tables.shape[1]
         return self._run(
             q, self._paged_kv[layer_id], self._workspace, meta.block_tables, meta.seq_lens,
-            width * self.page_size, bmm1_scale=k_scale * self.sm_scale, bmm2_scale=v_scale, out=out,
-            kv_layout="HND", enable_pdl=False,
+            width * self.page_size, bmm1_scale=k_scale * sm_scale, bmm2_scale=v_scale,
+            window_left=window_left, out=out, kv_layout="HND", enable_pdl=False,
         )  # fmt: skip
 
     def _gather(self, slots_gpu: torch.Tensor, width: int) -> torch.Tensor:
