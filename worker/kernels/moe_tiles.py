@@ -11,7 +11,7 @@ by rows per expert; ``TUNED`` holds what the benchmark sweep
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,12 @@ class MoeTiles:
     num_warps: int = 4
     num_stages: int = 3
 
+    def shared_bytes(self, fp8: bool) -> int:
+        """Shared memory of the software pipeline: ``num_stages`` copies of the larger GEMM's
+        operand tiles (gate/up reads two weight tiles per step)."""
+        per_k = max(self.block_m + 2 * self.gate_up_n, self.block_m + self.down_n)
+        return self.num_stages * per_k * self.block_k * (1 if fp8 else 2)
+
     def __post_init__(self) -> None:
         for name in ("block_m", "gate_up_n", "down_n", "block_k"):
             value = getattr(self, name)
@@ -50,6 +56,23 @@ _RULE: tuple[tuple[float, MoeTiles, MoeTiles], ...] = (
 
 # (E, hidden, intermediate, fp8) -> ((rows per expert at most, tiles), ...), ascending.
 TUNED: dict[tuple[int, int, int, bool], tuple[tuple[float, MoeTiles], ...]] = {}
+
+
+def sweep_tiles(fp8: bool, shared_limit: int = 200 * 2**10) -> list[MoeTiles]:
+    """What ``benchmarks/moe_kernel.py --sweep`` times: the rule's tiles, each also with the
+    other warp count and with half and twice its column blocks, where they fit in shared memory."""
+    found: dict[MoeTiles, None] = {}
+    for _, bf16_tiles, fp8_tiles in _RULE:
+        t = fp8_tiles if fp8 else bf16_tiles
+        for variant in (
+            t,
+            replace(t, num_warps=12 - t.num_warps),
+            replace(t, gate_up_n=max(16, t.gate_up_n // 2), down_n=max(16, t.down_n // 2)),
+            replace(t, gate_up_n=t.gate_up_n * 2, down_n=t.down_n * 2),
+        ):
+            if variant.shared_bytes(fp8) <= shared_limit:
+                found[variant] = None
+    return list(found)
 
 
 def moe_tiles(num_experts: int, hidden: int, inter: int, num_entries: int, fp8: bool) -> MoeTiles:
