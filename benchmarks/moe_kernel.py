@@ -99,8 +99,10 @@ def sweep(
 
     rows = []
     for tiles in sweep_tiles(layer.fp8):
-        row = measure(args, model, layer, inputs, reference, "triton", tiles)
-        rows.append({**row, "tiles": repr(tiles)})
+        row = {**measure(args, model, layer, inputs, reference, "triton", tiles), "tiles": repr(tiles)}
+        rows.append(row)
+        took = f"{row['time_us']:,.1f} us" if row["status"] == "ok" else row["status"]
+        print(f"sweep {model} {row['dtype']} {row['tokens']} tokens, {tiles}: {took}", flush=True)
     ok = [r for r in rows if r["status"] == "ok"]
     best = min(ok, key=lambda r: r["time_us"]) if ok else rows[0]
     emit({**best, "candidate": "triton (best tiles)"})

@@ -12,7 +12,9 @@ expert, each expert's run padded to a whole number of ``BLOCK_M`` rows:
 Within an expert, entries keep their order (no atomics: the layout, and so every result, is the
 same run to run). The two grouped GEMMs then run one program per (row block, column block),
 reading their expert from ``block_expert``; programs of unused blocks return at once, so the
-grid may be sized by a static upper bound (CUDA-graph capturable, no host sync).
+grid may be sized by a static upper bound (CUDA-graph capturable, no host sync). Arguments that
+change with the number of tokens are not specialised on (``do_not_specialize``): a new batch
+size never compiles a kernel again in the middle of a run.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_entries", "num_chunks"])
 def moe_count_kernel(
     ids_ptr, counts_ptr, num_entries, num_chunks,
     NUM_EXPERTS: tl.constexpr, EXPERTS_PAD: tl.constexpr, CHUNK: tl.constexpr,
@@ -35,7 +37,7 @@ def moe_count_kernel(
     tl.store(counts_ptr + experts * num_chunks + chunk, tl.sum(hits, axis=0), mask=experts < NUM_EXPERTS)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_chunks"])
 def moe_scan_kernel(counts_ptr, totals_ptr, num_chunks, SCAN_BLOCK: tl.constexpr):
     """Program e: counts[e, c] becomes the entries of expert e in chunks before c (an exclusive
     prefix sum along the row); totals[e] = all entries of expert e."""
@@ -50,7 +52,7 @@ def moe_scan_kernel(counts_ptr, totals_ptr, num_chunks, SCAN_BLOCK: tl.constexpr
     tl.store(totals_ptr + tl.program_id(0), carry)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_entries", "num_chunks", "num_blocks"])
 def moe_place_kernel(
     ids_ptr, counts_ptr, totals_ptr, sorted_ptr, block_expert_ptr,
     num_entries, num_chunks, num_blocks,
@@ -105,7 +107,7 @@ def _block(sorted_ptr, block_expert_ptr, num_entries, num_m_blocks, num_n_blocks
     return expert, rows, rows < num_entries, pid % per_group // group_rows
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_entries", "num_m_blocks"])
 def moe_gate_up_kernel(
     x_ptr, x_scale_ptr, w_ptr, w_scale_ptr, out_ptr, sorted_ptr, block_expert_ptr,
     num_entries, hidden, inter, stride_x, stride_we, stride_wn, stride_se, stride_out,
@@ -161,7 +163,7 @@ def moe_gate_up_kernel(
     tl.store(out_ptr + rows.to(tl.int64)[:, None] * stride_out + cols[None, :], y, mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_entries", "num_m_blocks"])
 def moe_down_kernel(
     a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, topk_weights_ptr, out_ptr, sorted_ptr, block_expert_ptr,
     num_entries, inter, hidden, stride_a, stride_we, stride_wn, stride_se, stride_out,
