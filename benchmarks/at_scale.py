@@ -3,7 +3,9 @@
 Random prompt ids in [0, 10000] (``random.Random(seed + round)``: every round draws fresh
 prompts, so no run hits another's cached prefixes; checked), ``max_tokens`` 1,000, EOS
 ignored, temperature 0.6, dummy bf16 weights. The figure is output tokens / wall seconds of
-the timed region, after a warm-up outside it.
+the timed region, after a warm-up outside it. ``--preset`` takes a comma list of models
+(presets below: Llama-3.1-8B, Qwen3-0.6B, and the published shapes of Qwen3-30B-A3B,
+Mixtral-8x7B, Gemma-3-12B, Mistral-7B-v0.3, Phi-4); their runs interleave too.
 
 Variants are ``MODE[:KV[:WEIGHTS]]``: MODE ``engine`` (``worker.LLM`` in this process) or
 ``queue`` (redis-server -> ``radixq worker`` -> collector, from the first XADD to the last
@@ -11,7 +13,8 @@ result written); KV, when given, is passed as the engine option ``kv_cache_dtype
 ``fp8_e4m3``); without it the option is not passed at all (``--kv-cache-dtype`` sets it
 for every variant); WEIGHTS is the engine option ``quantization`` (``none``, ``fp8``;
 ``--quantization`` sets it for every variant that names none). Protocol: ``--rounds N`` rounds, each running every variant once in
-turn (interleaved, one engine at a time, each built afresh); the median counts. By default
+turn (interleaved, one engine at a time, each built afresh; with several presets, every
+variant of the first, then of the next, in each round); the median counts. By default
 (``--rounds 0``) N is 3 when every run of the first round took over 30 s, else 5 (issue
 13). Beside each figure: the floor of the shape (benchmarks/floor.py: weights x steps + KV reads + prefill
 FLOPs at 4.3 TB/s and 790 TFLOP/s) with at most ``max_running_reqs`` running, and the floor
@@ -21,6 +24,7 @@ with the KV pool the engine actually had.
     python benchmarks/at_scale.py --preset qwen3-0.6b --variants engine:auto,engine:fp8_e4m3
     python benchmarks/at_scale.py --preset llama-3.1-8b --kv-cache-dtype fp8_e4m3 --variants engine,queue
     python benchmarks/at_scale.py --preset llama-3.1-8b --variants engine:fp8_e4m3:fp8,engine:fp8_e4m3:none
+    python benchmarks/at_scale.py --preset qwen3-30b-a3b,llama-3.1-8b --variants engine:fp8_e4m3:fp8 --rounds 3
     python benchmarks/at_scale.py --preset tiny --variants engine,queue       # CPU, seconds
 
 ``--deadline-s S`` skips a run that would end past S seconds from the start (judged by that
@@ -32,7 +36,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -44,7 +47,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from floor import KV_BYTES, Floor, ModelShape, shape_floor  # noqa: E402
+from at_scale_report import print_presets_table, summarize  # noqa: E402
 from offline import Workload  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -69,9 +72,19 @@ class Preset:
         return -(-(self.prompt_len + self.output_len) // 16) * 16
 
 
+def _at_scale(config: str) -> Preset:
+    """1,024 requests x 1,000 prompt / 1,000 output tokens, 1,024 running, on configs/CONFIG.json."""
+    return Preset(str(REPO / "configs" / f"{config}.json"), 1024, 1000, 1000, 1024)
+
+
 PRESETS = {
-    "llama-3.1-8b": Preset(str(REPO / "configs/llama-3.1-8b.json"), 1024, 1000, 1000, 1024),
-    "qwen3-0.6b": Preset(str(REPO / "configs/qwen3-0.6b.json"), 1024, 1000, 1000, 1024),
+    "llama-3.1-8b": _at_scale("llama-3.1-8b"),
+    "qwen3-0.6b": _at_scale("qwen3-0.6b"),
+    "qwen3-30b-a3b": _at_scale("qwen3-30b-a3b"),  # MoE: 128 experts, top-8
+    "mixtral-8x7b": _at_scale("mixtral-8x7b"),  # MoE: 8 experts, top-2; 47B (FP8 weights fit one GPU)
+    "gemma-3-12b": _at_scale("gemma-3-12b"),  # the text part of Gemma3ForConditionalGeneration
+    "mistral-7b": _at_scale("mistral-7b-v0.3"),
+    "phi-4": _at_scale("phi-4"),
     # CPU: seconds end to end, every path exercised (more requests than slots: admission waits)
     "tiny": Preset(str(REPO / "configs/tiny-llama.json"), 6, 36, 12, 4, 256, token_id_high=500),
 }
@@ -139,88 +152,9 @@ def engine_options(
     return options
 
 
-def floors(
-    preset: Preset, kv: str | None, max_running: int, pool_tokens: int | None, fp8_weights: bool = False
-) -> tuple[Floor, Floor | None]:
-    """The shape's floor (at most ``max_running`` at once) and the floor with this KV pool."""
-    shape = ModelShape.from_config(json.loads(Path(preset.model).read_text()))
-    prompts = [preset.prompt_len] * preset.num_requests
-    outputs = [preset.output_len] * preset.num_requests
-    kv_bytes = KV_BYTES.get(kv or "auto", 2)
-    common = dict(kv_bytes=kv_bytes, fp8_weights=fp8_weights, max_running=max_running)
-    ideal = shape_floor(shape, prompts, outputs, **common)  # type: ignore[arg-type]
-    if pool_tokens is None or pool_tokens < preset.prompt_len + preset.output_len:
-        return ideal, None
-    pooled = shape_floor(shape, prompts, outputs, kv_capacity_tokens=pool_tokens, **common)  # type: ignore[arg-type]
-    return ideal, pooled
-
-
 def protocol_rounds(first_round_s: list[float]) -> int:
     """Issue 13's protocol: a median of at least 5, or 3 when every run takes over 30 s."""
     return 3 if first_round_s and min(first_round_s) > 30 else 5
-
-
-def summarize(
-    args: argparse.Namespace, preset: Preset, variants: list[Variant], records: list, rounds: int
-) -> list[dict]:
-    """Print the table (stdout is what comes back from a device run) and return its rows."""
-    max_running = args.max_running_reqs or preset.max_running_reqs
-    rows = []
-    for v in variants:
-        runs = [r for r in records if r.variant == v.name]
-        if not runs:
-            continue
-        median_s = statistics.median(r.seconds for r in runs)
-        engine_name = v.engine.name  # a queue run's pool: its engine's
-        pages = [r for r in records if r.variant == engine_name and r.kv_pages]
-        pool_tokens = pages[0].kv_pages * pages[0].page_size if pages else None
-        ideal, pooled = floors(preset, v.kv_cache_dtype, max_running, pool_tokens, v.quantization == "fp8")
-        tokens = runs[0].output_tokens
-        row = {
-            "variant": v.name,
-            "runs_s": [round(r.seconds, 3) for r in runs],
-            "median_s": median_s,
-            "tok_per_s": tokens / median_s,
-            "floor_s": ideal.total_s,
-            "pool_floor_s": pooled.total_s if pooled else None,
-            "pool_tokens": pool_tokens,
-            "max_decode_batch": max((r.max_decode_batch or 0) for r in runs) or None,
-            "retractions": max((r.retractions or 0) for r in runs)
-            if runs[0].retractions is not None
-            else None,
-            "startup_s": statistics.median(r.startup_s for r in runs),
-        }
-        rows.append(row)
-    print(
-        f"\nat-scale {args.preset}: {preset.describe()}, temperature {args.temperature}, "
-        f"max_running_reqs {max_running}, seed {args.seed}, {rounds} round(s) interleaved"
-    )
-    print(
-        f"{'variant':<22} {'n':>2} {'median s':>9} {'tok/s':>8} {'floor s':>8} {'of fl.':>6} "
-        f"{'pool fl.':>8} {'of pf.':>6} {'max B':>6} {'retr':>5} {'vs 1st':>7}"
-    )
-    for row in rows:
-        pool = row["pool_floor_s"]
-        print(
-            f"{row['variant']:<22} {len(row['runs_s']):>2} {row['median_s']:>9.2f} {row['tok_per_s']:>8.0f} "
-            f"{row['floor_s']:>8.2f} {row['floor_s'] / row['median_s']:>6.0%} "
-            + (f"{pool:>8.2f} {pool / row['median_s']:>6.0%} " if pool else f"{'-':>8} {'-':>6} ")
-            + f"{row['max_decode_batch'] or '-':>6} {row['retractions'] if row['retractions'] is not None else '-':>5} "
-            f"{row['tok_per_s'] / rows[0]['tok_per_s']:>7.3f}"
-        )
-    for row in rows:
-        print(f"  {row['variant']}: runs {row['runs_s']} s; startup median {row['startup_s']:.1f} s"
-              + (f"; KV pool {row['pool_tokens']:,} tokens" if row["pool_tokens"] else ""))  # fmt: skip
-    by_name = {row["variant"]: row for row in rows}
-    for v in variants:
-        engine = by_name.get(v.engine.name)
-        if v.mode == "queue" and v.name in by_name and engine:
-            overhead = by_name[v.name]["median_s"] / engine["median_s"] - 1
-            by_name[v.name]["overhead"] = overhead
-            print(
-                f"queue overhead ({v.name} vs {engine['variant']}): {100 * overhead:+.2f}% of the engine alone"
-            )
-    return rows
 
 
 def _commit() -> str:
@@ -245,7 +179,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--preset", choices=sorted(PRESETS), default="llama-3.1-8b")
+    parser.add_argument(
+        "--preset", default="llama-3.1-8b", help=f"comma list of presets, interleaved: {', '.join(PRESETS)}"
+    )
     parser.add_argument("--variants", default="engine", help="comma list of MODE[:KV] (module docstring)")
     parser.add_argument(
         "--kv-cache-dtype", default=None, help="KV for variants that name none (auto, fp8_e4m3)"
@@ -277,67 +213,78 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def preset_of(args: argparse.Namespace, name: str) -> Preset:
+    """The named preset with the command line's overrides."""
+    preset = PRESETS[name]
+    return Preset(**{**preset.__dict__, "num_requests": args.num_requests}) if args.num_requests else preset
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     args = parse_args(argv)
     from at_scale_runs import run_engine, run_queue, warmup_workload
 
-    preset = PRESETS[args.preset]
-    if args.num_requests:
-        preset = Preset(**{**preset.__dict__, "num_requests": args.num_requests})
+    names = [n.strip() for n in args.preset.split(",") if n.strip()]
+    unknown = [n for n in names if n not in PRESETS]
+    if unknown or not names or len(set(names)) != len(names):
+        raise SystemExit(f"--preset {args.preset!r}: name each of {', '.join(PRESETS)} at most once")
     variants = [
-        Variant.parse(t, args.kv_cache_dtype, args.quantization) for t in args.variants.split(",") if t.strip()
+        Variant.parse(t, args.kv_cache_dtype, args.quantization)
+        for t in args.variants.split(",")
+        if t.strip()
     ]
     if len({v.name for v in variants}) != len(variants):
         raise SystemExit(f"--variants {args.variants!r} names a variant twice")
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="radixq-atscale-"))
     work.mkdir(parents=True, exist_ok=True)
-    warmup = warmup_workload(preset.prompt_len, preset.output_len)
-    print(
-        f"at_scale: commit {_commit()}, {_device()}, {preset.describe()}, variants {[v.name for v in variants]}"
-    )
+    shapes = ", ".join(f"{n} {preset_of(args, n).describe()}" for n in names)
+    print(f"at_scale: commit {_commit()}, {_device()}, {shapes}, variants {[v.name for v in variants]}")
     redis = None
     if any(v.mode == "queue" for v in variants):
         from producer.local_redis import LocalRedis
 
         redis = LocalRedis(use_server=True, fsync="everysec").start()
     records: list = []
-    last_wall: dict[str, float] = {}
+    last_wall: dict[tuple[str, str], float] = {}
     began = time.perf_counter()
     try:
         rounds, round_ = args.rounds or 1, 0
         while round_ < rounds:
-            workload = at_scale_workload(preset, args.seed + round_)
-            for v in variants:
-                elapsed = time.perf_counter() - began
-                if args.deadline_s and elapsed + last_wall.get(v.name, 0.0) > args.deadline_s:
-                    print(f"deadline: round {round_} {v.name} skipped at {elapsed:.0f} s")
-                    continue
-                options = engine_options(args, preset, v.kv_cache_dtype, v.quantization)
-                start = time.perf_counter()
-                if v.mode == "engine":
-                    record = run_engine(
-                        v.name, round_, preset.model, options, workload, warmup, args.temperature
+            for name in names:
+                preset = preset_of(args, name)
+                workload = at_scale_workload(preset, args.seed + round_)
+                warmup = warmup_workload(preset.prompt_len, preset.output_len)
+                for v in variants:
+                    elapsed = time.perf_counter() - began
+                    if args.deadline_s and elapsed + last_wall.get((name, v.name), 0.0) > args.deadline_s:
+                        print(f"deadline: round {round_} {_label(names, name, v)} skipped at {elapsed:.0f} s")
+                        continue
+                    options = engine_options(args, preset, v.kv_cache_dtype, v.quantization)
+                    start = time.perf_counter()
+                    if v.mode == "engine":
+                        record = run_engine(
+                            v.name, round_, preset.model, options, workload, warmup, args.temperature
+                        )
+                    else:
+                        pinned = [r for r in records if r.preset == name and r.variant == v.engine.name]
+                        if pinned and args.num_pages is None:  # NOTE: the same KV pool as the engine alone
+                            options["num_pages"] = pinned[-1].kv_pages
+                        assert redis is not None
+                        record = run_queue(
+                            v.name, round_, preset.model, options, workload, warmup, args.temperature,
+                            redis.url, work, args.timeout_s,
+                        )  # fmt: skip
+                    record.preset = name
+                    last_wall[(name, v.name)] = time.perf_counter() - start
+                    records.append(record)
+                    if args.out:  # after every run: a call cut off at its time limit keeps what ended
+                        _write(args.out, args, records, None)
+                    print(
+                        f"round {round_} {_label(names, name, v)}: {record.seconds:.2f} s, "
+                        f"{record.tok_per_s:,.0f} tok/s (startup {record.startup_s:.1f} s; max decode batch "
+                        f"{record.max_decode_batch}, prefill steps {record.prefill_steps}, retractions "
+                        f"{record.retractions}, KV pages {record.kv_pages})",
+                        flush=True,
                     )
-                else:
-                    pinned = [r for r in records if r.variant == v.engine.name]
-                    if pinned and args.num_pages is None:  # NOTE: the same KV pool as the engine alone
-                        options["num_pages"] = pinned[-1].kv_pages
-                    assert redis is not None
-                    record = run_queue(
-                        v.name, round_, preset.model, options, workload, warmup, args.temperature,
-                        redis.url, work, args.timeout_s,
-                    )  # fmt: skip
-                last_wall[v.name] = time.perf_counter() - start
-                records.append(record)
-                if args.out:  # after every run: a call cut off at its time limit keeps what ended
-                    _write(args.out, args, records, None)
-                print(
-                    f"round {round_} {v.name}: {record.seconds:.2f} s, {record.tok_per_s:,.0f} tok/s "
-                    f"(startup {record.startup_s:.1f} s; max decode batch {record.max_decode_batch}, "
-                    f"prefill steps {record.prefill_steps}, retractions {record.retractions}, "
-                    f"KV pages {record.kv_pages})",
-                    flush=True,
-                )
             if round_ == 0 and not args.rounds:
                 rounds = protocol_rounds([r.seconds for r in records])
                 print(
@@ -347,10 +294,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
     finally:
         if redis is not None:
             redis.stop()
-    rows = summarize(args, preset, variants, records, rounds)
+    rows = [row for n in names for row in summarize(args, n, preset_of(args, n), variants, records, rounds)]
+    if len(names) > 1:
+        print_presets_table(rows)
     if args.out:
         _write(args.out, args, records, rows)
     return rows
+
+
+def _label(names: list[str], name: str, v: Variant) -> str:
+    return f"{name} {v.name}" if len(names) > 1 else v.name
 
 
 def _write(path: str, args: argparse.Namespace, records: list, rows: list[dict] | None) -> None:

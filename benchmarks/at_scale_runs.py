@@ -40,6 +40,7 @@ class RunRecord:
     prefill_steps: int | None = None  # steps computing prompt tokens (mixed with decode or not)
     retractions: int | None = None
     graph_batch_sizes: list[int] = field(default_factory=list)
+    preset: str = ""  # the at_scale.py preset it ran (set by the driver)
 
     @property
     def tok_per_s(self) -> float:

@@ -4,14 +4,17 @@ Decode: requests run under an ideal continuous-batching scheduler (at most ``max
 at once, and, when a KV capacity is given, only as many as fit with their whole final
 length reserved: it never retracts). A request with ``m`` output tokens takes ``m`` decode
 steps, reading ``prompt_len + s`` context tokens at its step ``s``. Per step the B running
-requests read every weight once (the LM head included, embedding rows aside) and their live
-KV, and do ``2 * params * B`` matmul FLOPs plus attention FLOPs; a step costs at least
-max(bytes / bandwidth, flops / peak). Prefill is counted as compute at peak (its weight
-reads are amortised over thousands of tokens). FP8 KV (``kv_bytes`` 1) halves the KV bytes;
-FP8 weights (``fp8_weights``: the decoder's projections in e4m3, the LM head in bf16) halve
-their bytes and run their FLOPs at twice the bf16 peak. Ceilings default to what was measured
-on the H200 here: ~4.3 TB/s copy bandwidth and ~790 TFLOP/s dense bf16 (FP8: 2x, the
-datasheet's ratio; not measured).
+requests read the weights once (the LM head included, embedding rows aside; of a
+Mixture-of-Experts layer only the experts at least one of the B tokens selects, expected
+under uniform routing: benchmarks/model_shape.py) and their live KV, and do
+``2 * active_params * B`` matmul FLOPs (a MoE token multiplies with its top-k experts only)
+plus attention FLOPs; a step costs at least max(bytes / bandwidth, flops / peak). Prefill is
+counted as compute at peak (its weight reads are amortised over thousands of tokens). FP8 KV
+(``kv_bytes`` 1) halves the KV bytes; FP8 weights (``fp8_weights``: the decoder's projections
+and experts in e4m3, the LM head and MoE routers in bf16) halve their bytes and run their
+FLOPs at twice the bf16 peak. Ceilings default to what was measured on the H200 here:
+~4.3 TB/s copy bandwidth and ~790 TFLOP/s dense bf16 (FP8: 2x, the datasheet's ratio; not
+measured). docs/performance.md ("The floor") writes the formula out.
 
 ``memory_s + prefill_s`` (weights x steps + KV reads + prefill FLOPs, each at its ceiling) is
 the floor whenever every decode step is bandwidth-bound; ``total_s`` takes the per-step max,
@@ -21,6 +24,7 @@ that mixes prefill into bandwidth-bound decode steps can hide prefill FLOPs unde
 
     python benchmarks/floor.py configs/qwen3-0.6b.json configs/qwen3-8b.json     # standard workload
     python benchmarks/floor.py --preset llama-3.1-8b --kv-cache-dtype fp8_e4m3     # at-scale shape
+    python benchmarks/floor.py --preset qwen3-30b-a3b --kv-cache-dtype fp8_e4m3 --fp8-weights
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from model_shape import ModelShape  # noqa: E402
 from offline import standard_workload  # noqa: E402
 
 H200_BANDWIDTH = 4.3e12  # bytes/s
@@ -42,49 +47,48 @@ H200_PEAK = 790e12  # dense bf16 FLOP/s
 KV_BYTES = {"auto": 2, "bf16": 2, "fp8_e4m3": 1}  # bytes per KV element ("auto": the bf16 model dtype)
 
 
-@dataclass(frozen=True)
-class ModelShape:
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    intermediate: int
-    vocab: int
+class _WindowedContext:
+    """The sum over running requests of min(context, window), kept step by step: a request's
+    context grows by one token a step until it reaches the window, then stays at it (window 0:
+    no window, the plain context sum)."""
 
-    @classmethod
-    def from_config(cls, config: dict) -> ModelShape:
-        heads = config["num_attention_heads"]
-        return cls(
-            layers=config["num_hidden_layers"],
-            hidden=config["hidden_size"],
-            heads=heads,
-            kv_heads=config["num_key_value_heads"],
-            head_dim=config.get("head_dim") or config["hidden_size"] // heads,
-            intermediate=config["intermediate_size"],
-            vocab=config["vocab_size"],
-        )
+    def __init__(self, window: int) -> None:
+        self.window = window
+        self.below_total = self.below = self.at_window = 0  # summed context, count; count at the window
+        self.reaching: list[tuple[int, int]] = []  # heap of (step its context reaches the window, request)
+        self.full: dict[int, bool] = {}  # running request -> at the window
 
     @property
-    def body_params(self) -> int:
-        """Matmul weights of the decoder layers: q/k/v, o, gate/up/down."""
-        qkv = self.hidden * (self.heads + 2 * self.kv_heads) * self.head_dim
-        o = self.heads * self.head_dim * self.hidden
-        return self.layers * (qkv + o + 3 * self.hidden * self.intermediate)
+    def total(self) -> int:
+        return self.below_total + self.at_window * self.window
 
-    @property
-    def matmul_params(self) -> int:
-        """What a decode step reads: the layers and the LM head (tied or not)."""
-        return self.body_params + self.vocab * self.hidden
+    def admit(self, request: int, prompt_len: int, step: int) -> None:
+        self.full[request] = bool(self.window) and prompt_len >= self.window
+        if self.full[request]:
+            self.at_window += 1
+            return
+        self.below_total += prompt_len
+        self.below += 1
+        if self.window:
+            heapq.heappush(self.reaching, (step + self.window - prompt_len, request))
 
-    @property
-    def kv_elements_per_token(self) -> int:
-        return self.layers * 2 * self.kv_heads * self.head_dim
+    def advance(self, step: int) -> None:
+        """Every running context gained a token; those that reached the window stop there."""
+        self.below_total += self.below
+        while self.reaching and self.reaching[0][0] <= step:
+            _, request = heapq.heappop(self.reaching)
+            if self.full.get(request) is False:  # NOTE: not an entry of a request already done
+                self.full[request] = True
+                self.below_total -= self.window
+                self.below -= 1
+                self.at_window += 1
 
-    @property
-    def attn_flops_per_context_token(self) -> int:
-        """q.k and p.v FLOPs of one query token against one context token, all layers."""
-        return self.layers * 4 * self.heads * self.head_dim
+    def finish(self, request: int, context: int) -> None:
+        if self.full.pop(request):
+            self.at_window -= 1
+        else:
+            self.below_total -= context
+            self.below -= 1
 
 
 def decode_steps(
@@ -92,12 +96,15 @@ def decode_steps(
     output_lens: Sequence[int],
     max_running: int,
     kv_capacity_tokens: int | None = None,
-) -> list[tuple[int, int]]:
-    """(running requests, live context tokens) of every decode step, admitting in order."""
+    window: int = 0,
+) -> list[tuple[int, int, int]]:
+    """(running requests, live context tokens, the same each capped at ``window``) of every
+    decode step, admitting in order."""
     if max_running < 1:
         raise ValueError(f"max_running={max_running}: must be >= 1")
-    steps: list[tuple[int, int]] = []
+    steps: list[tuple[int, int, int]] = []
     running: list[tuple[int, int]] = []  # heap of (step after its last, request index)
+    windowed = _WindowedContext(window)
     step = context = reserved = admitted = 0
     n = len(prompt_lens)
     while admitted < n or running:
@@ -110,28 +117,39 @@ def decode_steps(
             admitted += 1
             if m > 0:
                 heapq.heappush(running, (step + m, admitted - 1))
+                windowed.admit(admitted - 1, p, step)
                 context += p
                 reserved += p + m
-        steps.append((len(running), context))
+        steps.append((len(running), context, windowed.total))
         step += 1
         context += len(running)  # every running request's context grows by its new token
+        windowed.advance(step)
         while running and running[0][0] == step:
             _, i = heapq.heappop(running)
             context -= prompt_lens[i] + output_lens[i]
             reserved -= prompt_lens[i] + output_lens[i]
+            windowed.finish(i, prompt_lens[i] + output_lens[i])
     return steps
+
+
+def causal_pairs(prompt_len: int, window: int = 0) -> float:
+    """(query, key) pairs of a causal prefill, each query seeing at most ``window`` keys (0: all):
+    p^2 / 2 as the floor counts it (the diagonal's half aside)."""
+    if not window or prompt_len <= window:
+        return prompt_len * prompt_len / 2
+    return window * window / 2 + (prompt_len - window) * window
 
 
 @dataclass(frozen=True)
 class Floor:
     decode_s: float  # sum over steps of max(bytes / bandwidth, flops / peak)
     prefill_s: float
-    weights_s: float  # weight bytes x steps / bandwidth
+    weights_s: float  # the weight bytes each step reads, summed, / bandwidth
     kv_s: float  # KV bytes read / bandwidth
     compute_s: float  # every FLOP (decode and prefill) / peak
     steps: int
     compute_bound_steps: int
-    weight_bytes: int
+    weight_bytes: int  # every weight (all experts): what a step reads at most
     output_tokens: int
 
     @property
@@ -164,31 +182,45 @@ def shape_floor(
     peak: float = H200_PEAK,
 ) -> Floor:
     """The floor of these requests (module docstring); ``max_running`` None runs them all at once."""
-    head_params = shape.matmul_params - shape.body_params
+    head_params = shape.head_params
     body_peak = 2 * peak if fp8_weights else peak
-    weight_bytes = (1 if fp8_weights else 2) * shape.body_params + 2 * head_params
-    kv_bytes_per_token = kv_bytes * shape.kv_elements_per_token
-    attn = shape.attn_flops_per_context_token
-    steps = decode_steps(prompt_lens, output_lens, max_running or len(prompt_lens), kv_capacity_tokens)
-    decode_s = kv_s = decode_compute_s = 0.0
+    body_bytes = 1 if fp8_weights else 2
+    # per layer: KV bytes of one context token, q.k + p.v FLOPs of one query against it
+    kv_layer_bytes = kv_bytes * 2 * shape.kv_heads * shape.head_dim
+    attn_layer = 4 * shape.heads * shape.head_dim
+    full_layers, window_layers, window = shape.layers - shape.window_layers, shape.window_layers, shape.window
+    active = shape.active_body_params
+    steps = decode_steps(
+        prompt_lens, output_lens, max_running or len(prompt_lens), kv_capacity_tokens, window
+    )
+    decode_s = weights_s = kv_s = decode_compute_s = 0.0
     compute_bound = 0
-    for batch, context in steps:
-        memory = (weight_bytes + context * kv_bytes_per_token) / bandwidth
-        compute = 2 * shape.body_params * batch / body_peak + (2 * head_params * batch + attn * context) / peak
+    for batch, context, windowed in steps:
+        layer_tokens = full_layers * context + window_layers * windowed  # context read, all layers
+        weight_bytes = body_bytes * shape.step_body_params(batch) + 2 * head_params
+        memory = (weight_bytes + layer_tokens * kv_layer_bytes) / bandwidth
+        compute = (
+            2 * active * batch / body_peak + (2 * head_params * batch + attn_layer * layer_tokens) / peak
+        )
         decode_compute_s += compute
         decode_s += max(memory, compute)
-        kv_s += context * kv_bytes_per_token / bandwidth
+        weights_s += weight_bytes / bandwidth
+        kv_s += layer_tokens * kv_layer_bytes / bandwidth
         compute_bound += compute > memory
-    prefill_s = sum(2 * shape.body_params * p / body_peak + attn * p * p / 2 / peak for p in prompt_lens)
+    prefill_s = sum(
+        2 * active * p / body_peak
+        + attn_layer * (full_layers * causal_pairs(p) + window_layers * causal_pairs(p, window)) / peak
+        for p in prompt_lens
+    )
     return Floor(
         decode_s=decode_s,
         prefill_s=prefill_s,
-        weights_s=len(steps) * weight_bytes / bandwidth,
+        weights_s=weights_s,
         kv_s=kv_s,
         compute_s=decode_compute_s + prefill_s,
         steps=len(steps),
         compute_bound_steps=compute_bound,
-        weight_bytes=weight_bytes,
+        weight_bytes=body_bytes * shape.body_params + 2 * head_params,
         output_tokens=sum(output_lens),
     )
 
@@ -225,7 +257,9 @@ def main() -> None:
     parser.add_argument("configs", nargs="*", help="config.json files: the standard workload's floor")
     parser.add_argument("--preset", default=None, help="an at_scale.py preset: its model and shape")
     parser.add_argument("--kv-cache-dtype", default="auto", choices=sorted(KV_BYTES))
-    parser.add_argument("--fp8-weights", action="store_true", help="the projections in FP8 (quantization fp8)")
+    parser.add_argument(
+        "--fp8-weights", action="store_true", help="the projections in FP8 (quantization fp8)"
+    )
     parser.add_argument("--max-running", type=int, default=None, help="running requests (default: all)")
     parser.add_argument("--kv-capacity-tokens", type=int, default=None, help="KV pool size in tokens")
     parser.add_argument("--bandwidth", type=float, default=H200_BANDWIDTH)
@@ -247,7 +281,9 @@ def main() -> None:
             peak=args.peak,
         )
         weights = "fp8" if args.fp8_weights else "bf16"
-        print(f"{args.preset} ({preset.describe()}, KV {args.kv_cache_dtype}, weights {weights}): {describe(f)}")
+        print(
+            f"{args.preset} ({preset.describe()}, KV {args.kv_cache_dtype}, weights {weights}): {describe(f)}"
+        )
     w = standard_workload()
     for path in args.configs:
         f = shape_floor(

@@ -111,3 +111,47 @@ def test_deadline_skips_a_run_that_would_end_past_it(tmp_path: Path, capsys: pyt
     assert "protocol: 5 rounds" in printed
     assert [f"deadline: round {r} engine skipped" in printed for r in range(1, 6)] == [True] * 4 + [False]
     assert [r["round"] for r in json.loads(out.read_text())["runs"]] == [0]
+
+
+def test_presets_interleave_in_one_call(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+):
+    """Two presets, two rounds: every round runs the first preset's variants, then the second's;
+    each gets its own table beside its own floor, and a side-by-side table comes last."""
+    import at_scale
+
+    tiny = PRESETS["tiny"]
+    monkeypatch.setitem(
+        at_scale.PRESETS, "tiny-b", at_scale.Preset(tiny.model, 3, 20, 6, 2, 256, token_id_high=500)
+    )
+    out = tmp_path / "at_scale.json"
+    rows = main(["--preset", "tiny,tiny-b", "--variants", "engine", "--rounds", "2", "--out", str(out)])
+    runs = json.loads(out.read_text())["runs"]
+    assert [(r["preset"], r["round"]) for r in runs] == [
+        ("tiny", 0),
+        ("tiny-b", 0),
+        ("tiny", 1),
+        ("tiny-b", 1),
+    ]
+    assert [r["output_tokens"] for r in runs] == [6 * 12, 3 * 6] * 2
+    assert [row["preset"] for row in rows] == ["tiny", "tiny-b"]
+    assert rows[0]["floor_s"] != rows[1]["floor_s"]  # each beside the floor of its own shape
+    printed = capsys.readouterr().out
+    assert "at-scale tiny-b: 3 requests x 20/6 tokens" in printed
+    last = printed.rstrip().splitlines()
+    assert last[-2].startswith("| tiny | engine | 2 |") and last[-1].startswith("| tiny-b | engine | 2 |")
+    with pytest.raises(SystemExit, match="at most once"):
+        main(["--preset", "tiny,tiny"])
+    with pytest.raises(SystemExit, match="qwen3-30b-a3b"):
+        main(["--preset", "no-such-model"])
+
+
+def test_moe_presets_point_at_the_published_shapes():
+    from floor import ModelShape
+
+    for name in ("qwen3-30b-a3b", "mixtral-8x7b", "gemma-3-12b", "mistral-7b", "phi-4"):
+        preset = PRESETS[name]
+        assert (preset.num_requests, preset.prompt_len, preset.output_len, preset.max_running_reqs) == (
+            1024, 1000, 1000, 1024,
+        )  # fmt: skip
+        assert ModelShape.from_config(json.loads(Path(preset.model).read_text())).layers > 0

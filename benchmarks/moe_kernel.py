@@ -1,0 +1,236 @@
+"""MoE expert kernels on one GPU: Qwen3-30B-A3B's and Mixtral-8x7B's expert shapes (read from
+configs/*.json) at 64, 1,024 and 8,192 tokens, bf16 and FP8 experts, uniform random routing
+(k distinct experts per token), dummy weights.
+
+Candidates (benchmarks/moe_candidates.py): ``triton`` (worker.kernels.fused_moe), ``flashinfer``
+(cutlass_fused_moe; in a child process, since its first call JIT-builds for minutes and may
+fail: the child gets what is left of ``--budget-s`` and its result, or why there is none, is
+reported), ``loop`` (torch loop over experts, the baseline and the reference each candidate's
+error is measured against).
+
+Per cell: median of ``--reps`` calls between CUDA events after 3 warm-up calls, replayed from
+a CUDA graph where the call captures (the loop syncs on the host, so it runs eagerly);
+TFLOP/s counts 2 * T * k * (H * 2I + I * H); weight TB/s counts the bytes of the experts at
+least one token selected (``active``, from the routing). Prints one JSON line per row as it
+goes, a Markdown table last, and writes everything with ``--out``.
+
+    python benchmarks/moe_kernel.py --out moe.json                        # ~3 min on an H200
+    python benchmarks/moe_kernel.py --candidates flashinfer --budget-s 570  # its JIT build, a call of its own
+    python benchmarks/moe_kernel.py --sweep --models qwen3-30b-a3b --dtypes bf16   # Triton tiles per cell
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+from model_shape import ModelShape  # noqa: E402
+from moe_candidates import GRAPHED, PREPARE, ExpertShape, Inputs, Layer, time_call, torch_loop  # noqa: E402
+
+from tests.moe_oracle import relative_error  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+MODELS = ("qwen3-30b-a3b", "mixtral-8x7b")
+
+
+def expert_shape(model: str) -> ExpertShape:
+    shape = ModelShape.from_config(json.loads((REPO / "configs" / f"{model}.json").read_text()))
+    return ExpertShape(shape.num_experts, shape.top_k, shape.hidden, shape.expert_intermediate)
+
+
+def measure(args: argparse.Namespace, model: str, layer: Layer, inputs: Inputs, reference: torch.Tensor,
+            candidate: str, tiles: object = None) -> dict:  # fmt: skip
+    """One row: the candidate's time and rates on these inputs, or why it has none."""
+    shape, tokens = layer.shape, inputs.x.shape[0]
+    row = {"model": model, "dtype": "fp8" if layer.fp8 else "bf16", "tokens": tokens, "candidate": candidate,
+           "active_experts": inputs.active_experts}  # fmt: skip
+    try:
+        call = PREPARE[candidate](layer, inputs, tiles) if tiles else PREPARE[candidate](layer, inputs)
+        row["rel_err"] = relative_error(call(), reference)
+        ms, row["mode"] = time_call(call, args.reps, GRAPHED[candidate])
+    except Exception as e:  # noqa: BLE001 - a candidate that fails is reported, the rest go on
+        torch.cuda.synchronize()
+        return {**row, "status": f"failed: {type(e).__name__}: {str(e).splitlines()[0][:160]}"}
+    seconds = ms * 1e-3
+    weight_bytes = row["active_experts"] * shape.expert_bytes(layer.fp8)
+    return {**row, "status": "ok", "time_us": ms * 1e3, "tflops": shape.flops(tokens) / seconds / 1e12,
+            "weight_tbps": weight_bytes / seconds / 1e12}  # fmt: skip
+
+
+def bench(args: argparse.Namespace, candidates: list[str], deadline: float, emit) -> None:
+    """Every (model, dtype, tokens) cell for these candidates, until the deadline."""
+    for model in args.models.split(","):
+        shape = expert_shape(model)
+        for dtype in args.dtypes.split(","):
+            layer = Layer.random(shape, fp8=dtype == "fp8")
+            for tokens in (int(t) for t in args.tokens.split(",")):
+                if time.perf_counter() > deadline:
+                    for c in candidates:
+                        emit({"model": model, "dtype": dtype, "tokens": tokens, "candidate": c,
+                              "status": "skipped: --budget-s spent"})  # fmt: skip
+                    continue
+                inputs = Inputs.random(shape, tokens, seed=tokens)
+                reference = torch_loop(layer, inputs)
+                for candidate in candidates:
+                    if candidate == "triton" and args.sweep:
+                        sweep(args, model, layer, inputs, reference, emit)
+                    else:
+                        emit(measure(args, model, layer, inputs, reference, candidate))
+                del inputs, reference
+            del layer
+            torch.cuda.empty_cache()
+
+
+def sweep(
+    args: argparse.Namespace, model: str, layer: Layer, inputs: Inputs, reference: torch.Tensor, emit
+) -> None:
+    """The Triton kernel under each tile configuration of moe_tiles.sweep_tiles; the best last."""
+    from worker.kernels.moe_tiles import sweep_tiles
+
+    rows = []
+    for tiles in sweep_tiles(layer.fp8):
+        row = {**measure(args, model, layer, inputs, reference, "triton", tiles), "tiles": repr(tiles)}
+        rows.append(row)
+        took = f"{row['time_us']:,.1f} us" if row["status"] == "ok" else row["status"]
+        print(f"sweep {model} {row['dtype']} {row['tokens']} tokens, {tiles}: {took}", flush=True)
+    ok = [r for r in rows if r["status"] == "ok"]
+    best = min(ok, key=lambda r: r["time_us"]) if ok else rows[0]
+    emit({**best, "candidate": "triton (best tiles)"})
+
+
+def run_flashinfer(args: argparse.Namespace, seconds: float) -> list[dict]:
+    """The flashinfer candidate in a child process of at most ``seconds`` (its JIT build may
+    take longer, or fail); its rows, or one row saying why there are none."""
+    if seconds < 30:
+        return [{"candidate": "flashinfer", "status": "skipped: no time left (run --candidates flashinfer)"}]
+    out = Path(args.work_dir) / "moe_flashinfer_rows.json"
+    log = Path(args.work_dir) / "moe_flashinfer.log"
+    out.unlink(missing_ok=True)
+    env = {**os.environ, "FLASHINFER_WORKSPACE_BASE": str(REPO / ".cache" / "flashinfer-moe")}
+    command = [sys.executable, __file__, "--child-out", str(out), "--candidates", "flashinfer",
+               "--budget-s", str(seconds - 10), "--models", args.models, "--dtypes", args.dtypes,
+               "--tokens", args.tokens, "--reps", str(args.reps)]  # fmt: skip
+    start = time.perf_counter()
+    with open(log, "w") as log_file:
+        child = subprocess.Popen(
+            command, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            child.wait(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGTERM)  # NOTE: its whole group: the JIT's ninja and nvcc too
+            try:
+                child.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(child.pid, signal.SIGKILL)
+                child.wait()
+    rows = json.loads(out.read_text()) if out.exists() else []
+    tail = log.read_text(errors="replace").strip().splitlines()[-8:] if log.exists() else []
+    if not rows:
+        why = (
+            "build or first call not finished"
+            if child.returncode in (-15, -9)
+            else f"exit {child.returncode}"
+        )
+        rows = [
+            {
+                "candidate": "flashinfer",
+                "status": f"no result after {time.perf_counter() - start:.0f} s: {why}",
+            }
+        ]
+        print("flashinfer child log (last lines):\n  " + "\n  ".join(tail), flush=True)
+    return rows
+
+
+def child_build(args: argparse.Namespace) -> None:
+    """In the child: the first flashinfer call (its JIT build, timed), then the cells."""
+    shape = expert_shape(args.models.split(",")[0])
+    start = time.perf_counter()
+    layer = Layer.random(ExpertShape(shape.num_experts, shape.top_k, shape.hidden, 256), fp8=False)
+    PREPARE["flashinfer"](layer, Inputs.random(layer.shape, 4, seed=0))()
+    torch.cuda.synchronize()
+    print(f"flashinfer: cutlass_fused_moe built and ran in {time.perf_counter() - start:.1f} s", flush=True)
+
+
+def print_table(rows: list[dict]) -> None:
+    loop_us = {(r["model"], r["dtype"], r["tokens"]): r["time_us"] for r in rows
+               if r.get("candidate") == "loop" and r.get("status") == "ok"}  # fmt: skip
+    print(
+        "\n| model | experts | tokens | kernel | mode | time (us) | TFLOP/s | weight TB/s | active experts | vs loop | error vs loop |"
+    )
+    print("| --- | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for r in rows:
+        head = (
+            f"| {r.get('model', '-')} | {r.get('dtype', '-')} | {r.get('tokens', '-')} | {r['candidate']} |"
+        )
+        if r.get("status") != "ok":
+            print(f"{head} - | {r['status']} | | | | | |")
+            continue
+        loop = loop_us.get((r["model"], r["dtype"], r["tokens"]))
+        speedup = f"{loop / r['time_us']:.1f}x" if loop else "-"
+        print(
+            f"{head} {r['mode']} | {r['time_us']:,.1f} | {r['tflops']:.1f} | {r['weight_tbps']:.2f} | "
+            f"{r['active_experts']} | {speedup} | {r['rel_err']:.1e} |"
+        )
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--models", default=",".join(MODELS), help="configs/NAME.json with MoE layers")
+    parser.add_argument("--dtypes", default="bf16,fp8")
+    parser.add_argument("--tokens", default="64,1024,8192")
+    parser.add_argument("--candidates", default="triton,loop,flashinfer")
+    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--budget-s", type=float, default=170.0, help="cells past it are skipped")
+    parser.add_argument("--sweep", action="store_true", help="time the Triton kernel under every sweep tile")
+    parser.add_argument(
+        "--work-dir", default=os.environ.get("OUT", "/tmp"), help="the flashinfer child's log"
+    )
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--child-out", default=None, help=argparse.SUPPRESS)  # the flashinfer child's rows
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    args = parse_args(argv)
+    began = time.perf_counter()
+    deadline = began + args.budget_s
+    rows: list[dict] = []
+
+    def emit(row: dict) -> None:
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        if args.child_out:  # after every row: a child cut off at its limit keeps what ended
+            Path(args.child_out).write_text(json.dumps(rows))
+
+    print(f"moe_kernel: {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
+    candidates = [c for c in args.candidates.split(",") if c]
+    if args.child_out:
+        child_build(args)
+        bench(args, candidates, deadline, emit)
+        return rows
+    bench(args, [c for c in candidates if c != "flashinfer"], deadline - 10, emit)
+    if "flashinfer" in candidates:
+        for row in run_flashinfer(args, deadline - time.perf_counter()):
+            emit(row)
+    if args.out:
+        Path(args.out).write_text(json.dumps({"rows": rows, "args": vars(args)}, indent=1))
+    print(f"\nmoe_kernel: {time.perf_counter() - began:.0f} s")
+    print_table(rows)
+    return rows
+
+
+if __name__ == "__main__":
+    main()

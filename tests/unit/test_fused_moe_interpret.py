@@ -1,0 +1,163 @@
+"""worker.kernels.fused_moe: the Triton kernels, run by triton's CPU interpreter on tiny shapes,
+against the float32 expert loop of tests/moe_oracle.py (bf16, float32 and FP8 experts), and the
+expert layout the align kernels build against its definition."""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+import pytest
+import torch
+
+from tests.moe_oracle import moe_reference, quantize_experts, relative_error, uniform_routing
+
+if torch.cuda.is_available():
+    pytest.skip("on CUDA the kernels run natively: tests/gpu/test_fused_moe_gpu.py", allow_module_level=True)
+# NOTE: as in test_kernels_interpret.py: triton decorates kernels for its interpreter only when
+# TRITON_INTERPRET is set at import; it is unset again at once and set only while tests run.
+os.environ["TRITON_INTERPRET"] = "1"
+try:
+    import triton  # noqa: F401
+
+    importlib.import_module("worker.kernels.moe_triton")
+    importlib.import_module("worker.kernels.triton_kernels")
+except ImportError:
+    pytest.skip("triton is not installed (the kernels run on CUDA only)", allow_module_level=True)
+finally:
+    os.environ.pop("TRITON_INTERPRET")
+
+from worker.kernels.fused_moe import align_entries, fused_moe, max_sorted_rows  # noqa: E402
+from worker.kernels.moe_tiles import MoeTiles, moe_tiles  # noqa: E402
+
+# Tiny tiles: H=48 and I=40 are not multiples of 32, so the masked K loop and the wrapped last
+# column block both run; block_m 16 pads every expert's run.
+TILES = MoeTiles(block_m=16, gate_up_n=16, down_n=32, block_k=32)
+
+
+@pytest.fixture(autouse=True)
+def interpret():
+    os.environ["TRITON_INTERPRET"] = "1"
+    yield
+    os.environ.pop("TRITON_INTERPRET", None)
+
+
+def experts(num_experts: int, hidden: int, inter: int, dtype: torch.dtype, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    w13 = (torch.randn(num_experts, 2 * inter, hidden, generator=gen) / hidden**0.5).to(dtype)
+    w2 = (torch.randn(num_experts, hidden, inter, generator=gen) / inter**0.5).to(dtype)
+    return w13, w2, gen
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("num_tokens", [1, 7])
+def test_matches_the_expert_loop(dtype: torch.dtype, num_tokens: int):
+    w13, w2, gen = experts(6, 48, 40, dtype, seed=num_tokens)
+    x = torch.randn(num_tokens, 48, generator=gen).to(dtype)
+    weights, ids = uniform_routing(num_tokens, 6, 2, gen)
+    got = fused_moe(x, w13, w2, weights, ids, tiles=TILES)
+    want = moe_reference(x, w13, w2, weights, ids)
+    assert got.dtype == dtype and got.shape == x.shape
+    # NOTE: triton's interpreter rounds float32 to bf16 by truncation (torch: to nearest), and
+    # the layer rounds six times: bf16 agrees to a few 1e-2 here, to 1e-2 on the GPU.
+    assert relative_error(got, want) < (1e-5 if dtype == torch.float32 else 4e-2)
+
+
+def test_fp8_experts_match_the_quantized_loop():
+    """The FP8 path's layout, scales and GEMMs, given its per-row quantizer.
+
+    NOTE: triton's interpreter converts to e4m3 by its own rounding (not torch's round to
+    nearest even), so here the loop quantizes with the same interpreted kernel
+    (ops.quantize_fp8_rows) and the model dtype is float32 (no bf16 roundings, which it
+    truncates); the quantizer itself, and the whole FP8 layer against the plain loop in bf16,
+    are checked on the GPU (tests/gpu/test_fused_moe_gpu.py)."""
+    from worker.kernels.ops import quantize_fp8_rows
+
+    def interpreted(h: torch.Tensor) -> torch.Tensor:
+        rows = quantize_fp8_rows(h)
+        return rows.data.float() * rows.scale[:, None]
+
+    w13, w2, gen = experts(5, 64, 48, torch.float32, seed=3)
+    w13_q, w13_scale = quantize_experts(w13)
+    w2_q, w2_scale = quantize_experts(w2)
+    x = torch.randn(9, 64, generator=gen)
+    weights, ids = uniform_routing(9, 5, 3, gen)
+    got = fused_moe(x, w13_q, w2_q, weights, ids, w13_scale=w13_scale, w2_scale=w2_scale, tiles=TILES)
+    want = moe_reference(x, w13_q, w2_q, weights, ids, w13_scale, w2_scale, quantize=interpreted)
+    assert relative_error(got, want) < 1e-3
+    # the loop without activation quantization is further off: the kernel quantizes as it should
+    plain = moe_reference(x, w13_q, w2_q, weights, ids, w13_scale, w2_scale, quantize=lambda h: h)
+    assert relative_error(got, plain) > 10 * relative_error(got, want)
+
+
+def test_skewed_routing_and_dropped_slots():
+    """Every token on the same two experts (one run spans several blocks), and slots with ids
+    outside [0, E) (-1, E) add nothing."""
+    w13, w2, gen = experts(4, 32, 32, torch.float32, seed=5)
+    x = torch.randn(37, 32, generator=gen)
+    ids = torch.tensor([[2, 0]] * 37, dtype=torch.int32)
+    ids[3, 1] = -1
+    ids[10, 0] = 4
+    weights = torch.rand(37, 2, generator=gen)
+    got = fused_moe(x, w13, w2, weights, ids, tiles=TILES)
+    assert relative_error(got, moe_reference(x, w13, w2, weights, ids)) < 1e-5
+    only_first = fused_moe(x[3:4], w13, w2, weights[3:4, :1], ids[3:4, :1], tiles=TILES)
+    torch.testing.assert_close(got[3], only_first[0], atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("num_tokens", "top_k", "num_experts", "block_m"), [(1, 1, 3, 16), (13, 3, 8, 16), (40, 2, 4, 32)]
+)
+def test_layout_sorts_every_entry_once_into_its_experts_blocks(num_tokens, top_k, num_experts, block_m):
+    gen = torch.Generator().manual_seed(num_tokens)
+    _, ids = uniform_routing(num_tokens, num_experts, top_k, gen)
+    if num_tokens == 40:
+        ids[:, 0] = 1  # one expert takes at least one entry per token: a run of several blocks
+    layout = align_entries(ids, num_experts, block_m)
+    entries = num_tokens * top_k
+    assert layout.sorted_rows.numel() == max_sorted_rows(entries, num_experts, block_m)
+    rows = layout.sorted_rows.view(-1, block_m)
+    flat = ids.reshape(-1).long()
+    seen: list[int] = []
+    for block, expert in enumerate(layout.block_expert.tolist()):
+        block_rows = [r for r in rows[block].tolist() if r != entries]
+        if expert < 0:
+            continue
+        assert block_rows, f"block {block} of expert {expert} holds only padding"
+        assert all(flat[r] == expert for r in block_rows)
+        assert block_rows == sorted(block_rows)  # an expert's entries keep their order
+        seen += block_rows
+    assert sorted(seen) == list(range(entries))
+    used = layout.block_expert[layout.block_expert >= 0]
+    assert torch.equal(used, used.sort().values)  # runs follow expert order
+    per_expert = torch.bincount(flat, minlength=num_experts)
+    want_blocks = (-(-per_expert // block_m)).tolist()
+    assert [int((used == e).sum()) for e in range(num_experts)] == want_blocks
+    assert (layout.block_expert[used.numel() :] == -1).all()
+
+
+def test_tiles_follow_rows_per_expert():
+    # decode of a 128-expert top-8 model (64 tokens: 4 rows per expert) vs its prefill (8,192 tokens)
+    assert moe_tiles(128, 2048, 768, 64 * 8, fp8=False).block_m == 16
+    assert moe_tiles(128, 2048, 768, 8192 * 8, fp8=False).block_m == 128
+    assert moe_tiles(8, 4096, 14336, 64 * 2, fp8=True).block_m == 32  # 16 rows per expert
+    with pytest.raises(ValueError, match="power of two"):
+        MoeTiles(block_m=24, gate_up_n=16, down_n=16, block_k=16)
+
+
+def test_bad_arguments_name_what_is_wrong():
+    w13, w2, gen = experts(4, 32, 16, torch.float32, seed=0)
+    x = torch.randn(3, 32)
+    weights, ids = uniform_routing(3, 4, 2, gen)
+    with pytest.raises(ValueError, match=r"w2 must be \[E=4, H=32, I=16\]"):
+        fused_moe(x, w13, w2.transpose(1, 2).contiguous(), weights, ids)
+    with pytest.raises(ValueError, match="topk_weights must be float32"):
+        fused_moe(x, w13, w2, weights.double(), ids)
+    w13_q, _ = quantize_experts(w13)
+    w2_q, _ = quantize_experts(w2)
+    with pytest.raises(ValueError, match="FP8 experts need w13_scale"):
+        fused_moe(x, w13_q, w2_q, weights, ids)
+    assert fused_moe(x[:0], w13, w2, weights[:0], ids[:0]).shape == (0, 32)
+    os.environ.pop("TRITON_INTERPRET")
+    with pytest.raises(ValueError, match="runs on CUDA tensors"):
+        fused_moe(x, w13, w2, weights, ids)

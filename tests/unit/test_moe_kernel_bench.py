@@ -1,0 +1,54 @@
+"""benchmarks/moe_kernel.py on CPU: the expert shapes it reads from configs/, its FLOP and
+byte counts against hand arithmetic, its torch-loop baseline (the reference every candidate's
+error is measured against) against the float32 oracle, and its table."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from moe_candidates import ExpertShape, Inputs, Layer, torch_loop  # noqa: E402
+from moe_kernel import expert_shape, print_table  # noqa: E402
+
+from tests.moe_oracle import moe_reference, relative_error  # noqa: E402
+
+
+def test_expert_shapes_and_counts():
+    qwen = expert_shape("qwen3-30b-a3b")
+    assert qwen == ExpertShape(num_experts=128, top_k=8, hidden=2048, inter=768)
+    assert expert_shape("mixtral-8x7b") == ExpertShape(num_experts=8, top_k=2, hidden=4096, inter=14336)
+    # 64 tokens x 8 experts x (2048 x 1536 + 768 x 2048) multiply-adds, 2 FLOPs each
+    assert qwen.flops(64) == 2 * 512 * 4_718_592 == 4_831_838_208
+    assert qwen.expert_bytes(fp8=False) == 2 * 4_718_592
+    assert qwen.expert_bytes(fp8=True) == 4_718_592 + 4 * (1536 + 2048)  # e4m3 + float32 row scales
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_loop_baseline_matches_the_oracle(fp8: bool):
+    shape = ExpertShape(num_experts=6, top_k=2, hidden=64, inter=32)
+    layer = Layer.random(shape, fp8=fp8, device="cpu")
+    inputs = Inputs.random(shape, 9, seed=1, device="cpu")
+    want = moe_reference(inputs.x, layer.w13, layer.w2, inputs.topk_weights, inputs.topk_ids,
+                         layer.w13_scale, layer.w2_scale)  # fmt: skip
+    assert relative_error(torch_loop(layer, inputs), want) < 1e-2
+    assert inputs.active_experts == len(set(inputs.topk_ids.flatten().tolist()))
+
+
+def test_table_reports_failures_and_the_loop_ratio(capsys: pytest.CaptureFixture[str]):
+    cell = {"model": "m", "dtype": "bf16", "tokens": 64, "active_experts": 8, "mode": "graph", "status": "ok"}
+    rows = [
+        {**cell, "candidate": "triton", "time_us": 50.0, "tflops": 1.0, "weight_tbps": 2.0, "rel_err": 1e-3},
+        {**cell, "candidate": "loop", "mode": "eager", "time_us": 400.0, "tflops": 0.1, "weight_tbps": 0.2,
+         "rel_err": 0.0},
+        {"candidate": "flashinfer", "status": "no result after 160 s: build or first call not finished"},
+    ]  # fmt: skip
+    print_table(rows)
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[2].startswith("| m | bf16 | 64 | triton | graph | 50.0 |") and "| 8.0x |" in lines[2]
+    assert "| 1.0x |" in lines[3]
+    assert "build or first call not finished" in lines[4]

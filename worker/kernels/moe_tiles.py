@@ -1,0 +1,88 @@
+"""Tile configurations of the fused MoE kernels (worker.kernels.fused_moe), per expert shape
+and tokens-per-expert bucket.
+
+The bucket is the expected rows per expert, ``T * k / E`` under uniform routing: decode with
+few rows per expert is bound by reading the selected experts' weights (small ``block_m``, many
+programs in flight), prefill by FLOPs (the largest tiles). The rule below follows the Hopper
+tables vLLM ships for its Triton fused MoE (E=128/N=768 and E=8/N=14336 on the H200), restated
+by rows per expert; ``TUNED`` holds what the benchmark sweep
+(``benchmarks/moe_kernel.py --sweep``) measured best per shape, where it differs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True)
+class MoeTiles:
+    """One launch configuration of the fused MoE kernels.
+
+    ``block_m`` rows per program (also each expert's padding unit); ``gate_up_n`` columns of
+    the intermediate per program of the gate/up GEMM, which reads a gate and an up tile of that
+    width (its tile is 2 x gate_up_n wide); ``down_n`` hidden columns per program of the down
+    GEMM; ``block_k`` the reduction step of both; ``group_m`` row blocks that sweep the columns
+    together (L2 reuse of their weight tiles)."""
+
+    block_m: int
+    gate_up_n: int
+    down_n: int
+    block_k: int
+    group_m: int = 1
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def shared_bytes(self, fp8: bool) -> int:
+        """Shared memory of the software pipeline: ``num_stages`` copies of the larger GEMM's
+        operand tiles (gate/up reads two weight tiles per step)."""
+        per_k = max(self.block_m + 2 * self.gate_up_n, self.block_m + self.down_n)
+        return self.num_stages * per_k * self.block_k * (1 if fp8 else 2)
+
+    def __post_init__(self) -> None:
+        for name in ("block_m", "gate_up_n", "down_n", "block_k"):
+            value = getattr(self, name)
+            if value < 16 or value & (value - 1):
+                raise ValueError(f"MoeTiles.{name}={value}: must be a power of two >= 16")
+
+
+# (rows per expert at most, bf16 tiles, FP8 tiles): FP8 takes twice the block_k (the same
+# bytes per stage).
+_RULE: tuple[tuple[float, MoeTiles, MoeTiles], ...] = (
+    (8, MoeTiles(16, 64, 128, 128, 1, 4, 3), MoeTiles(16, 64, 128, 256, 1, 4, 3)),
+    (16, MoeTiles(32, 64, 128, 128, 8, 4, 3), MoeTiles(32, 64, 128, 256, 8, 4, 3)),
+    (32, MoeTiles(64, 64, 128, 64, 8, 4, 3), MoeTiles(64, 64, 128, 128, 8, 4, 3)),
+    (float("inf"), MoeTiles(128, 128, 256, 64, 8, 8, 4), MoeTiles(128, 128, 256, 128, 8, 8, 3)),
+)
+
+# (E, hidden, intermediate, fp8) -> ((rows per expert at most, tiles), ...), ascending.
+TUNED: dict[tuple[int, int, int, bool], tuple[tuple[float, MoeTiles], ...]] = {}
+
+
+def sweep_tiles(fp8: bool, shared_limit: int = 200 * 2**10) -> list[MoeTiles]:
+    """What ``benchmarks/moe_kernel.py --sweep`` times: the rule's tiles, each also with the
+    other warp count and with half and twice its column blocks, where they fit in shared memory."""
+    found: dict[MoeTiles, None] = {}
+    for _, bf16_tiles, fp8_tiles in _RULE:
+        t = fp8_tiles if fp8 else bf16_tiles
+        for variant in (
+            t,
+            replace(t, num_warps=12 - t.num_warps),
+            replace(t, gate_up_n=max(16, t.gate_up_n // 2), down_n=max(16, t.down_n // 2)),
+            replace(t, gate_up_n=t.gate_up_n * 2, down_n=t.down_n * 2),
+        ):
+            if variant.shared_bytes(fp8) <= shared_limit:
+                found[variant] = None
+    return list(found)
+
+
+def moe_tiles(num_experts: int, hidden: int, inter: int, num_entries: int, fp8: bool) -> MoeTiles:
+    """The tiles for ``num_entries`` (tokens x top-k) routed over ``num_experts`` experts of
+    this shape: the tuned entry when there is one, else the rule."""
+    rows_per_expert = num_entries / num_experts
+    for bound, tiles in TUNED.get((num_experts, hidden, inter, fp8), ()):
+        if rows_per_expert <= bound:
+            return tiles
+    for bound, bf16_tiles, fp8_tiles in _RULE:
+        if rows_per_expert <= bound:
+            return fp8_tiles if fp8 else bf16_tiles
+    raise AssertionError("the rule's last bucket is unbounded")
