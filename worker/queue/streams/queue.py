@@ -222,6 +222,10 @@ class RedisJobQueue:
         return [mark is not None for mark in marks]
 
     @_translated
+    def cancel_count(self) -> int:
+        return int(self.redis.get(self.keys.cancelled) or 0)  # type: ignore[arg-type]
+
+    @_translated
     def complete(self, writes: list[Write], acks: list[str]) -> list[Write]:
         return streams_writes.complete(self.redis, self.keys, writes, acks, self._complete)
 
