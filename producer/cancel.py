@@ -5,10 +5,8 @@
 
     1. filter  which jobs: every one, a tag's set (producer.tags), or the given ids put in a
                set of this call's own (QueueKeys.cancelling), deleted when it ends
-    2. scan    each partition stream, SCAN_COUNT entries per script call (_SCAN), which returns
-               only the entries of the filter's jobs that are enqueued and not done, payload
-               and all (on a Redis Cluster, a partition in a slot of its own is read with
-               XRANGE and checked from here)
+    2. scan    each partition stream (producer.cancel_scan: a script returns only the
+               entries of the filter's jobs that are enqueued and not done, payload and all)
     3. write   for each, a Result carrying the job's metadata (so its row has the format the
                job came in: an OpenAI batch error line), by a script (_WRITE) that under the
                queue's epoch writes it only for a job still without a result: XADD result
@@ -25,7 +23,7 @@ when the counter moves it aborts the jobs it holds that are done (worker.queue.h
 idempotent: a second call finds nothing left to cancel.
 
 Cost: the scan reads every entry left in the partition streams (not yet delivered, held, or
-acknowledged and not trimmed yet) on the server, SCAN_COUNT at a time; only the filter's jobs
+acknowledged and not trimmed yet) on the server, a few hundred at a time; only the filter's jobs
 travel. The checks read the scope's ids (the order list, the tag's set, the given ids) 10k at a
 time. Jobs enqueued while a cancel of the whole queue runs may or may not be cancelled.
 """
@@ -43,7 +41,7 @@ from typing import Any
 
 import redis
 
-from wire.cluster import together
+from producer.cancel_scan import StreamScan
 from wire.epoch import read_epoch
 from wire.keys import (
     CANCELLING_TTL_S,
@@ -51,7 +49,6 @@ from wire.keys import (
     FIELD_ENTRY,
     FIELD_EPOCH,
     FIELD_ID,
-    FIELD_JOB,
     FIELD_RESULT,
     META_EPOCH,
     QueueKeys,
@@ -61,35 +58,9 @@ from wire.routing import read_routing
 from wire.schema import CANCELLED, Job, JobError, Result, Timings, decode_job, encode, error_result
 from wire.status import now_ms
 
-SCAN_COUNT = 1000  # stream entries one scan call reads
-SCAN_BYTES = 16 << 20  # payload one scan call returns, at most (past one entry)
-WRITE_COUNT = 500  # results one write call writes
+WRITE_COUNT = 100  # results one write call writes
 CHECK_COUNT = 10_000  # ids one check reads
 SCANS = 2  # full scans before the ids left get rows without metadata
-
-# KEYS: the partition stream, done, enqueued, the filter set (ARGV[3] "set"; else not read).
-# ARGV: start (exclusive "(id", or "-"), count, "all" | "set", byte budget.
-# Returns {last entry read ("" for none), {entry, id, payload, ...}}.
-_SCAN = string.Template("""
-local entries = redis.call('XRANGE', KEYS[1], ARGV[1], '+', 'COUNT', tonumber(ARGV[2]))
-local found, last, size = {}, '', 0
-for _, entry in ipairs(entries) do
-  local fields, id, job = entry[2], nil, ''
-  for i = 1, #fields, 2 do
-    if fields[i] == '$FIELD_ID' then id = fields[i + 1] elseif fields[i] == '$FIELD_JOB' then job = fields[i + 1] end
-  end
-  if id and (ARGV[3] == 'all' or redis.call('SISMEMBER', KEYS[4], id) == 1)
-      and redis.call('HEXISTS', KEYS[2], id) == 0 and redis.call('HEXISTS', KEYS[3], id) == 1 then
-    found[#found + 1] = entry[1]
-    found[#found + 1] = id
-    found[#found + 1] = job
-    size = size + #job
-  end
-  last = entry[1]
-  if size > tonumber(ARGV[4]) then break end
-end
-return {last, found}
-""").substitute(FIELD_ID=FIELD_ID, FIELD_JOB=FIELD_JOB)
 
 # KEYS: meta, results, done, failed, enqueued, the cancelled counter.
 # ARGV: the epoch the results were made under, then (id, encoded result) pairs.
@@ -160,7 +131,7 @@ class Canceller:
         self.keys = keys
         self.epoch = epoch
         self.call = backoff.call
-        self.scan_script = client.register_script(_SCAN)
+        self.scan = StreamScan(client, keys)
         self.write_script = client.register_script(_WRITE)
         self.written = 0
 
@@ -205,13 +176,16 @@ class Canceller:
                 yield ids[start : start + CHECK_COUNT]
         elif tag is not None:
             cursor: Any = 0
+            seen: set[bytes] = set()  # NOTE: SSCAN may return a member twice (a set that grows)
             while True:
                 reply: Any = self.call(
                     partial(self.redis.sscan, self.keys.tag(tag), cursor, count=CHECK_COUNT)
                 )
                 cursor, members = reply
-                if members:
-                    yield [m.decode() for m in members]
+                fresh = [m for m in members if m not in seen]
+                seen.update(fresh)
+                if fresh:
+                    yield [m.decode() for m in fresh]
                 if int(cursor) == 0:
                     return
         else:
@@ -254,7 +228,7 @@ class Canceller:
         for stream in self.keys.partitions(partitions):
             start = "-"
             while True:
-                last, found = self.call(partial(self._scan_chunk, stream, start, filter_key))
+                last, found = self.call(partial(self.scan.chunk, stream, start, filter_key))
                 if found:
                     self._write([(job_id, payload) for _, job_id, payload in found])
                 if wanted is not None:
@@ -264,53 +238,6 @@ class Canceller:
                 if not last:
                     break
                 start = "(" + last
-
-    def _scan_chunk(
-        self, stream: str, start: str, filter_key: str | None
-    ) -> tuple[str, list[tuple[bytes, bytes, bytes]]]:
-        """(the last entry read, "" at the end; the (entry, id, payload) of the filter's jobs)."""
-        keys = self.keys
-        if together(self.redis, [stream, keys.done]):
-            raw: Any = self.scan_script(
-                keys=[stream, keys.done, keys.enqueued, filter_key or keys.done],
-                args=[start, SCAN_COUNT, "all" if filter_key is None else "set", SCAN_BYTES],
-                client=self.redis,
-            )
-            last, flat = raw
-            found = [(flat[i], flat[i + 1], flat[i + 2]) for i in range(0, len(flat), 3)]
-            return (last.decode() if isinstance(last, bytes) else last), found
-        return self._scan_apart(stream, start, filter_key)
-
-    def _scan_apart(
-        self, stream: str, start: str, filter_key: str | None
-    ) -> tuple[str, list[tuple[bytes, bytes, bytes]]]:
-        """_scan_chunk for a partition in a slot of its own (a cluster): XRANGE there, the
-        checks on the queue's slot."""
-        keys = self.keys
-        entries: Any = self.redis.xrange(stream, start, "+", count=SCAN_COUNT)
-        if not entries:
-            return "", []
-        rows = [
-            (entry_id, fields.get(FIELD_ID.encode()), fields.get(FIELD_JOB.encode(), b""))
-            for entry_id, fields in entries
-        ]
-        rows = [row for row in rows if row[1] is not None]
-        ids = [row[1] for row in rows]
-        if not ids:
-            return entries[-1][0].decode(), []
-        with self.redis.pipeline(transaction=False) as pipe:
-            pipe.hmget(keys.done, ids)
-            pipe.hmget(keys.enqueued, ids)
-            if filter_key is not None:
-                pipe.smismember(filter_key, ids)
-            replies = pipe.execute()
-        member = replies[2] if filter_key is not None else [1] * len(ids)
-        found = [
-            row
-            for row, mark, record, is_member in zip(rows, replies[0], replies[1], member, strict=True)
-            if mark is None and record is not None and is_member
-        ]
-        return entries[-1][0].decode(), found
 
     def _write(self, rows: list[tuple[bytes, bytes]]) -> None:
         """Write the cancelled results of (id, payload) rows, WRITE_COUNT per script call."""

@@ -653,6 +653,8 @@ def status(
     typer.echo(f"  done          {snapshot.done - snapshot.failed}")
     typer.echo(f"  failed        {snapshot.failed}")
     typer.echo(f"  dead-lettered {snapshot.dead_lettered}")
+    if snapshot.cancelled:
+        typer.echo(f"  cancelled     {snapshot.cancelled}")
     typer.echo(f"  results kept  {snapshot.results_kept}")
     eta = "-" if snapshot.eta_s is None else f"{snapshot.eta_s:.0f} s"
     lag = "-" if snapshot.queue_lag_s is None else f"{snapshot.queue_lag_s:.1f} s"

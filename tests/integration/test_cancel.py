@@ -39,6 +39,14 @@ def jobs_of(count: int, prefix: str = "j") -> list[Job]:
     return [Job(id=f"{prefix}{i:04d}", prompt=f"prompt {i}", metadata={"row": i}) for i in range(count)]
 
 
+def enqueued(redis_url: str, count: int, **options: int) -> tuple[redis.Redis, list[str]]:
+    """A client of the test's Redis, and the ids of ``count`` jobs enqueued on QUEUE."""
+    client = redis.Redis.from_url(redis_url)
+    jobs = jobs_of(count)
+    Client(client, QUEUE, **options).enqueue(jobs)
+    return client, [job.id for job in jobs]
+
+
 @contextmanager
 def workers(redis_url: str, tmp_path: Path, count: int = 2, **env: str) -> Iterator[list[Path]]:
     """``count`` fake workers on QUEUE (a heartbeat every 0.2 s: the cancel count is looked at
@@ -118,10 +126,7 @@ def check_rows(out: Path, ids: list[str]) -> tuple[set[str], set[str]]:
 def test_cancel_of_a_1000_job_queue_mid_run_with_two_workers_accounts_for_every_id_once(
     redis_url: str, tmp_path: Path
 ) -> None:
-    client = redis.Redis.from_url(redis_url)
-    jobs = jobs_of(1000)
-    ids = [job.id for job in jobs]
-    Client(client, QUEUE).enqueue(jobs)
+    client, ids = enqueued(redis_url, 1000)
     out = tmp_path / "out.jsonl"
     collecting = subprocess.Popen(  # a collect that waits, running beside the cancel
         [sys.executable, "-m", "radixq", "collect", "-q", QUEUE, "--redis-url", redis_url]
@@ -157,10 +162,7 @@ def test_cancel_of_a_1000_job_queue_mid_run_with_two_workers_accounts_for_every_
 
 
 def test_cancel_ids_cancels_only_those_and_the_others_run(redis_url: str, tmp_path: Path) -> None:
-    client = redis.Redis.from_url(redis_url)
-    jobs = jobs_of(1000)
-    ids = [job.id for job in jobs]
-    Client(client, QUEUE, partitions=NO_ROUTING).enqueue(jobs)  # one stream: read in order
+    client, ids = enqueued(redis_url, 1000, partitions=NO_ROUTING)  # one stream: read in order
     chosen = ids[-100:]  # the last: still queued when the cancel comes
     (tmp_path / "ids.txt").write_text("\n".join(chosen) + "\n")
     out = tmp_path / "out.jsonl"
@@ -202,10 +204,7 @@ def test_cancels_racing_workers_that_complete_the_same_jobs_write_one_result_eac
 ) -> None:
     """Fast workers (no latency) finish jobs while three cancels of the whole queue scan and
     write at once: whichever script runs first for an id writes its one result."""
-    client = redis.Redis.from_url(redis_url)
-    jobs = jobs_of(2000)
-    ids = [job.id for job in jobs]
-    Client(client, QUEUE).enqueue(jobs)
+    client, ids = enqueued(redis_url, 2000)
     counts: list[int] = []
     with workers(redis_url, tmp_path, RADIXQ_FAKE_LATENCY_S="0", RADIXQ_FAKE_CAPACITY="16"):
         wait_until(lambda: done(client) >= 1, "the workers at work")
@@ -227,10 +226,7 @@ def test_cancels_racing_workers_that_complete_the_same_jobs_write_one_result_eac
 def test_a_cancelled_job_a_crashed_worker_held_is_not_run_by_the_worker_that_reclaims_it(
     redis_url: str, tmp_path: Path
 ) -> None:
-    client = redis.Redis.from_url(redis_url)
-    jobs = jobs_of(12)
-    ids = [job.id for job in jobs]
-    Client(client, QUEUE).enqueue(jobs)
+    client, ids = enqueued(redis_url, 12)
     doomed = start_worker(
         redis_url, "doomed", tmp_path / "doomed.log", "-q", QUEUE,
         RADIXQ_FAKE_CAPACITY="4", RADIXQ_FAKE_LATENCY_S=str(10 * LIVENESS_S),

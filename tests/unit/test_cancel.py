@@ -66,7 +66,8 @@ def test_every_job_without_a_result_gets_one_cancelled_result(
     assert [row["error"]["code"] if row["error"] else None for row in rows] == [None] * 3 + ["cancelled"] * 7
     assert rows[5]["choices"] == [] and rows[5]["metadata"] == {"row": "j5"}
     assert not list(fake_redis.scan_iter(match="*cancelling*"))
-    assert int(fake_redis.get(KEYS.cancelled)) == 7
+    status = client.status()
+    assert (status.cancelled, status.failed, status.done) == (7, 7, 10)
 
 
 def test_given_ids_only_and_unknown_ids_are_named(fake_redis: fakeredis.FakeRedis) -> None:
@@ -146,7 +147,7 @@ def test_a_job_whose_entry_is_gone_is_cancelled_without_metadata(fake_redis: fak
 
 
 def test_the_scan_script_and_the_cluster_scan_find_the_same_entries(fake_redis: fakeredis.FakeRedis) -> None:
-    """_scan_chunk's script (one slot) and _scan_apart (a partition in a slot of its own) are two
+    """StreamScan.chunk's script (one slot) and .apart (a partition in a slot of its own) are two
     readings of one rule: the filter's entries whose job is enqueued and not done."""
     ids = [f"s{i}" for i in range(30)]
     client = enqueue(fake_redis, ids, tag="S")
@@ -155,7 +156,7 @@ def test_the_scan_script_and_the_cluster_scan_find_the_same_entries(fake_redis: 
     fake_redis.xadd(KEYS.jobs, {FIELD_ID: "raw", "job": b""})  # never enqueued through a Client
     canceller = Canceller(fake_redis, KEYS, "epoch", client.backoff)
     for filter_key, expected in ((KEYS.tag("S"), ids[5:]), (None, ids[5:] + ["other"])):
-        for scan in (canceller._scan_chunk, canceller._scan_apart):
+        for scan in (canceller.scan.chunk, canceller.scan.apart):
             found = []
             for p in range(read_routing(fake_redis, KEYS)[0]):
                 start = "-"
