@@ -300,6 +300,10 @@ def enqueue(
     template: TemplateOption = None,
     errors: ErrorsOption = None,
     rerun_changed: RerunChangedOption = False,
+    tag: Annotated[
+        str | None,
+        typer.Option("--tag", help="Tag the jobs (a batch id, say): `radixq cancel --tag` cancels them."),
+    ] = None,
 ) -> None:
     """Validate every row of FILE, then enqueue them (idempotent by job id). A rejected row
     is enqueued as its invalid_job error result (collect writes it in its place), or written
@@ -311,12 +315,14 @@ def enqueue(
     run it again)."""
     url = resolve_redis_url(redis_url)
     mapping = column_mapping(prompt_column, messages_column, id_column, template)
+    if tag is not None:
+        checked_tag(tag)
     with staged(input_path, errors=errors) as (source, _, errors_file), expected_errors(url):
         assert source is not None
         enqueue_file(
             source, input_path, mapping, errors_file, url, queue, retry_timeout_s,
             NO_ROUTING if no_routing else partitions, prefix_chars,
-            rerun_changed,
+            rerun_changed, tag,
         )  # fmt: skip
 
 
@@ -331,6 +337,7 @@ def enqueue_file(
     partitions: int | None,
     prefix_chars: int,
     rerun_changed: bool,
+    tag: str | None = None,
 ) -> None:
     """The enqueue command on a local file (``shown``: the name the user gave, a path or URL).
 
@@ -363,7 +370,11 @@ def enqueue_file(
                     raise ContentChanged(changed)
             rows = queued_rows(source, mapping, parsed, errors_file, shown=shown)
             report = client.enqueue(
-                rows, rerun_changed=rerun_changed, stop_on_changed=once and not rerun_changed, keep_ids=False
+                rows,
+                rerun_changed=rerun_changed,
+                stop_on_changed=once and not rerun_changed,
+                keep_ids=False,
+                tag=tag,
             )
     except ContentChanged as exc:
         before = exc.report.jobs_enqueued if exc.report is not None else 0
@@ -531,6 +542,79 @@ def collect(
 
 
 @app.command()
+def cancel(
+    queue: QueueOption = DEFAULT_QUEUE,
+    redis_url: RedisUrlOption = None,
+    ids_file: Annotated[
+        str | None,
+        typer.Option(
+            "--ids",
+            help="Cancel only these jobs: a file of job ids, one a line, or of JSONL rows (their custom_id "
+            "or id); '-' reads stdin.",
+            metavar="FILE",
+        ),
+    ] = None,
+    tag: Annotated[
+        str | None, typer.Option("--tag", help="Cancel only the jobs enqueued with this tag (enqueue --tag).")
+    ] = None,
+    retry_timeout_s: RetryTimeoutOption = 60.0,
+) -> None:
+    """Cancel the queue's jobs that have no result yet (all, --ids or --tag): each gets one
+    `cancelled` error result, which collect writes as an error row (--errors: in the errors
+    file); jobs that have a result keep it. Workers never run a cancelled job and abort those
+    they hold. Safe to run again, beside workers and a collect.
+
+    Exit 0: done; 1: some ids given are unknown to the queue (named); 2: bad options, unknown
+    queue, Redis unavailable or refusing (run it again: nothing is cancelled twice)."""
+    from producer.cancel import CancelLost, read_ids
+
+    if ids_file is not None and tag is not None:
+        fail("--ids and --tag: give one of them (neither: the whole queue)", exits.USAGE)
+    if tag is not None:
+        checked_tag(tag)
+    ids = None
+    if ids_file is not None:
+        try:
+            ids = read_ids(ids_file)
+        except (OSError, ValueError) as exc:
+            fail(f"--ids {ids_file}: {exc.strerror if isinstance(exc, OSError) else exc}", exits.USAGE)
+    url = resolve_redis_url(redis_url)
+    client = open_client(url, queue, retry_timeout_s=retry_timeout_s, say=warn)
+    try:
+        with expected_errors(url):
+            report = client.cancel(ids, tag=tag)
+    except CancelLost as exc:
+        fail(str(exc), exits.USAGE)
+    finally:
+        client.close()
+    what = (
+        f"tag {tag!r}" if tag is not None else (f"{ids_file}" if ids_file is not None else f"queue {queue}")
+    )
+    typer.echo(
+        f"cancelled {counted(report.cancelled)} of {report.scope} in {what} (the others have a result already)"
+    )
+    if report.without_entry:
+        warn(
+            f"{counted(report.without_entry)} had no entry in the queue's streams: cancelled without metadata"
+        )
+    if report.unknown:
+        fail(
+            f"{counted(len(report.unknown), 'id')} unknown to queue {queue} (never enqueued, or collected and "
+            f"forgotten): {', '.join(report.unknown[:10])}" + (", ..." if len(report.unknown) > 10 else ""),
+            exits.JOBS_FAILED,
+        )
+
+
+def checked_tag(tag: str) -> str:
+    from producer.tags import check_tag
+
+    try:
+        return check_tag(tag)
+    except ValueError as exc:
+        fail(f"--tag: {exc}", exits.USAGE)
+
+
+@app.command()
 def status(
     queue: QueueOption = DEFAULT_QUEUE,
     redis_url: RedisUrlOption = None,
@@ -569,6 +653,8 @@ def status(
     typer.echo(f"  done          {snapshot.done - snapshot.failed}")
     typer.echo(f"  failed        {snapshot.failed}")
     typer.echo(f"  dead-lettered {snapshot.dead_lettered}")
+    if snapshot.cancelled:
+        typer.echo(f"  cancelled     {snapshot.cancelled}")
     typer.echo(f"  results kept  {snapshot.results_kept}")
     eta = "-" if snapshot.eta_s is None else f"{snapshot.eta_s:.0f} s"
     lag = "-" if snapshot.queue_lag_s is None else f"{snapshot.queue_lag_s:.1f} s"

@@ -9,7 +9,9 @@ from typing import Any
 import msgspec
 import redis
 
+from producer.cancel import CancelReport, cancel_jobs
 from producer.digest import changed_ids, changed_line, job_digest, stored_digests
+from producer.tags import check_tag, tag_ahead
 from wire.cluster import together
 from wire.epoch import create_epoch
 from wire.keys import (
@@ -190,6 +192,7 @@ class Client:
         refuse_changed: bool = False,
         stop_on_changed: bool = False,
         keep_ids: bool = True,
+        tag: str | None = None,
     ) -> EnqueueReport:
         """Add the jobs whose ids are new, in batches of one MULTI/EXEC each, taking one batch
         at a time from ``jobs`` (an iterator is read as it goes: memory holds one batch, unless
@@ -208,9 +211,14 @@ class Client:
         can be read once only: a pipe) before the batch holding them is written, the report of
         the batches written before it on the exception (``report``).
 
+        ``tag`` (producer.tags: a batch id, say) is given to each job before it goes in, so
+        ``cancel(tag=...)`` finds them; a job keeps the first tag it was enqueued with.
+
         Raises EnqueueStopped (carrying the partial report) when Redis stays unavailable
         longer than the retry timeout or answers with another error.
         """
+        if tag is not None:
+            check_tag(tag)
         report = EnqueueReport([], [])
         uncertain: dict[str, str] = {}
         try:
@@ -221,6 +229,8 @@ class Client:
                 if changed:
                     raise ContentChanged(changed)
             self.backoff.call(self._prepare)
+            if tag is not None:
+                jobs = tag_ahead(self.redis, self.keys, jobs, tag, batch_size, self.backoff.call)
             batch: list[Job | Result] = []
             for job in jobs:
                 batch.append(job)
@@ -237,6 +247,16 @@ class Client:
         except redis.RedisError as exc:
             raise EnqueueStopped(report, exc, len(uncertain), 0.0) from exc
         return report
+
+    def cancel(self, ids: Iterable[str] | None = None, *, tag: str | None = None) -> CancelReport:
+        """Give every job without a result a ``cancelled`` error result, exactly once: all the
+        queue's jobs, those of ``ids``, or those enqueued with ``tag`` (producer.cancel). Jobs
+        that have a result keep it; workers run none of the cancelled jobs from then on and
+        abort those they hold. Idempotent. Raises UnknownQueueError, CancelLost (Redis lost
+        the queue), and RedisUnavailable/RedisError (run it again: nothing is cancelled twice)."""
+        if not self.backoff.call(self.known):
+            raise UnknownQueueError(self.keys.queue)
+        return cancel_jobs(self.redis, self.keys, self.backoff, list(ids) if ids is not None else None, tag)
 
     def find_changed(self, jobs: Iterable[Job | Result], batch_size: int = 10_000) -> list[str]:
         """Ids of ``jobs`` enqueued before with other content (producer.digest), read batch by

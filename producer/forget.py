@@ -2,13 +2,14 @@
 
 A queue keeps, per job id, its place in ``order``, its ``enqueued`` time (enqueue is idempotent
 by it), its ``done`` mark, its ``failed`` code, its ``requeued`` count and its content
-``digests`` entry. Kept for ever they
+``digests`` entry, and its tag (producer.tags). Kept for ever they
 grow without bound (18 MiB after 100k jobs). Once a trimming collect (``collect --trim``, the
 queue's one collector) has a job's row fsynced in its output and the job is in the written
 prefix of the order, Redis needs none of them: the row is the record. So it removes them, a
 prefix of the order list at a time:
 
-    MULTI   LTRIM order N -1; HDEL enqueued/done/failed/requeued/digests <the N ids>;
+    MULTI   LTRIM order N -1; SREM tag:<T> and HDEL tags <the tagged ones>;
+            HDEL enqueued/done/failed/requeued/digests <the N ids>;
             HINCRBY meta forgotten N, forgotten_failed <error rows among them>
 
 under WATCH of the order list and the meta hash, after checking that the list's head is the
@@ -28,6 +29,7 @@ from typing import Any
 
 import redis
 
+from producer.tags import tags_of, untag
 from wire.keys import META_FORGOTTEN, META_FORGOTTEN_FAILED, QueueKeys
 
 CHUNK = 10_000  # ids forgotten per transaction
@@ -78,8 +80,10 @@ def forget_written(
                 if [item.decode() for item in head] != ids:
                     pipe.reset()  # NOTE: not the order this collect wrote: leave it alone
                     return base + start
+                tagged = tags_of(pipe, keys, ids)
                 pipe.multi()
                 pipe.ltrim(keys.order, len(ids), -1)
+                untag(pipe, keys, tagged)
                 for record in (keys.enqueued, keys.done, keys.failed, keys.requeued, keys.digests):
                     pipe.hdel(record, *ids)
                 pipe.hincrby(keys.meta, META_FORGOTTEN, len(ids))

@@ -14,9 +14,11 @@ from typing import Any
 
 from producer.openai_request import CHAT_URL, COMPLETIONS_URL, body_fields
 from producer.openai_response import response_body
-from wire.schema import JobError, Result
+from wire.schema import CANCELLED, JobError, Result
 
 RESERVED_KEY = "_radixq"
+# radixq error codes OpenAI's Batch API spells otherwise: a request its batch's cancel stopped
+_OPENAI_CODES = {CANCELLED: "batch_cancelled"}
 
 
 def is_batch_request(raw: dict[str, Any]) -> bool:
@@ -65,7 +67,8 @@ def response_line(result: Result, format_info: dict[str, Any], metadata: dict[st
         "error": None,
     }
     if result.error is not None:
-        line["error"] = {"code": result.error.code, "message": result.error.message}
+        code = _OPENAI_CODES.get(result.error.code, result.error.code)
+        line["error"] = {"code": code, "message": result.error.message}
         return line
     broken = [choice.index for choice in result.choices if choice.finish_reason == "error"]
     if broken:  # NOTE: OpenAI's shapes have no such finish_reason: the line reports the error

@@ -4,6 +4,7 @@
     batch = pipe.submit(rows, ColumnMapping(template="Q: {question}\\nA:"))
     for result in batch.as_completed(timeout_s=600):
         ...
+    batch.cancel()                                   # the rows without a result: cancelled
     df = pipe.generate_dataframe(df, ColumnMapping(prompt_column="question"))   # pandas
     ds = ds.map(pipe.batch_function(ColumnMapping(prompt_column="question")),
                 batched=True, with_indices=True)                               # HF datasets
@@ -24,6 +25,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from producer.cancel import CancelReport
 from producer.client import Client, ContentChanged
 from producer.datasets import NATIVE_COLUMNS, ColumnMapping, row_job
 from producer.forget import unrecorded
@@ -77,6 +79,11 @@ class Batch:
         """Every row's result, in row order (waits for all)."""
         found = {result.id: result for result in self.as_completed(timeout_s)}
         return [found[job_id] for job_id in self.ids]
+
+    def cancel(self) -> CancelReport:
+        """Cancel the rows that have no result yet (Client.cancel): each then has a
+        ``cancelled`` error result, so ``as_completed`` ends with every row once."""
+        return self.pipeline.client.cancel(self.ids)
 
 
 class Pipeline:

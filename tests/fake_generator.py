@@ -1,6 +1,6 @@
 """A Generator for queue tests and the queue benchmark: deterministic fake completions.
 
-It answers each job after ``latency_s`` with text and token ids derived from the job id, so
+It answers each job after ``latency_s`` (or at once, ``aborted``, after ``abort``) with text and token ids derived from the job id, so
 any test can recompute the expected output independently. Jobs can ask for failure through
 their metadata: ``{"fake_error": "internal"}`` yields an error Result with that code. It
 records the most jobs it ever held at once, so tests can check backpressure.
@@ -56,8 +56,10 @@ class FakeGenerator:
         self.max_completion_tokens = max_completion_tokens
         self.max_held = 0
         self.submitted: list[str] = []
+        self.aborted: list[str] = []  # job ids abort() stopped
         self.closed = False
         self._active: list[tuple[float, Job]] = []
+        self._answered: list[Result] = []  # aborted, for the next poll
 
     def free_capacity(self) -> int:
         return max(0, self.capacity - len(self._active))
@@ -73,6 +75,8 @@ class FakeGenerator:
         self.max_held = max(self.max_held, len(self._active))
 
     def poll(self, timeout_s: float) -> list[Result]:
+        if self._answered:
+            timeout_s = 0.0
         deadline = time.monotonic() + timeout_s
         while True:
             now = time.monotonic()
@@ -85,7 +89,8 @@ class FakeGenerator:
             time.sleep(min(timeout_s, 0.01))
         done = {id(job) for job in ready}
         self._active = [(at, job) for at, job in self._active if id(job) not in done]
-        return [self.complete(job) for job in ready]
+        answered, self._answered = self._answered, []
+        return answered + [self.complete(job) for job in ready]
 
     def complete(self, job: Job) -> Result:
         if self.log_jobs:
@@ -106,6 +111,17 @@ class FakeGenerator:
         ]
         usage = Usage(prompt_tokens=prompt_tokens(job), completion_tokens=count * job.sampling.n)
         return Result(id=job.id, choices=choices, usage=usage)
+
+    def abort(self, job_id: str) -> None:
+        """A held job is answered ``aborted`` by the next poll (as an engine stops a request)."""
+        held = [(at, job) for at, job in self._active if job.id == job_id]
+        if not held:
+            return
+        self._active = [(at, job) for at, job in self._active if job.id != job_id]
+        self.aborted.append(job_id)
+        if self.log_jobs:
+            logging.getLogger("radixq.fake").info("aborted job %s", job_id)
+        self._answered.append(error_result(job_id, "aborted", f"job {job_id} aborted"))
 
     def close(self, timeout_s: float = 30.0) -> None:
         self.closed = True

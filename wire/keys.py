@@ -125,6 +125,29 @@ class QueueKeys:
         return self._key("requeued")
 
     @property
+    def cancelled(self) -> str:
+        """Counter: results ``radixq cancel`` wrote (producer.cancel). A worker reads it at each
+        heartbeat and, when it moved, stops the jobs it holds that are done (worker.queue.held)."""
+        return self._key("cancelled")
+
+    def cancelling(self, token: str) -> str:
+        """Set of the job ids one ``cancel --ids`` call cancels (its filter while it scans the
+        partition streams); deleted when it ends, else expired by Redis (CANCELLING_TTL_S)."""
+        return self._key(f"cancelling:{token}")
+
+    def tag(self, name: str) -> str:
+        """Set of the ids of the jobs enqueued with tag ``name`` (producer.tags), which
+        ``cancel --tag`` reads; a trimming collect's forgetting removes its ids from it. NOTE:
+        the name ends the key, after ``tag:``, so no other key of the queue is spelled the same."""
+        return self._key(f"tag:{name}")
+
+    @property
+    def tags(self) -> str:
+        """Hash job id -> its tag (the first it was enqueued with): forgetting an id removes it
+        from its tag's set."""
+        return self._key("tags")
+
+    @property
     def group(self) -> str:
         return GROUP
 
@@ -143,6 +166,9 @@ FIELD_EPOCH = "epoch"
 # The ``entry`` of a result written at enqueue for a row rejected there (it has no jobs-stream
 # entry): its ``done`` mark, so collect counts it like any other result.
 ENTRY_REJECTED = "rejected"
+# The ``entry`` (and ``done`` mark) of a result ``radixq cancel`` wrote (producer.cancel).
+ENTRY_CANCELLED = "cancelled"
+CANCELLING_TTL_S = 3600  # a ``cancel --ids`` filter set left behind by a canceller that died
 # Fields of the meta hash.
 META_EPOCH = "epoch"
 META_CREATED_MS = "created_ms"

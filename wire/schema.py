@@ -299,7 +299,8 @@ class Usage(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class ErrorInfo(msgspec.Struct, frozen=True, kw_only=True):
-    code: str  # invalid_job | model_not_served | prompt_too_long | dead_letter | aborted | internal
+    # invalid_job | model_not_served | prompt_too_long | dead_letter | aborted | cancelled | internal
+    code: str
     message: str
 
 
@@ -326,6 +327,10 @@ class Result(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def ok(self) -> bool:
         return self.error is None
+
+
+# The error code of a job stopped by ``radixq cancel`` before it had a result (producer.cancel).
+CANCELLED = "cancelled"
 
 
 def error_result(job_id: str, code: str, message: str, **fields: Any) -> Result:

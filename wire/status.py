@@ -66,6 +66,7 @@ class QueueStatus(msgspec.Struct, frozen=True, kw_only=True):
     done: int  # jobs with a counted result, errors included
     failed: int  # of which errors (dead letters included)
     dead_lettered: int
+    cancelled: int = 0  # results ``radixq cancel`` wrote, ever (counted in failed while the ids are kept)
     results_kept: int = 0  # entries in the results stream (collect --trim removes written ones)
     jobs_per_s: float = 0.0  # the live workers' heartbeat rates, summed
     eta_s: float | None = None  # (queued + in flight) / jobs_per_s; 0 when nothing is left; None: no rate
@@ -109,9 +110,10 @@ def read_status(client: redis.Redis, keys: QueueKeys) -> QueueStatus:
         pipe.hgetall(keys.workers)
         pipe.hmget(keys.meta, [META_EPOCH, META_FORGOTTEN, META_FORGOTTEN_FAILED])
         pipe.xlen(keys.results)
+        pipe.get(keys.cancelled)
         if not is_cluster(client):  # NOTE: a cluster pipeline takes keyed commands only
             pipe.time()
-        enqueued, done, failed, dead, beats, meta, results, *now = pipe.execute()
+        enqueued, done, failed, dead, beats, meta, results, cancelled, *now = pipe.execute()
     secs, micros = now[0] if now else _node_of(client, keys.meta).time()
     # NOTE: ids a trimming collect forgot (producer.forget) count as enqueued and done
     epoch, forgotten_ids, forgotten_failed = meta[0], int(meta[1] or 0), int(meta[2] or 0)
@@ -153,6 +155,7 @@ def read_status(client: redis.Redis, keys: QueueKeys) -> QueueStatus:
         done=done,
         failed=failed,
         dead_lettered=dead,
+        cancelled=int(cancelled or 0),
         results_kept=results,
         jobs_per_s=jobs_per_s,
         eta_s=0.0 if not left else (left / jobs_per_s if jobs_per_s > 0 else None),

@@ -58,10 +58,13 @@ def test_unreachable_redis_is_exit_2_with_one_line(tmp_path: Path) -> None:
         ("status",),
         ("dlq", "list"),
         ("dlq", "requeue", "a"),
+        ("cancel",),
     ]
     for command in commands:
         retry = (
-            ["--retry-timeout-s", "0"] if command[0] in ("enqueue", "collect") or "requeue" in command else []
+            ["--retry-timeout-s", "0"]
+            if command[0] in ("enqueue", "collect", "cancel") or "requeue" in command
+            else []
         )
         proc = radixq(*command, "--redis-url", url, *retry)
         assert proc.returncode == exits.USAGE, (command, proc.stderr)

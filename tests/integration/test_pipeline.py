@@ -124,3 +124,16 @@ def test_a_row_resubmitted_with_other_content_is_refused_or_run_again(
         results = batch.results(timeout_s=60)
     assert [r.usage.prompt_tokens for r in first] == [1, 1]
     assert [r.usage.prompt_tokens for r in results] == [4, 1]
+
+
+def test_a_cancelled_batch_still_yields_every_row_once(redis_url: str) -> None:
+    """No worker runs: Batch.cancel() gives each row without a result its ``cancelled`` result
+    (the rejected row keeps its invalid_job one), so as_completed ends."""
+    rows = [{"question": f"q{i}"} for i in range(5)] + [{"question": None}]
+    with Pipeline(redis_url, queue="cancelled") as pipe:
+        batch = pipe.submit(rows, ColumnMapping(prompt_column="question"))
+        report = batch.cancel()
+        assert (report.scope, report.cancelled) == (6, 5)
+        codes = {r.id: r.error.code for r in batch.as_completed(timeout_s=LIVENESS_S) if r.error}
+        assert sorted(codes) == sorted(batch.ids)
+        assert sorted(codes.values()) == ["cancelled"] * 5 + ["invalid_job"]

@@ -32,6 +32,7 @@ def config_for(name: str, **settings: Any) -> ConsumerConfig:
 
 class World(Protocol):
     def enqueue(self, jobs: list[Job]) -> None: ...
+    def cancel(self, job_ids: list[str]) -> None: ...
     def add_raw(self, job_id: str, data: bytes) -> str: ...
     def consumer(self, generator: FakeGenerator, name: str = "c1", **settings: Any) -> Consumer: ...
     def done(self) -> int: ...
@@ -49,6 +50,9 @@ class MemoryWorld:
 
     def enqueue(self, jobs: list[Job]) -> None:
         self.store.add(jobs)
+
+    def cancel(self, job_ids: list[str]) -> None:
+        self.store.cancel(job_ids)
 
     def add_raw(self, job_id: str, data: bytes) -> str:
         return self.store.add_raw(job_id, data).entry_id
@@ -87,6 +91,9 @@ class RedisWorld:
 
     def enqueue(self, jobs: list[Job]) -> None:
         Client(self.redis, partitions=self.partitions).enqueue(jobs)
+
+    def cancel(self, job_ids: list[str]) -> None:
+        Client(self.redis).cancel(job_ids)
 
     def add_raw(self, job_id: str, data: bytes) -> str:
         return self.redis.xadd(KEYS.jobs, {FIELD_ID: job_id, FIELD_JOB: data}).decode()

@@ -132,6 +132,56 @@ def test_scheduler_killed_from_outside_is_restarted_and_loses_nothing(
         backend.close()
 
 
+def test_abort_stops_a_running_job_and_one_waiting_in_the_scheduler(
+    model_dir: Path, expected: dict[str, list[int]]
+) -> None:
+    """Two slots: "long" and "b" run, "c" waits; "c" is aborted at once, "long" once "b" is
+    done (50 ms a step leaves "long" more than 100 steps to go): both end ``aborted``, "b" is
+    untouched, and the engine takes jobs again."""
+    config = RunConfig.from_options(
+        str(model_dir), device="cpu", max_running_reqs=2, fault="sleep-per-step:50"
+    )
+    backend = EngineGenerator(config)
+    try:
+        long = SamplingParams(max_tokens=120, temperature=0, ignore_eos=True)
+        backend.submit(Job(id="long", input_ids=PROMPTS["a"], sampling=long))
+        backend.submit(Job(id="b", input_ids=PROMPTS["b"], sampling=GREEDY))
+        backend.submit(Job(id="c", input_ids=PROMPTS["c"], sampling=GREEDY))
+        backend.abort("c")
+        results = collect(backend, 2)
+        assert set(results) == {"b", "c"} and results["b"].choices[0].token_ids == expected["b"]
+        backend.abort("long")
+        backend.abort("long")  # twice: still one answer
+        results.update(collect(backend, 1))
+        for job_id in ("long", "c"):
+            error = results[job_id].error
+            assert error is not None and error.code == "aborted", results[job_id]
+        backend.abort("b")  # answered already: nothing more comes
+        backend.submit(Job(id="a", input_ids=PROMPTS["a"], sampling=GREEDY))
+        assert collect(backend, 1)["a"].choices[0].token_ids == expected["a"]
+    finally:
+        backend.close()
+
+
+def test_a_job_aborted_while_its_scheduler_dies_is_answered_not_run_again(
+    model_dir: Path, expected: dict[str, list[int]]
+) -> None:
+    backend = backend_with(model_dir, "sleep-per-step:200")  # nothing finishes before the kill
+    try:
+        submit_all(backend, poison=False)
+        pid = backend._proc.pid  # type: ignore[union-attr]
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        backend.abort("a")
+        results = collect(backend, len(PROMPTS))
+        error = results.pop("a").error
+        assert error is not None and error.code == "aborted"
+        assert_innocents_right(results, {k: v for k, v in expected.items() if k != "a"})
+        assert backend.restarts == 1
+    finally:
+        backend.close()
+
+
 def test_a_model_that_cannot_load_is_one_line(tmp_path: Path) -> None:
     missing = tmp_path / "no-such-model"
     with pytest.raises(EngineStartError) as info:

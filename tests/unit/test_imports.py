@@ -261,5 +261,5 @@ def test_the_composition_root_registers_every_command() -> None:
         text=True,
         check=True,
     )
-    for command in ("enqueue", "collect", "status", "dlq", "worker", "run"):
+    for command in ("enqueue", "collect", "cancel", "status", "dlq", "worker", "run"):
         assert command in out.stdout

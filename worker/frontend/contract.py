@@ -7,6 +7,7 @@ from typing import Protocol
 from wire.schema import Job, Result
 
 ENGINE_CRASH = "engine_crash"  # error code: the job crashed the engine while it ran alone
+ABORTED = "aborted"  # error code: the job was aborted (Generator.abort) before it finished
 
 
 class GeneratorUnavailable(RuntimeError):
@@ -30,6 +31,11 @@ class Generator(Protocol):
       message says how the engine failed): the consumer counts an attempt and either submits
       it again or dead-letters it. ``poll``
       raises GeneratorUnavailable when the engine is gone for good.
+    - ``abort(job_id)`` stops a submitted job that has not returned its Result yet (one that
+      waits is dropped, one that runs is stopped where the engine can): it still yields
+      exactly one Result, an ``aborted`` error or, when it finished first, its real one. The
+      consumer aborts the jobs it holds whose result was written elsewhere (``radixq cancel``,
+      another worker). A generator that cannot stop a job lets it finish.
     - ``close(timeout_s)`` stops within ``timeout_s`` (then kills) and releases processes and
       memory; jobs not yet returned are abandoned (the consumer gives them back to the queue).
     - ``restarts`` and ``unattributed_crashes`` count engine restarts and crashes that no
@@ -53,5 +59,7 @@ class Generator(Protocol):
     def submit(self, job: Job) -> None: ...
 
     def poll(self, timeout_s: float) -> list[Result]: ...
+
+    def abort(self, job_id: str) -> None: ...
 
     def close(self, timeout_s: float = ...) -> None: ...

@@ -15,6 +15,7 @@ crash was a workload shape, not a job: nobody is blamed and the event is counted
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import time
@@ -24,12 +25,12 @@ from typing import TYPE_CHECKING, Any
 
 from wire.schema import Job, Result, Timings, error_result
 from worker.frontend.channel import PeerGone
-from worker.frontend.contract import ENGINE_CRASH, GeneratorUnavailable
+from worker.frontend.contract import ABORTED, ENGINE_CRASH, GeneratorUnavailable
 from worker.frontend.process import SchedulerProcess
 from worker.frontend.results import build_result
 from worker.models.tokenizer import NoTokenizer, load_tokenizer_or_none, prompt_ids
 from worker.scheduler.config import RunConfig
-from worker.scheduler.messages import GenerateRequest, RequestFinished
+from worker.scheduler.messages import AbortRequest, GenerateRequest, RequestFinished
 
 if TYPE_CHECKING:
     from worker.config import WorkerConfig
@@ -93,6 +94,7 @@ class EngineGenerator:
         self._inflight: dict[str, _Entry] = {}  # sent to the current scheduler process
         self._waiting: deque[_Entry] = deque()  # not sent yet: a restart or a suspect runs first
         self._suspects: set[str] = set()  # job ids that run alone until they finish
+        self._aborting: set[str] = set()  # job ids sent an AbortRequest, not answered yet
         self._done: list[Result] = []
         self._start_at = 0.0  # when to start the next process (while self._proc is None)
         self._failed_starts = 0
@@ -126,6 +128,7 @@ class EngineGenerator:
             message = f"job {job.id!r}: could not tokenize the {job.prompt_kind}: {exc}"
             self._done.append(self._error(job, "invalid_job", message))
             return
+        self._aborting.discard(job.id)  # NOTE: an earlier run of it was aborted; this one runs
         self._waiting.append(_Entry(str(next(self._uids)), job, list(input_ids)))
         self._feed()
 
@@ -139,6 +142,24 @@ class EngineGenerator:
         self._feed()
         results, self._done = self._done, []
         return results
+
+    def abort(self, job_id: str) -> None:
+        """A job not sent yet is answered ``aborted`` at once; one the scheduler holds is sent
+        an AbortRequest (the scheduler frees it wherever it is: waiting, prefilling, decoding,
+        compiling its grammar), and if the process dies first, it is answered instead of sent
+        again (``_aborting``)."""
+        waiting = next((e for e in self._waiting if e.job.id == job_id), None)
+        if waiting is not None:
+            self._waiting.remove(waiting)
+            self._done.append(self._error(waiting.job, ABORTED, f"job {job_id!r}: aborted before it started"))
+            return
+        sent = next((e for e in self._inflight.values() if e.job.id == job_id), None)
+        if sent is None or job_id in self._aborting:
+            return
+        self._aborting.add(job_id)
+        if self._proc is not None and self._proc.ready is not None:
+            with contextlib.suppress(PeerGone):  # it died: _feed answers the job when it comes back
+                self._proc.send(AbortRequest(uid=sent.uid))
 
     def close(self, timeout_s: float = 30.0) -> None:
         if self._proc is not None:
@@ -162,6 +183,7 @@ class EngineGenerator:
                 entry = self._inflight.pop(message.uid, None)
                 if entry is None:
                     continue
+                self._aborting.discard(entry.job.id)
                 self._rank_lost_again = False
                 try:
                     self._finished(entry, message)
@@ -258,6 +280,12 @@ class EngineGenerator:
             if any(e.job.id in self._suspects for e in self._inflight.values()):
                 return
             entry = self._waiting[0]
+            if entry.job.id in self._aborting:  # NOTE: aborted while a process that died held it
+                self._waiting.popleft()
+                self._aborting.discard(entry.job.id)
+                self._suspects.discard(entry.job.id)
+                self._done.append(self._error(entry.job, ABORTED, f"job {entry.job.id!r}: aborted"))
+                continue
             if entry.job.id in self._suspects and self._inflight:
                 return
             try:

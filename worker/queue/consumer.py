@@ -88,6 +88,7 @@ class Consumer:
         self._verify_stream = False
         self._next_heartbeat = 0.0
         self._epoch_seen = False  # a read told the queue's epoch since the last heartbeat
+        self._cancels_seen = 0  # the queue's cancel count (JobQueue.cancel_count) last looked at
         self._next_renew = clock() + config.renew_every_s / 2
         self._next_reclaim = 0.0
         rng = random.Random(config.name)
@@ -174,6 +175,7 @@ class Consumer:
         self.outbox.flush(self.queue)
         if now >= self._next_heartbeat:
             self._heartbeat("running")
+            self._stop_cancelled()
         if self._verify_stream:
             self._verify_stream = False
             self.watch.check_stream(self.queue)
@@ -271,6 +273,15 @@ class Consumer:
         now = self.clock()
         self._next_renew = now + self.config.renew_every_s / 2
         self.jobs.renew(now)
+
+    def _stop_cancelled(self) -> None:
+        """When ``radixq cancel`` wrote results since the last look (its counter moved), abort
+        the held jobs that are done. NOTE: a job taken in after a cancel is never run: intake
+        acknowledges the entry of a job that is done (worker.queue.held)."""
+        count = self.queue.cancel_count()
+        if count != self._cancels_seen:
+            self._cancels_seen = count
+            self.jobs.stop_done()
 
     def _heartbeat(self, state: str) -> None:
         self._next_heartbeat = self.clock() + self.config.heartbeat_s

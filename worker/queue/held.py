@@ -48,6 +48,7 @@ class Held:
     duplicates: list[str] = field(default_factory=list)
     crashes: int = 0  # times it crashed the engine while it ran alone
     crash: Result | None = None  # the last such crash, until settled
+    stopping: bool = False  # done elsewhere (radixq cancel, another worker): aborted, only acked
 
 
 def envelope(result: Result, job: Job, started_at_ms: int, worker: str, model: str) -> Result:
@@ -200,6 +201,25 @@ class HeldJobs:
         self._complete(Completion(result, entry_id, also_ack, dead=letter, epoch=epoch))
         log.warning("job %s dead-lettered: %s", job_id, reason)
 
+    def stop_done(self) -> int:
+        """Abort the held jobs whose result was written elsewhere (``radixq cancel``, or another
+        worker that ran them): a job still waiting in the engine never runs, a running one stops
+        where the engine can. Their answers are not written, only their entries acknowledged
+        (take_results). Returns how many were aborted."""
+        held = [h for h in self._jobs.values() if not h.stopping and h.crash is None]
+        if not held:
+            return 0
+        done = self.queue.completed([h.job.id for h in held])
+        stopped = [h for h, is_done in zip(held, done, strict=True) if is_done]
+        for h in stopped:
+            h.stopping = True
+            self.generator.abort(h.job.id)
+        if stopped:
+            log.info(
+                "aborting %d held jobs that have a result already (cancelled, or run elsewhere)", len(stopped)
+            )
+        return len(stopped)
+
     def take_results(self, results: list[Result]) -> None:
         """The generator's results, as completions in the outbox (a crash waits for
         settle_crashes)."""
@@ -209,6 +229,11 @@ class HeldJobs:
                 log.error(
                     "the generator returned a result for %r, which this worker does not hold", result.id
                 )
+                continue
+            if held.stopping:  # NOTE: its job is done: the entries are answered, nothing is written
+                del self._jobs[result.id]
+                for entry_id in (held.entry_id, *held.duplicates):
+                    self.outbox.ack(entry_id)
                 continue
             if result.error is not None and result.error.code == ENGINE_CRASH:
                 held.crash = result  # stays held (its lease renewed) until the attempt is counted

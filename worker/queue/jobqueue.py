@@ -128,6 +128,8 @@ class JobQueue(Protocol):
       delivery count goes up by one. It looks in the partitions where the last survey saw
       entries held by consumers whose heartbeat stopped, or, with ``sweep``, in every one.
     - ``completed(job_ids)``: which of these jobs already have a result that counts.
+    - ``cancel_count()``: how many results ``radixq cancel`` has written to the queue
+      (producer.cancel); when it moves, the consumer looks for held jobs that are done.
     - ``complete(writes, acks)``: for each write of a job not done yet, its result, the job's
       done mark, its error code and its dead letter if any (the first write of a job counts: a
       job already done gets none of these again), and for every write the acknowledgement of
@@ -159,6 +161,8 @@ class JobQueue(Protocol):
     def reclaim(self, count: int, sweep: bool) -> list[Delivery]: ...
 
     def completed(self, job_ids: list[str]) -> list[bool]: ...
+
+    def cancel_count(self) -> int: ...
 
     def complete(self, writes: list[Write], acks: list[str]) -> list[Write]: ...
 

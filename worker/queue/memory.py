@@ -4,7 +4,7 @@ It keeps what Redis Streams consumer groups keep: entries in order per partition
 the producer routes them, wire.routing; read as worker.queue.routing says), a pending list of
 (entry -> consumer, deliveries, last touched), the done marks and error codes, results and
 dead letters, heartbeats and an epoch. Time is the given clock (seconds), so a test can make
-entries idle without sleeping. ``add`` plays the producer; ``fail_with`` makes the next calls
+entries idle without sleeping. ``add`` and ``cancel`` play the producer; ``fail_with`` makes the next calls
 raise, to exercise the consumer's error handling.
 """
 
@@ -16,8 +16,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from wire.keys import ENTRY_CANCELLED
 from wire.routing import DEFAULT_PREFIX_CHARS, partition_of, prefix_key, qualify, split_id
-from wire.schema import Job, Result, decode_result, encode_job
+from wire.schema import CANCELLED, Job, Result, decode_result, encode, encode_job, error_result
 from wire.status import Heartbeat, now_ms
 from worker.queue.jobqueue import Delivery, Entry, Release, Write, entry_key, of_epoch
 from worker.queue.routing import STEAL_AFTER_S, Router, Survey, beating, live_workers, read_routed, survey_of
@@ -104,6 +105,10 @@ class InMemoryJobQueue:
     def completed(self, job_ids: list[str]) -> list[bool]:
         self._check()
         return [job_id in self.store.done for job_id in job_ids]
+
+    def cancel_count(self) -> int:
+        self._check()
+        return self.store.cancelled
 
     def complete(self, writes: list[Write], acks: list[str]) -> list[Write]:
         self._check()
@@ -192,6 +197,7 @@ class MemoryStore:
         self.results: list[tuple[str, bytes]] = []
         self.dead: list[tuple[str, str, int]] = []
         self.heartbeats: dict[str, Heartbeat] = {}
+        self.cancelled = 0  # results cancel() wrote
         self.epoch: str | None = secrets.token_hex(8)
         self.failure: Exception | None = None
         self._ids = itertools.count(1)
@@ -216,6 +222,15 @@ class MemoryStore:
             result = decode_result(data)
             found.setdefault(result.id, []).append(result)
         return found
+
+    def cancel(self, job_ids: list[str]) -> None:
+        """What ``radixq cancel`` does (producer.cancel): a ``cancelled`` result for each job
+        without one, and the counter moved."""
+        for job_id in job_ids:
+            if job_id not in self.done:
+                self.results.append((ENTRY_CANCELLED, encode(error_result(job_id, CANCELLED, "cancelled"))))
+                self.done[job_id], self.failed[job_id] = ENTRY_CANCELLED, CANCELLED
+                self.cancelled += 1
 
     def fail_with(self, failure: Exception | None) -> None:
         """Every call of every queue on this store raises ``failure`` until it is set to None."""

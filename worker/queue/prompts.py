@@ -18,8 +18,8 @@ from typing import Any
 
 import msgspec
 
-from wire.schema import Choice, Job, Result, Usage
-from worker.frontend.contract import ENGINE_CRASH, Generator
+from wire.schema import Choice, Job, Result, Usage, error_result
+from worker.frontend.contract import ABORTED, ENGINE_CRASH, Generator
 
 
 @dataclass
@@ -42,6 +42,7 @@ class PromptLists:
         self._groups: dict[str, _Group] = {}  # job id -> its sub-jobs' results so far
         self._parent: dict[str, tuple[str, int]] = {}  # sub-job id -> (job id, prompt index)
         self._pending: deque[Job] = deque()  # sub-jobs the inner generator had no room for
+        self._aborted: list[Result] = []  # answers of sub-jobs aborted while they waited here
 
     @property
     def model_name(self) -> str:
@@ -80,7 +81,8 @@ class PromptLists:
 
     def poll(self, timeout_s: float) -> list[Result]:
         answered = []
-        for result in self.inner.poll(timeout_s):
+        aborted, self._aborted = self._aborted, []
+        for result in aborted + self.inner.poll(0.0 if aborted else timeout_s):
             parent = self._parent.pop(result.id, None)
             if parent is None:
                 answered.append(result)
@@ -93,6 +95,29 @@ class PromptLists:
                 answered.append(_merged(group))
         self._feed()
         return answered
+
+    def abort(self, job_id: str) -> None:
+        """Abort a job: its sub-jobs still waiting here are answered ``aborted``, the others
+        are aborted on the wrapped generator (poll merges the answers). NOTE: a generator
+        plugged in without ``abort`` lets its jobs finish."""
+        if job_id not in self._groups:
+            self._abort_inner(job_id)
+            return
+        subs = [sub_id for sub_id, (parent, _) in self._parent.items() if parent == job_id]  # unanswered
+        waiting = {sub.id for sub in self._pending} & set(subs)
+        self._pending = deque(sub for sub in self._pending if sub.id not in waiting)
+        for sub_id in subs:
+            if sub_id in waiting:
+                self._aborted.append(
+                    error_result(sub_id, ABORTED, f"job {job_id!r}: aborted before it started")
+                )
+            else:
+                self._abort_inner(sub_id)
+
+    def _abort_inner(self, job_id: str) -> None:
+        abort = getattr(self.inner, "abort", None)
+        if abort is not None:
+            abort(job_id)
 
     def close(self, timeout_s: float = 30.0) -> None:
         self.inner.close(timeout_s)

@@ -8,6 +8,7 @@ On a Redis Cluster the partitions other than 0 have hash slots of their own
     survey        GET the pool's record, or take it for the pool (streams.survey)
     read          XREADGROUP >, then (entries came) HGET meta epoch
     reclaim       XPENDING IDLE + XCLAIM, where the survey saw orphans, or in a sweep
+    cancel_count  GET cancelled (results radixq cancel wrote: producer.cancel)
     renew         XPENDING (own) + XCLAIM ... JUSTID, the leases due
     count         a script: XCLAIM (counts a delivery) if still ours
     complete      a script: HGET meta epoch, HMGET done, XADD result (and dead) per job not
@@ -220,6 +221,10 @@ class RedisJobQueue:
     def completed(self, job_ids: list[str]) -> list[bool]:
         marks: Any = self.redis.hmget(self.keys.done, job_ids)
         return [mark is not None for mark in marks]
+
+    @_translated
+    def cancel_count(self) -> int:
+        return int(self.redis.get(self.keys.cancelled) or 0)  # type: ignore[arg-type]
 
     @_translated
     def complete(self, writes: list[Write], acks: list[str]) -> list[Write]:
