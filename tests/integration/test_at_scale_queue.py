@@ -54,3 +54,30 @@ def test_tiny_preset_through_the_queue(tmp_path: Path):
     assert queue["overhead"] == pytest.approx(queue["median_s"] / engine["median_s"] - 1)
     assert "queue overhead (queue vs engine):" in done.stdout
     assert done.stdout.count("round ") == 4  # one line per run as it ends
+
+
+def test_tensor_parallel_and_pool_variants_on_one_start(tmp_path: Path):
+    """queue-tp2 (one worker, its model over two ranks) and queue-2w (two workers on one queue),
+    two rounds back to back on one start each (--same-workers): every result checked by the
+    script, both workers up before the clock starts, the TOML naming the ranks."""
+    require_redis_server()
+    out = tmp_path / "at_scale.json"
+    command = [sys.executable, "benchmarks/at_scale.py", "--preset", "tiny"]
+    command += ["--variants", "queue-tp2,queue-2w", "--rounds", "2", "--same-workers"]
+    command += ["--work-dir", str(tmp_path / "work"), "--out", str(out)]
+    done = subprocess.run(
+        command, cwd=REPO_ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=400
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    runs = json.loads(out.read_text())["runs"]
+    assert [(r["variant"], r["round"]) for r in runs] == [
+        ("queue-tp2", 0),
+        ("queue-tp2", 1),
+        ("queue-2w", 0),
+        ("queue-2w", 1),
+    ]
+    assert {r["output_tokens"] for r in runs} == {6 * 12}
+    assert "tensor_parallel_size = 2" in (tmp_path / "work" / "atscale-0-queue-tp2.toml").read_text()
+    log = (tmp_path / "work" / "atscale-0-queue-2w.log").read_text()
+    assert "worker atscale-0-queue-2w-0 consuming" in log and "worker atscale-0-queue-2w-1 consuming" in log
+    assert "back to back on one start of each variant" in done.stdout

@@ -111,3 +111,36 @@ def test_deadline_skips_a_run_that_would_end_past_it(tmp_path: Path, capsys: pyt
     assert "protocol: 5 rounds" in printed
     assert [f"deadline: round {r} engine skipped" in printed for r in range(1, 6)] == [True] * 4 + [False]
     assert [r["round"] for r in json.loads(out.read_text())["runs"]] == [0]
+
+
+def test_queue_variants_name_their_workers_and_ranks(monkeypatch: pytest.MonkeyPatch):
+    """queue-tpN: one worker over N GPUs (tensor_parallel_size passed); queue-Nw: N workers, a
+    GPU each, in the order this process sees them."""
+    import at_scale_runs
+
+    tp2, pool, both = (Variant.parse(t, "fp8_e4m3", "fp8") for t in ("queue-tp2", "queue-2w", "queue-tp2-2w"))
+    assert (tp2.tp, tp2.workers, pool.tp, pool.workers, both.tp, both.workers) == (2, 1, 1, 2, 2, 2)
+    assert tp2.name == "queue-tp2 kv=fp8_e4m3 w=fp8" and not tp2.plain_queue
+    assert Variant.parse("queue", None).plain_queue
+    assert (Variant.parse("engine", None).workers, Variant.parse("queue", None).workers) == (0, 1)
+    for bad in ("queue-tp0", "queue-2", "queue-w2", "queue-tp2x"):
+        with pytest.raises(ValueError, match="MODE must be"):
+            Variant.parse(bad, None)
+    options = engine_options(parse_args([]), PRESETS["llama-3.1-8b"], None, None, tp2.tp)
+    assert options["tensor_parallel_size"] == 2
+    assert "tensor_parallel_size" not in engine_options(parse_args([]), PRESETS["llama-3.1-8b"], None)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
+    assert at_scale_runs.worker_gpus(2, 1) == ["4", "5"]
+    assert at_scale_runs.worker_gpus(2, 2) == ["4,5", "6,7"]
+    assert at_scale_runs.worker_gpus(1, 2) is None  # one worker sees what the benchmark sees
+    with pytest.raises(RuntimeError, match="need 6 GPUs, 4 visible"):
+        at_scale_runs.worker_gpus(3, 2)
+
+
+def test_length_overrides_and_same_workers_need_rounds(capsys: pytest.CaptureFixture[str]):
+    with pytest.raises(SystemExit, match="--same-workers needs --rounds"):
+        main(["--preset", "tiny", "--same-workers"])
+    rows = main(["--preset", "tiny", "--prompt-len", "20", "--output-len", "5", "--rounds", "1"])
+    assert "6 requests x 20/5 tokens" in capsys.readouterr().out
+    assert rows[0]["variant"] == "engine"
