@@ -241,19 +241,25 @@ def _stop(worker: subprocess.Popen[bytes]) -> None:
         worker.wait()
 
 
-def _free_device_bytes() -> int | None:
+def _free_device_bytes() -> list[int] | None:
+    """Free bytes of every visible GPU (a worker may have run on any of them)."""
     import torch
 
-    return int(torch.cuda.mem_get_info()[0]) if torch.cuda.is_available() else None
+    if not torch.cuda.is_available():
+        return None
+    return [int(torch.cuda.mem_get_info(i)[0]) for i in range(torch.cuda.device_count())]
 
 
-def _wait_for_device_memory(baseline_free: int | None, timeout_s: float = 60.0) -> None:
-    """Wait until the worker's processes have handed the device memory back (within 1 GiB)."""
+def _wait_for_device_memory(baseline_free: list[int] | None, timeout_s: float = 60.0) -> None:
+    """Wait until the workers' processes have handed every GPU's memory back (within 1 GiB)."""
     if baseline_free is None:
         return
     deadline = time.monotonic() + timeout_s
-    while (free := _free_device_bytes()) is not None and free < baseline_free - 2**30:
+    while (free := _free_device_bytes()) is not None and any(
+        now < before - 2**30 for now, before in zip(free, baseline_free, strict=True)
+    ):
         if time.monotonic() > deadline:
-            print(f"warning: {(baseline_free - free) / 2**30:.1f} GiB still held after the worker exited")
+            held = sum(max(0, before - now) for now, before in zip(free, baseline_free, strict=True))
+            print(f"warning: {held / 2**30:.1f} GiB still held after the workers exited")
             return
         time.sleep(0.5)
