@@ -9,7 +9,9 @@ Mixtral-8x7B, Gemma-3-12B, Mistral-7B-v0.3, Phi-4); their runs interleave too.
 
 Variants are ``MODE[:KV[:WEIGHTS]]``: MODE ``engine`` (``worker.LLM`` in this process) or
 ``queue`` (redis-server -> ``radixq worker`` -> collector, from the first XADD to the last
-result written); KV, when given, is passed as the engine option ``kv_cache_dtype`` (``auto``,
+result written), ``queue-tpN`` (one worker whose model is split over N GPUs: tensor
+parallelism) or ``queue-Nw`` (N workers on the one queue, a GPU each: a pool; ``queue-tpN-Mw``
+both); KV, when given, is passed as the engine option ``kv_cache_dtype`` (``auto``,
 ``fp8_e4m3``); without it the option is not passed at all (``--kv-cache-dtype`` sets it
 for every variant); WEIGHTS is the engine option ``quantization`` (``none``, ``fp8``;
 ``--quantization`` sets it for every variant that names none). Protocol: ``--rounds N`` rounds, each running every variant once in
@@ -29,6 +31,13 @@ with the KV pool the engine actually had.
 
 ``--deadline-s S`` skips a run that would end past S seconds from the start (judged by that
 variant's last run), so a device call with a hard limit still prints its table.
+``--same-workers`` (with ``--rounds N``) starts a queue variant's workers once for all its N
+rounds, run back to back (fresh prompts each round, as always; with several presets, preset
+by preset), which saves N - 1 start-ups and gives up the interleaving. Tensor parallelism
+against a pool, on two GPUs:
+
+    python benchmarks/at_scale.py --preset llama-3.1-8b --kv-cache-dtype fp8_e4m3 --quantization fp8 \
+        --variants queue,queue-tp2,queue-2w --rounds 3 --same-workers
 """
 
 from __future__ import annotations
@@ -36,6 +45,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import subprocess
 import sys
 import tempfile
@@ -90,9 +100,12 @@ PRESETS = {
 }
 
 
+QUEUE_MODE = re.compile(r"queue(?:-tp(?P<tp>[1-9]\d*))?(?:-(?P<workers>[1-9]\d*)w)?")
+
+
 @dataclass(frozen=True)
 class Variant:
-    mode: str  # "engine" | "queue"
+    mode: str  # "engine" | "queue" | "queue-tpN" | "queue-Nw" | "queue-tpN-Mw"
     kv_cache_dtype: str | None
     quantization: str | None = None
 
@@ -100,9 +113,26 @@ class Variant:
     def parse(cls, text: str, default_kv: str | None, default_quantization: str | None = None) -> Variant:
         mode, _, rest = text.strip().partition(":")
         kv, _, quantization = rest.partition(":")
-        if mode not in ("engine", "queue"):
-            raise ValueError(f"variant {text!r}: MODE must be engine or queue")
+        if mode != "engine" and not QUEUE_MODE.fullmatch(mode):
+            raise ValueError(f"variant {text!r}: MODE must be engine or queue (queue-tpN, queue-Nw)")
         return cls(mode, kv or default_kv, quantization or default_quantization)
+
+    @property
+    def tp(self) -> int:
+        """Tensor-parallel ranks of each worker (GPUs one model is split over)."""
+        match = QUEUE_MODE.fullmatch(self.mode)
+        return int(match["tp"] or 1) if match else 1
+
+    @property
+    def workers(self) -> int:
+        """``radixq worker`` processes on the variant's queue (0: the engine in this process)."""
+        match = QUEUE_MODE.fullmatch(self.mode)
+        return int(match["workers"] or 1) if match else 0
+
+    @property
+    def plain_queue(self) -> bool:
+        """One TP=1 worker: the engine alone's counterpart (its KV pool, its overhead)."""
+        return self.mode == "queue"
 
     @property
     def name(self) -> str:
@@ -128,9 +158,14 @@ def at_scale_workload(preset: Preset, seed: int) -> Workload:
 
 
 def engine_options(
-    args: argparse.Namespace, preset: Preset, kv_cache_dtype: str | None, quantization: str | None = None
+    args: argparse.Namespace,
+    preset: Preset,
+    kv_cache_dtype: str | None,
+    quantization: str | None = None,
+    tp: int = 1,
 ) -> dict[str, Any]:
-    """Engine and scheduler options of a run; ``kv_cache_dtype`` and ``quantization`` only when given."""
+    """Engine and scheduler options of a run; ``kv_cache_dtype``, ``quantization`` and the
+    tensor-parallel size only when given (or > 1)."""
     max_running = args.max_running_reqs or preset.max_running_reqs
     options: dict[str, Any] = {
         "load_format": "dummy",
@@ -147,6 +182,7 @@ def engine_options(
         "attention": args.attention,
         "kv_cache_dtype": kv_cache_dtype,
         "quantization": quantization,
+        "tensor_parallel_size": tp if tp > 1 else None,
     }
     options.update({k: v for k, v in optional.items() if v is not None})
     return options
@@ -197,6 +233,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--seed", type=int, default=0, help="round r draws its prompts with seed + r")
     parser.add_argument("--num-requests", type=int, default=None, help="override the preset's")
+    parser.add_argument("--prompt-len", type=int, default=None, help="override the preset's")
+    parser.add_argument("--output-len", type=int, default=None, help="override the preset's")
+    parser.add_argument(
+        "--same-workers",
+        action="store_true",
+        help="queue variants: one start of their workers for every round (needs --rounds; not interleaved)",
+    )
     parser.add_argument("--max-running-reqs", type=int, default=None, help="default: the preset's (1024)")
     parser.add_argument("--cuda-graph-max-bs", type=int, default=None, help="default: max_running_reqs")
     parser.add_argument("--max-prefill-tokens", type=int, default=None)
@@ -214,15 +257,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def preset_of(args: argparse.Namespace, name: str) -> Preset:
-    """The named preset with the command line's overrides."""
-    preset = PRESETS[name]
-    return Preset(**{**preset.__dict__, "num_requests": args.num_requests}) if args.num_requests else preset
+    """The named preset with the command line's overrides (requests, prompt and output lengths)."""
+    overrides = {
+        "num_requests": args.num_requests,
+        "prompt_len": args.prompt_len,
+        "output_len": args.output_len,
+    }
+    return Preset(**{**PRESETS[name].__dict__, **{k: v for k, v in overrides.items() if v}})
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
     args = parse_args(argv)
-    from at_scale_runs import run_engine, run_queue, warmup_workload
-
     names = [n.strip() for n in args.preset.split(",") if n.strip()]
     unknown = [n for n in names if n not in PRESETS]
     if unknown or not names or len(set(names)) != len(names):
@@ -234,57 +279,54 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ]
     if len({v.name for v in variants}) != len(variants):
         raise SystemExit(f"--variants {args.variants!r} names a variant twice")
+    if args.same_workers and not args.rounds:
+        raise SystemExit("--same-workers needs --rounds (the protocol's count is known only after a round)")
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="radixq-atscale-"))
     work.mkdir(parents=True, exist_ok=True)
     shapes = ", ".join(f"{n} {preset_of(args, n).describe()}" for n in names)
     print(f"at_scale: commit {_commit()}, {_device()}, {shapes}, variants {[v.name for v in variants]}")
     redis = None
-    if any(v.mode == "queue" for v in variants):
+    if any(v.workers for v in variants):
         from producer.local_redis import LocalRedis
 
         redis = LocalRedis(use_server=True, fsync="everysec").start()
     records: list = []
     last_wall: dict[tuple[str, str], float] = {}
     began = time.perf_counter()
+
+    def run(name: str, v: Variant, rounds: list[int]) -> None:
+        """Run ``rounds`` of ``v`` on preset ``name`` (one start of its workers), unless the
+        deadline says no."""
+        label = _label(names, name, v)
+        elapsed = time.perf_counter() - began
+        if args.deadline_s and elapsed + last_wall.get((name, v.name), 0.0) * len(rounds) > args.deadline_s:
+            print(f"deadline: round {', '.join(map(str, rounds))} {label} skipped at {elapsed:.0f} s")
+            return
+        start = time.perf_counter()
+        redis_url = redis.url if redis else None
+        for record in _run_variant(args, name, label, v, rounds, records, redis_url, work):
+            records.append(record)
+            if args.out:  # after every run: a call cut off at its time limit keeps what ended
+                _write(args.out, args, records, None)
+            print(
+                f"round {record.round} {label}: {record.seconds:.2f} s, {record.tok_per_s:,.0f} tok/s "
+                f"(startup {record.startup_s:.1f} s; max decode batch {record.max_decode_batch}, "
+                f"prefill steps {record.prefill_steps}, retractions {record.retractions}, "
+                f"KV pages {record.kv_pages})",
+                flush=True,
+            )
+        last_wall[(name, v.name)] = (time.perf_counter() - start) / len(rounds)
+
     try:
         rounds, round_ = args.rounds or 1, 0
-        while round_ < rounds:
+        if args.same_workers:  # every round of a variant on one start; presets, variants in turn
             for name in names:
-                preset = preset_of(args, name)
-                workload = at_scale_workload(preset, args.seed + round_)
-                warmup = warmup_workload(preset.prompt_len, preset.output_len)
                 for v in variants:
-                    elapsed = time.perf_counter() - began
-                    if args.deadline_s and elapsed + last_wall.get((name, v.name), 0.0) > args.deadline_s:
-                        print(f"deadline: round {round_} {_label(names, name, v)} skipped at {elapsed:.0f} s")
-                        continue
-                    options = engine_options(args, preset, v.kv_cache_dtype, v.quantization)
-                    start = time.perf_counter()
-                    if v.mode == "engine":
-                        record = run_engine(
-                            v.name, round_, preset.model, options, workload, warmup, args.temperature
-                        )
-                    else:
-                        pinned = [r for r in records if r.preset == name and r.variant == v.engine.name]
-                        if pinned and args.num_pages is None:  # NOTE: the same KV pool as the engine alone
-                            options["num_pages"] = pinned[-1].kv_pages
-                        assert redis is not None
-                        record = run_queue(
-                            v.name, round_, preset.model, options, workload, warmup, args.temperature,
-                            redis.url, work, args.timeout_s,
-                        )  # fmt: skip
-                    record.preset = name
-                    last_wall[(name, v.name)] = time.perf_counter() - start
-                    records.append(record)
-                    if args.out:  # after every run: a call cut off at its time limit keeps what ended
-                        _write(args.out, args, records, None)
-                    print(
-                        f"round {round_} {_label(names, name, v)}: {record.seconds:.2f} s, "
-                        f"{record.tok_per_s:,.0f} tok/s (startup {record.startup_s:.1f} s; max decode batch "
-                        f"{record.max_decode_batch}, prefill steps {record.prefill_steps}, retractions "
-                        f"{record.retractions}, KV pages {record.kv_pages})",
-                        flush=True,
-                    )
+                    run(name, v, list(range(rounds)))
+        while round_ < rounds and not args.same_workers:  # interleaved: round by round
+            for name in names:
+                for v in variants:
+                    run(name, v, [round_])
             if round_ == 0 and not args.rounds:
                 rounds = protocol_rounds([r.seconds for r in records])
                 print(
@@ -304,6 +346,44 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
 def _label(names: list[str], name: str, v: Variant) -> str:
     return f"{name} {v.name}" if len(names) > 1 else v.name
+
+
+def _run_variant(
+    args: argparse.Namespace,
+    name: str,
+    label: str,
+    v: Variant,
+    rounds: list[int],
+    records: list,
+    redis_url: str | None,
+    work: Path,
+) -> list:
+    """The records of ``rounds`` of variant ``v`` on preset ``name``: an engine built afresh for
+    each round, or the variant's workers started once for all of them (on a queue named after
+    ``label``: one of its own per preset)."""
+    from at_scale_runs import run_engine, run_queue, warmup_workload
+
+    preset = preset_of(args, name)
+    warmup = warmup_workload(preset.prompt_len, preset.output_len)
+    options = engine_options(args, preset, v.kv_cache_dtype, v.quantization, v.tp)
+    workloads = [(r, at_scale_workload(preset, args.seed + r)) for r in rounds]
+    if not v.workers:
+        done = [
+            run_engine(v.name, r, preset.model, options, workload, warmup, args.temperature)
+            for r, workload in workloads
+        ]
+    else:
+        pinned = [r for r in records if r.preset == name and r.variant == v.engine.name]
+        if v.plain_queue and pinned and args.num_pages is None:  # NOTE: the same KV pool as the engine alone
+            options["num_pages"] = pinned[-1].kv_pages
+        assert redis_url is not None
+        done = run_queue(
+            v.name, workloads, preset.model, options, warmup, args.temperature, redis_url, work,
+            args.timeout_s, workers=v.workers, label=label,
+        )  # fmt: skip
+    for record in done:
+        record.preset = name
+    return done
 
 
 def _write(path: str, args: argparse.Namespace, records: list, rows: list[dict] | None) -> None:

@@ -70,7 +70,8 @@ def summarize(
         rows.append(row)
     print(
         f"\nat-scale {name}: {preset.describe()}, temperature {args.temperature}, "
-        f"max_running_reqs {max_running}, seed {args.seed}, {rounds} round(s) interleaved"
+        f"max_running_reqs {max_running}, seed {args.seed}, {rounds} round(s) "
+        + ("back to back on one start of each variant" if args.same_workers else "interleaved")
     )
     print(
         f"{'variant':<22} {'n':>2} {'median s':>9} {'tok/s':>8} {'floor s':>8} {'of fl.':>6} "
@@ -91,7 +92,7 @@ def summarize(
     by_name = {row["variant"]: row for row in rows}
     for v in variants:
         engine = by_name.get(v.engine.name)
-        if v.mode == "queue" and v.name in by_name and engine:
+        if v.plain_queue and v.name in by_name and engine:
             overhead = by_name[v.name]["median_s"] / engine["median_s"] - 1
             by_name[v.name]["overhead"] = overhead
             print(

@@ -9,6 +9,7 @@ its KV pool from the same free memory.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -148,60 +149,89 @@ def engine_toml(model: str, options: dict[str, Any]) -> str:
 
 def run_queue(
     variant: str,
-    round_: int,
+    rounds: list[tuple[int, Workload]],
     model: str,
     options: dict[str, Any],
-    workload: Workload,
     warmup: Workload,
     temperature: float,
     redis_url: str,
     work: Path,
     timeout_s: float,
-) -> RunRecord:
-    """Start ``radixq worker`` on a fresh queue, warm it up through the queue (this waits out
-    model load and graph capture), then time the workload from the first XADD to the last
-    result the collector writes; every result is checked. The worker is stopped after."""
+    workers: int = 1,
+    label: str | None = None,
+) -> list[RunRecord]:
+    """Start ``workers`` ``radixq worker`` processes on a fresh queue named after ``label``
+    (default: ``variant``; the driver adds the preset when several run), each on GPUs of its
+    own when there are several (worker_gpus), wait until every one serves, warm them up through
+    the queue, then time each round's workload from the first XADD to the last result the
+    collector writes; every result is checked. The workers are stopped after."""
     from producer.client import Client
     from producer.collector import Collector
     from producer.runner import worker_command, worker_env
     from radixq.cli import WORKER_COMMAND
+    from wire.keys import QueueKeys
 
-    queue = f"atscale-{round_}-{variant.replace(' ', '-').replace('=', '-')}"
+    queue = f"atscale-{rounds[0][0]}-{(label or variant).replace(' ', '-').replace('=', '-')}"
     config = work / f"{queue}.toml"
     config.write_text(engine_toml(model, options))
     log_path = work / f"{queue}.log"
     baseline_free = _free_device_bytes()
+    gpus = worker_gpus(workers, int(options.get("tensor_parallel_size", 1)))
     start = time.perf_counter()
+    procs = []
     with open(log_path, "wb") as log:
-        worker = subprocess.Popen(
-            worker_command(WORKER_COMMAND, queue, f"{queue}-0", ["--config", str(config)]),
-            env=worker_env(redis_url),
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+        for w in range(workers):
+            env = worker_env(redis_url)
+            if gpus is not None:
+                env["CUDA_VISIBLE_DEVICES"] = gpus[w]
+            command = worker_command(WORKER_COMMAND, queue, f"{queue}-{w}", ["--config", str(config)])
+            procs.append(
+                subprocess.Popen(
+                    command, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+                )
+            )
     client = Client.from_url(redis_url, queue)
+    records = []
     try:
+        while client.redis.hlen(QueueKeys(queue).workers) < workers:  # NOTE: a worker beats once it serves
+            if time.perf_counter() - start > timeout_s or any(p.poll() is not None for p in procs):
+                raise RuntimeError(f"{variant}: {workers} workers did not come up")
+            time.sleep(0.2)
         collector = Collector(client.redis, queue)
-        run_jobs(
-            client, collector, make_jobs("w", warmup, temperature), work / f"{queue}-warm.jsonl", timeout_s
-        )
+        warm = Workload(warmup.prompts * workers, warmup.max_tokens * workers)
+        warm_jobs = make_jobs("w", warm, temperature)
+        run_jobs(client, collector, warm_jobs, work / f"{queue}-warm.jsonl", timeout_s)
         startup_s = time.perf_counter() - start
-        jobs = make_jobs("j", workload, temperature)
-        out = work / f"{queue}.jsonl"
-        seconds = run_jobs(client, collector, jobs, out, timeout_s)
-        tokens = check_results(out, jobs)
+        for round_, workload in rounds:
+            jobs = make_jobs(f"j{round_}-", workload, temperature)
+            out = work / f"{queue}-{round_}.jsonl"
+            seconds = run_jobs(client, collector, jobs, out, timeout_s)
+            tokens = check_results(out, jobs)
+            records.append(RunRecord(variant, round_, seconds, tokens, startup_s))
     except BaseException:
         tail = log_path.read_text(errors="replace")[-3000:] if log_path.exists() else ""
-        print(f"{variant}: the worker's log ends with:\n{tail}", file=sys.stderr)
+        print(f"{variant}: the workers' log ends with:\n{tail}", file=sys.stderr)
         raise
     finally:
         client.close()
-        _stop(worker)
+        for proc in procs:
+            _stop(proc)
         _wait_for_device_memory(baseline_free)
-    return RunRecord(
-        variant=variant, round=round_, seconds=seconds, output_tokens=tokens, startup_s=startup_s
-    )
+    return records
+
+
+def worker_gpus(workers: int, tp: int) -> list[str] | None:
+    """CUDA_VISIBLE_DEVICES of each worker: ``tp`` GPUs each, in order, from those this process
+    sees; None for one worker (it sees what this process sees) or without CUDA."""
+    import torch
+
+    if workers == 1 or not torch.cuda.is_available():
+        return None
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
+    if len(ids) < workers * tp:
+        raise RuntimeError(f"{workers} workers x {tp} GPUs each need {workers * tp} GPUs, {len(ids)} visible")
+    return [",".join(ids[w * tp : (w + 1) * tp]) for w in range(workers)]
 
 
 def _stop(worker: subprocess.Popen[bytes]) -> None:
@@ -214,19 +244,25 @@ def _stop(worker: subprocess.Popen[bytes]) -> None:
         worker.wait()
 
 
-def _free_device_bytes() -> int | None:
+def _free_device_bytes() -> list[int] | None:
+    """Free bytes of every visible GPU (a worker may have run on any of them)."""
     import torch
 
-    return int(torch.cuda.mem_get_info()[0]) if torch.cuda.is_available() else None
+    if not torch.cuda.is_available():
+        return None
+    return [int(torch.cuda.mem_get_info(i)[0]) for i in range(torch.cuda.device_count())]
 
 
-def _wait_for_device_memory(baseline_free: int | None, timeout_s: float = 60.0) -> None:
-    """Wait until the worker's processes have handed the device memory back (within 1 GiB)."""
+def _wait_for_device_memory(baseline_free: list[int] | None, timeout_s: float = 60.0) -> None:
+    """Wait until the workers' processes have handed every GPU's memory back (within 1 GiB)."""
     if baseline_free is None:
         return
     deadline = time.monotonic() + timeout_s
-    while (free := _free_device_bytes()) is not None and free < baseline_free - 2**30:
+    while (free := _free_device_bytes()) is not None and any(
+        now < before - 2**30 for now, before in zip(free, baseline_free, strict=True)
+    ):
         if time.monotonic() > deadline:
-            print(f"warning: {(baseline_free - free) / 2**30:.1f} GiB still held after the worker exited")
+            held = sum(max(0, before - now) for now, before in zip(free, baseline_free, strict=True))
+            print(f"warning: {held / 2**30:.1f} GiB still held after the workers exited")
             return
         time.sleep(0.5)

@@ -133,6 +133,20 @@ def smollm2_dir() -> Path:
     return ensure_converted(ALIASES["smollm2-135m"].locate(), name="smollm2-135m")
 
 
+@pytest.fixture(scope="session")
+def tp_gpu_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small Llama for tensor parallelism on two GPUs (skips with fewer): head_dim 128, as
+    FlashInfer's JIT cache holds; 8 query / 4 KV heads split over 2 ranks."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("tensor parallelism over NCCL needs two visible GPUs")
+    path = tmp_path_factory.mktemp("tp-gpu-llama")
+    tiny_hf_model(
+        "llama", spread=0.05, hidden_size=1024, num_attention_heads=8, num_key_value_heads=4,
+        head_dim=128, intermediate_size=2048,
+    ).save_pretrained(path)  # fmt: skip
+    return path
+
+
 @dataclass
 class PagedRunner:
     loaded: LoadedModel

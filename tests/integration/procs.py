@@ -65,15 +65,16 @@ def start_engine_worker(
     *args: str,
     name: str = "eng",
     fault: str | None = None,
+    device: str = "cpu",
     **env: str,
 ) -> subprocess.Popen[bytes]:
-    """`radixq worker` with the real engine on CPU, in a session of its own (as a shell runs
-    it); ``fault`` is a RADIXQ_FAULT rule (worker/engine/faults.py)."""
+    """`radixq worker` with the real engine (on the CPU unless ``device`` says), in a session
+    of its own (as a shell runs it); ``fault`` is a RADIXQ_FAULT rule (worker/engine/faults.py)."""
     extra = {**env, **({"RADIXQ_FAULT": fault} if fault else {})}
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "radixq", "worker", "--redis-url", redis_url, "--name", name]
-            + ["--model", str(model_dir), "--device", "cpu", "--min-idle-s", "5", *args],
+            + ["--model", str(model_dir), "--device", device, "--min-idle-s", "5", *args],
             cwd=REPO_ROOT,
             env=subprocess_env(**extra),
             stdin=subprocess.DEVNULL,

@@ -113,17 +113,20 @@ def test_deadline_skips_a_run_that_would_end_past_it(tmp_path: Path, capsys: pyt
     assert [r["round"] for r in json.loads(out.read_text())["runs"]] == [0]
 
 
-def test_presets_interleave_in_one_call(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-):
-    """Two presets, two rounds: every round runs the first preset's variants, then the second's;
-    each gets its own table beside its own floor, and a side-by-side table comes last."""
+@pytest.fixture
+def tiny_b(monkeypatch: pytest.MonkeyPatch) -> str:
+    """A second CPU preset beside ``tiny``, of another shape: 3 requests x 20/6 tokens."""
     import at_scale
 
     tiny = PRESETS["tiny"]
-    monkeypatch.setitem(
-        at_scale.PRESETS, "tiny-b", at_scale.Preset(tiny.model, 3, 20, 6, 2, 256, token_id_high=500)
-    )
+    preset = at_scale.Preset(tiny.model, 3, 20, 6, 2, 256, token_id_high=500)
+    monkeypatch.setitem(at_scale.PRESETS, "tiny-b", preset)
+    return "tiny-b"
+
+
+def test_presets_interleave_in_one_call(tmp_path: Path, capsys: pytest.CaptureFixture[str], tiny_b: str):
+    """Two presets, two rounds: every round runs the first preset's variants, then the second's;
+    each gets its own table beside its own floor, and a side-by-side table comes last."""
     out = tmp_path / "at_scale.json"
     rows = main(["--preset", "tiny,tiny-b", "--variants", "engine", "--rounds", "2", "--out", str(out)])
     runs = json.loads(out.read_text())["runs"]
@@ -155,3 +158,53 @@ def test_moe_presets_point_at_the_published_shapes():
             1024, 1000, 1000, 1024,
         )  # fmt: skip
         assert ModelShape.from_config(json.loads(Path(preset.model).read_text())).layers > 0
+
+
+def test_queue_variants_name_their_workers_and_ranks(monkeypatch: pytest.MonkeyPatch):
+    """queue-tpN: one worker over N GPUs (tensor_parallel_size passed); queue-Nw: N workers, a
+    GPU each, in the order this process sees them."""
+    import at_scale_runs
+
+    tp2, pool, both = (Variant.parse(t, "fp8_e4m3", "fp8") for t in ("queue-tp2", "queue-2w", "queue-tp2-2w"))
+    assert (tp2.tp, tp2.workers, pool.tp, pool.workers, both.tp, both.workers) == (2, 1, 1, 2, 2, 2)
+    assert tp2.name == "queue-tp2 kv=fp8_e4m3 w=fp8" and not tp2.plain_queue
+    assert Variant.parse("queue", None).plain_queue
+    assert (Variant.parse("engine", None).workers, Variant.parse("queue", None).workers) == (0, 1)
+    for bad in ("queue-tp0", "queue-2", "queue-w2", "queue-tp2x"):
+        with pytest.raises(ValueError, match="MODE must be"):
+            Variant.parse(bad, None)
+    options = engine_options(parse_args([]), PRESETS["llama-3.1-8b"], None, None, tp2.tp)
+    assert options["tensor_parallel_size"] == 2
+    assert "tensor_parallel_size" not in engine_options(parse_args([]), PRESETS["llama-3.1-8b"], None)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
+    assert at_scale_runs.worker_gpus(2, 1) == ["4", "5"]
+    assert at_scale_runs.worker_gpus(2, 2) == ["4,5", "6,7"]
+    assert at_scale_runs.worker_gpus(1, 2) is None  # one worker sees what the benchmark sees
+    with pytest.raises(RuntimeError, match="need 6 GPUs, 4 visible"):
+        at_scale_runs.worker_gpus(3, 2)
+
+
+def test_length_overrides_and_same_workers_with_several_presets(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], tiny_b: str
+):
+    """--prompt-len/--output-len override every preset of the call (preset_of); --same-workers
+    runs every round of a variant back to back, preset by preset, and needs --rounds."""
+    with pytest.raises(SystemExit, match="--same-workers needs --rounds"):
+        main(["--preset", "tiny", "--same-workers"])
+    out = tmp_path / "at_scale.json"
+    argv = ["--preset", "tiny,tiny-b", "--prompt-len", "20", "--output-len", "5", "--rounds", "2"]
+    rows = main([*argv, "--same-workers", "--out", str(out)])
+    runs = json.loads(out.read_text())["runs"]
+    assert [(r["preset"], r["round"]) for r in runs] == [
+        ("tiny", 0),
+        ("tiny", 1),
+        ("tiny-b", 0),
+        ("tiny-b", 1),
+    ]
+    assert [r["output_tokens"] for r in runs] == [6 * 5] * 2 + [3 * 5] * 2
+    printed = capsys.readouterr().out
+    assert "tiny 6 requests x 20/5 tokens, tiny-b 3 requests x 20/5 tokens" in printed
+    assert "at-scale tiny-b: 3 requests x 20/5 tokens" in printed
+    assert printed.count("2 round(s) back to back on one start of each variant") == 2
+    assert [(row["preset"], row["variant"]) for row in rows] == [("tiny", "engine"), ("tiny-b", "engine")]

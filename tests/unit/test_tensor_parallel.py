@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tests.model_fixtures import smollm2_dir, tiny_hf_model  # noqa: F401  (a fixture)
-from tests.tp_harness import assert_same_generation, greedy, run_workload
+from tests.tp_harness import assert_left_cleanly, assert_same_generation, greedy, run_workload
 from worker.models.config import ModelConfig
 from worker.models.loader import rank_shard
 from worker.scheduler.config import RunConfig
@@ -75,11 +75,13 @@ def reference(tp_model_dir: Path):
 @pytest.mark.parametrize("tp", [2, 3])
 def test_tp_generates_what_tp1_generates(tp_model_dir: Path, reference, tp: int) -> None:
     """Greedy tokens equal, logprobs within LOGPROB_ATOL; the group retracts and caches the
-    same as one engine (same batches), and its followers are gone afterwards."""
+    same as one engine (same batches), every rank leaves the group the normal way (destroyed,
+    not aborted) and its followers are gone afterwards."""
     outcome = run_workload(engine_config(tp_model_dir, tp), workload())
     assert_same_generation(outcome, reference, LOGPROB_ATOL)
     assert (outcome.retractions, outcome.cached_tokens) == (reference.retractions, reference.cached_tokens)
     assert len(outcome.follower_pids) == tp - 1
+    assert_left_cleanly(outcome)
     assert not [pid for pid in outcome.follower_pids if Path(f"/proc/{pid}").exists()]
 
 

@@ -99,7 +99,7 @@ class EngineConfig:
         1,
         "processes (GPUs) one model is split over, one per rank on `cuda:0..N-1` of the worker's "
         "`CUDA_VISIBLE_DEVICES` (`--gpus`); rank 0 schedules, the others follow its batches; structured "
-        "output is refused with N > 1. A pool of TP=1 workers gives more throughput when the model fits one GPU",
+        "output is refused with N > 1. When it pays over a pool of TP=1 workers: README, Tensor parallelism",
         flags=("--tensor-parallel-size", "--tp"),
         check=_AT_LEAST_1,
     )

@@ -181,6 +181,14 @@ class Engine:
                     f"cuda_graph_max_bs or max_running_reqs ({exc})"
                 ) from exc
 
+    def close(self) -> None:
+        """Destroy the CUDA graphs; later decode passes run eagerly. NOTE: a tensor-parallel rank
+        leaves its group (worker.distributed.close_tp) only after this: NCCL keeps a communicator
+        until every graph that captured one of its collectives is destroyed."""
+        if self.graph_runner is not None:
+            self.graph_runner.close()
+            self.graph_runner = None
+
     def _pages_from_memory(self, config: EngineConfig) -> int:
         mc = self.model_config
         per_page = (

@@ -57,6 +57,7 @@ class GraphRunner:
         self._inputs[2].fill_(engine.dummy_loc)
         self._sample_idx = torch.arange(max_bs, dtype=torch.int64, device=device)
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.replays = 0  # decode passes run from a graph
         # NOTE: every graph writes its logits into this one buffer; a graph's own output would
         # stay allocated in the pool, which at 1,024 sizes x a 152k vocabulary is ~10 GiB.
         vocab = engine.model_config.vocab_size
@@ -100,6 +101,12 @@ class GraphRunner:
         )
         engine.model(batch, logits_out=self._logits[:bs])
 
+    def close(self) -> None:
+        """Destroy every graph (a launch still running finishes first: CUDA frees it after)."""
+        for graph in self._graphs.values():
+            graph.reset()
+        self._graphs.clear()
+
     def batch_size_for(self, batch_size: int) -> int | None:
         """The smallest captured size holding ``batch_size`` requests, or None (run eagerly)."""
         return fitting_batch_size(self.batch_sizes, batch_size)
@@ -112,4 +119,5 @@ class GraphRunner:
         self._inputs[1, :bs].copy_(fi.positions)
         self._inputs[2, :bs].copy_(fi.out_loc)
         self._graphs[bs].replay()
+        self.replays += 1
         return self._logits[: fi.batch_size]

@@ -5,13 +5,14 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import os
 import traceback
 from collections.abc import Callable
 from typing import Protocol
 
 import torch
 
-from worker.distributed import init_tp, tp_info
+from worker.distributed import LEFT_ALONE, LEFT_DESTROYED, close_tp, init_tp, teardown_stuck, tp_info
 from worker.engine.engine import Engine, rank_device
 from worker.engine.faults import Fault
 from worker.scheduler.config import RunConfig
@@ -87,21 +88,29 @@ def run_scheduler(
     error it cannot contain is reported (SchedulerFailed, naming the failing step's requests)
     before it propagates; a failure to load raises LoadError after reporting it. With
     tensor_parallel_size > 1 this process leads the group (or follows, when worker.scheduler
-    .follower put it in one first)."""
+    .follower put it in one first), and leaves it through ``leave_group`` on every way out."""
     group: TPGroup | None = None
+    scheduler: Scheduler | None = None
+    clean = False
     try:
-        config = config.resolved()
-        io, group = _lead_group(config, io, log_level)
-        scheduler = build_scheduler(config, io, detokenize)
-        if scheduler.detokenize is None:
-            scheduler.detokenize = tokenizer_detokenize(str(scheduler.engine.loaded.path))
-        # NOTE: injected failures fire on the leader only (a follower's would read as a lost rank)
-        scheduler.fault = Fault.parse(config.scheduler.fault) if tp_info().leader else None
-    except Exception as exc:
-        if group is not None:
-            group.kill()
-        io.send([SchedulerFailed(error=one_line(exc), loading=True)])
-        raise LoadError(one_line(exc)) from exc
+        try:
+            config = config.resolved()
+            io, group = _lead_group(config, io, log_level)
+            scheduler = build_scheduler(config, io, detokenize)
+            if scheduler.detokenize is None:
+                scheduler.detokenize = tokenizer_detokenize(str(scheduler.engine.loaded.path))
+            # NOTE: injected failures fire on the leader only (a follower's would read as a lost rank)
+            scheduler.fault = Fault.parse(config.scheduler.fault) if tp_info().leader else None
+        except Exception as exc:
+            io.send([SchedulerFailed(error=one_line(exc), loading=True)])
+            raise LoadError(one_line(exc)) from exc
+        _serve_loaded(config, scheduler, io, group)
+        clean = True
+    finally:
+        leave_group(scheduler, group, clean)
+
+
+def _serve_loaded(config: RunConfig, scheduler: Scheduler, io: SchedulerIO, group: TPGroup | None) -> None:
     profiler = None
     if config.scheduler.step_profile:  # profiling runs only: records every step
         from worker.scheduler.profile import StepProfiler
@@ -112,23 +121,45 @@ def run_scheduler(
     gc.collect()
     gc.freeze()
     io.send([ready_message(scheduler)])
-    clean = False
     try:
         with torch.inference_mode():
             scheduler.run()
-        clean = True
     except Exception as exc:
         if group is not None:
             group.exit_if_a_rank_is_lost()  # a collective that failed because a follower died
         io.send([SchedulerFailed(error=one_line(exc), suspect_uids=scheduler.failing_uids())])
         raise
     finally:
-        scheduler.close()
-        if group is not None:  # the followers got the ShutdownRequest too; after a failure they may hang
-            group.stop() if clean else group.kill()
         gc.unfreeze()  # let shutdown collect them (frozen objects read as leaks to nanobind at exit)
         if profiler is not None:
             logger.warning("step profile: %s", json.dumps(profiler.summary()))
+
+
+def leave_group(scheduler: Scheduler | None, group: TPGroup | None, clean: bool) -> str:
+    """How every rank ends, on every path (a ShutdownRequest, a drain, a crash, a failed load):
+    the scheduler and its engine's CUDA graphs first, then the tensor-parallel group
+    (worker.distributed.close_tp: destroyed when ``clean`` and every rank is there, else
+    aborted; bounded either way); rank 0 then waits for its followers' processes (``clean``)
+    or kills them (before its own abort: they may be blocked in a collective). Returns how
+    the group was left (LEFT_ALONE with TP=1)."""
+    rank = tp_info().rank
+    if scheduler is not None:
+        try:
+            scheduler.close()
+            scheduler.engine.close()
+        except Exception:  # a broken device may refuse; the group is left all the same
+            logger.exception("closing the scheduler failed")
+    if group is not None:
+        group.stop_watching()  # NOTE: from here on a follower that exits is leaving, not lost
+        if not clean:
+            group.kill()
+    how = close_tp(peer_lost=not clean)
+    if group is not None:
+        group.stop()
+    if how != LEFT_ALONE:
+        level = logging.INFO if how == LEFT_DESTROYED else logging.WARNING
+        logger.log(level, "tensor-parallel rank %d left its group: %s", rank, how)
+    return how
 
 
 class ClosableIO(SchedulerIO, Protocol):
@@ -139,16 +170,21 @@ def serve(config: RunConfig, io: ClosableIO, log_level: str, join: Callable[[], 
     """A scheduler process's life (worker.frontend.scheduler_main, worker.scheduler.follower):
     ``join`` (a follower joining its group) then run_scheduler; the process's exit code: 0 after
     a ShutdownRequest, 2 when the engine cannot be built (already reported on ``io``), 1 on a
-    crash (its traceback printed)."""
+    crash (its traceback printed). A rank whose group teardown never returned ends here with
+    os._exit (the interpreter's own exit could wait on it)."""
+    code = 0
     try:
         if join is not None:
             join()
         run_scheduler(config, io, log_level=log_level)
     except LoadError:
-        return 2
+        code = 2
     except BaseException:
         traceback.print_exc()
-        return 1
+        code = 1
     finally:
         io.close()
-    return 0
+    if teardown_stuck():
+        logging.shutdown()
+        os._exit(code)
+    return code

@@ -15,7 +15,10 @@ compile finishes is a matter of time, not of the messages.
 Supervision: followers run with SIGKILL as parent-death signal (no orphan when the leader
 dies); a watchdog thread of the leader sees a follower that exited, kills the rest and
 ends the leader with RANK_LOST_EXIT (its main thread may be blocked in a collective that
-will never complete), which the front end reads as "the group lost a rank".
+will never complete), which the front end reads as "the group lost a rank". The group
+ends there without a destroy: the process's end frees what the communicators held (an
+abort could not finish while the main thread's CUDA graphs hold them). Every other way out
+goes through worker.scheduler.run.leave_group on every rank (worker.distributed.close_tp).
 """
 
 from __future__ import annotations
@@ -130,8 +133,13 @@ class TPGroup:
         for proc in self.followers.values():
             proc.wait()
 
+    def stop_watching(self) -> None:
+        """The group is being left (worker.scheduler.run.leave_group): a follower that exits
+        from now on is leaving, not lost."""
+        self._stopping.set()
+
     def stop(self, timeout_s: float = 10.0) -> None:
-        """After a ShutdownRequest was forwarded: wait for the followers, then kill what is left."""
+        """After the group was left: wait for the followers, kill what is left, close the sockets."""
         self._stopping.set()
         deadline = time.monotonic() + timeout_s
         for proc in self.followers.values():
