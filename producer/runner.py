@@ -82,11 +82,12 @@ class RunReport:
     enqueued: int
     skipped: int
     resumed: int  # ids already in the output file, not run again
-    written: int  # lines this run appended to the output file
-    in_output: int  # jobs of the input with a line in the output file now
+    written: int  # lines this run appended to the output file (with errors_path: before the split)
+    in_output: int  # jobs of the input with a line in the output file (or the errors file) now
     failed: list[str]  # jobs of the input whose line in the output file is an error
     stopped: str | None = None  # why it stopped before every job had a result
     worker_codes: list[int | None] = field(default_factory=list)
+    moved: int = 0  # of ``written``: error rows moved to the errors file (errors_path)
 
     @property
     def missing(self) -> int:
@@ -186,8 +187,9 @@ def _run_locked(options: RunOptions, say: Callable[[str], None]) -> RunReport:
     errors = _output_errors(rows_file)
     if all(job_id in errors for job_id in expected):
         put_in_order(rows_file, expected)
+    moved = 0
     if options.errors_path is not None:
-        split_errors(rows_file, options.errors_path, parsed.rejected, input_order)
+        moved = split_errors(rows_file, options.errors_path, parsed.rejected, input_order)
         errors = {**_output_errors(options.errors_path), **_output_errors(rows_file)}
     if is_parquet(out):
         try:
@@ -205,6 +207,7 @@ def _run_locked(options: RunOptions, say: Callable[[str], None]) -> RunReport:
         skipped=outcome.skipped,
         resumed=len(rows) - len(jobs),
         written=outcome.written,
+        moved=moved,
         in_output=len(in_output),
         failed=[job_id for job_id in in_output if errors[job_id] and job_id not in rejected_ids],
         stopped=outcome.stopped,
