@@ -21,14 +21,31 @@ job id and an id in the output file is never appended again:
 
 from __future__ import annotations
 
+import errno
+import functools
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from producer.outfile import OutputFile
 
 _CHUNK = 500  # ids per SELECT or DELETE (SQLite's bound on parameters is 999 in old builds)
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _os_errors(method: F) -> F:
+    """SQLite's errors (a full disk, a folder it cannot write) as an OSError naming the spill,
+    which the commands report in one line like any other file error."""
+
+    @functools.wraps(method)
+    def wrapped(self: Spill, *args: Any) -> Any:
+        try:
+            return method(self, *args)
+        except sqlite3.Error as exc:
+            raise OSError(errno.EIO, f"the spill: {exc}", str(self.path)) from exc
+
+    return wrapped  # type: ignore[return-value]
 
 
 class SpillRow(NamedTuple):
@@ -49,6 +66,7 @@ class Spill:
     """The spill of one rows file, open (the caller holds the output file's lock). ``ids``:
     the ids it holds; ``failed``: of those, error rows. Rows put are durable after ``commit``."""
 
+    @_os_errors
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self._db = sqlite3.connect(self.path, isolation_level=None)
@@ -77,6 +95,7 @@ class Spill:
             self._db.execute("BEGIN")
             self._open = True
 
+    @_os_errors
     def put(self, rows: Iterable[SpillRow]) -> None:
         """Keep ``rows`` (a row for an id already held replaces it), durable at ``commit``."""
         rows = list(rows)
@@ -88,6 +107,7 @@ class Spill:
             if not row.replaces:
                 self._note(row.job_id, row.code)
 
+    @_os_errors
     def drop(self, ids: Iterable[str]) -> None:
         """Let go of the rows of ``ids`` (fsynced in the output file), at ``commit``."""
         ids = list(ids)
@@ -100,11 +120,13 @@ class Spill:
         self.ids.difference_update(ids)
         self.failed.difference_update(ids)
 
+    @_os_errors
     def commit(self) -> None:
         if self._open:
             self._db.execute("COMMIT")
             self._open = False
 
+    @_os_errors
     def rows(self, ids: list[str]) -> dict[str, SpillRow]:
         """The rows held for ``ids`` (those it has)."""
         found: dict[str, SpillRow] = {}
@@ -115,6 +137,7 @@ class Spill:
                 found[job_id] = SpillRow(job_id, line, code, digest, bool(replaces))
         return found
 
+    @_os_errors
     def replacements(self) -> list[SpillRow]:
         query = "SELECT * FROM rows WHERE replaces = 1"
         return [SpillRow(i, line, code, digest, True) for i, line, code, digest, _ in self._db.execute(query)]
@@ -131,6 +154,7 @@ class Spill:
         self.commit()
         return replaced
 
+    @_os_errors
     def close(self) -> None:
         """Commit, close, and remove the file when it holds nothing."""
         self.commit()
