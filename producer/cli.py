@@ -157,7 +157,10 @@ def staged(
         path = Path(source)
         if not path.exists() or path.is_dir():
             fail(f"{source}: {'is a folder, not an input file' if path.is_dir() else 'no such file'}", exits.USAGE)
-    companions = (".rows.jsonl",) if output is not None and is_parquet(output) else ()
+    # NOTE: the spill (producer.spill) resumes a collect as much as the rows do
+    companions = (
+        (".rows.jsonl", ".rows.jsonl.spill") if output is not None and is_parquet(output) else (".spill",)
+    )
     try:
         with (
             local_input(source) as local,
@@ -349,6 +352,7 @@ def enqueue_file(
     from producer.digest import changed_line
     from producer.jsonl import InputFile
     from producer.outfile import write_rejected
+    from wire.enqueues import finish_enqueue
     from wire.redis_errors import classify, describe
 
     client = open_client(
@@ -376,6 +380,7 @@ def enqueue_file(
                 keep_ids=False,
                 tag=tag,
             )
+            client.backoff.call(lambda: finish_enqueue(client.redis, client.keys))  # collect --expect-enqueues
     except ContentChanged as exc:
         before = exc.report.jobs_enqueued if exc.report is not None else 0
         what = f"the {before} jobs read before them were enqueued, none after" if before else "nothing was enqueued"
@@ -462,22 +467,53 @@ def collect(
     messages_column: MessagesColumnOption = None,
     id_column: IdColumnOption = None,
     template: TemplateOption = None,
+    expect: Annotated[
+        int,
+        typer.Option(
+            "--expect",
+            min=0,
+            help="With --wait: also wait until the queue has N jobs enqueued in all (producers still running).",
+        ),
+    ] = 0,
+    expect_enqueues: Annotated[
+        int,
+        typer.Option(
+            "--expect-enqueues",
+            min=0,
+            help="With --wait: also wait until K `radixq enqueue` commands on the queue have finished.",
+        ),
+    ] = 0,
+    idle_timeout_s: Annotated[
+        float,
+        typer.Option(
+            "--idle-timeout",
+            min=0,
+            help="With --wait: once every job enqueued is written, wait this many seconds for more to be "
+            "enqueued before stopping.",
+        ),
+    ] = 0.0,
 ) -> None:
     """Write each job's result exactly once, in enqueue order, error rows included. With
-    --wait, progress goes to stderr (README: "Progress, status and metrics").
+    --wait, progress goes to stderr (README: "Progress, status and metrics"). Ctrl-C or
+    SIGTERM: what was read is kept (written in order, the rest in OUT.spill for the next collect).
 
     Exit 0: every job has a row and none is an error; 1: some jobs failed, have no result,
-    or Redis lost the queue; 2: unknown queue, Redis unavailable or refusing."""
-    from producer.collector import Collector
+    or Redis lost the queue; 2: unknown queue, Redis unavailable or refusing; 130/143: stopped
+    by SIGINT/SIGTERM."""
+    from producer.collector import Collector, WaitFor
     from producer.progress import Progress
+    from producer.signals import signals_counted
     from producer.tables import is_parquet, rows_path
 
     url = resolve_redis_url(redis_url)
     mapping = column_mapping(prompt_column, messages_column, id_column, template)
     if join_input is not None and not is_parquet(output):
         fail("--join-input needs a Parquet output (-o OUT.parquet)", exits.USAGE)
+    if not wait and (expect or expect_enqueues or idle_timeout_s):
+        fail("--expect, --expect-enqueues and --idle-timeout wait: they need --wait", exits.USAGE)
+    until = WaitFor(jobs=expect, enqueues=expect_enqueues, idle_s=idle_timeout_s)
     client = open_client(url, queue)
-    with staged(join_input, output) as (joined, local_out, _):
+    with staged(join_input, output) as (joined, local_out, _), signals_counted() as signals:
         assert local_out is not None
         rows_file = rows_path(local_out)
         try:
@@ -485,19 +521,41 @@ def collect(
                 expected_errors(url),
                 Progress(quiet=quiet or not wait, interval_s=progress_interval_s) as shown,
             ):
-                collector = Collector(client.redis, queue, say=warn, retry_timeout_s=retry_timeout_s)
+                collector = Collector(client.redis, queue, say=shown.log, retry_timeout_s=retry_timeout_s)
                 report = collector.collect(
-                    rows_file, wait=wait, timeout_s=timeout_s, trim=trim, progress=shown
+                    rows_file,
+                    wait=wait,
+                    timeout_s=timeout_s,
+                    trim=trim,
+                    progress=shown,
+                    should_stop=lambda: signals.count > 0,
+                    until=until,
+                    watch_consumers=wait,
                 )
-        except KeyboardInterrupt:
-            where = rows_path(output) if local_out != Path(output) else rows_file
-            fail(f"interrupted; the rows written so far are in {where} (run the same command to resume)", 130)
         finally:
             client.close()
-        if is_parquet(output):
+        if is_parquet(output) and not signals.count:
             with expected_errors(url):
                 write_table(rows_file, local_out, joined, mapping)
+    shown_rows = rows_path(output) if local_out != Path(output) else rows_file
+    if signals.count:
+        held = (
+            f"; {counted(len(report.held), 'result')} read behind a job still missing wait in {shown_rows}.spill"
+            if report.held
+            else ""
+        )
+        fail(
+            f"interrupted: wrote {report.written} results to {shown_rows} in enqueue order "
+            f"({report.already} already there){held}: run the same command to resume",
+            signals.exit_code,
+        )
     typer.echo(f"wrote {report.written} results to {output} ({report.already} already there)")
+    if report.held:
+        warn(
+            f"{counted(len(report.held), 'result')} that arrived behind a job still missing "
+            f"{'waits' if len(report.held) == 1 else 'wait'} in {shown_rows}.spill: the collect that gets "
+            "that job writes them in their turn"
+        )
     if report.replaced:
         typer.echo(
             f"replaced {counted(report.replaced, 'row')} with new results (requeued dead letters, "
@@ -535,9 +593,11 @@ def collect(
         warn(
             f"{counted(others)} {'has' if others == 1 else 'have'} no result yet, e.g. {', '.join(report.missing[:3])}"
         )
+    if report.short:
+        warn(f"stopped before what it was to wait for: {report.short}")
     if report.failed:
         warn(f"{counted(report.failed)} failed (error rows in {output})")
-    if report.missing or report.failed or report.forgotten_elsewhere:
+    if report.missing or report.held or report.failed or report.forgotten_elsewhere or report.short:
         raise typer.Exit(exits.JOBS_FAILED)
 
 

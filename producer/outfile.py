@@ -148,6 +148,7 @@ class OutputFile:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.ids: set[str] = set()
+        self.order: list[str] = []  # the ids of its rows, in file order
         self.errors: dict[str, str] = {}
         self.digests: dict[str, str] = {}
         self.duplicates: list[str] = []
@@ -176,6 +177,8 @@ class OutputFile:
                         ) from None
                     if key.job_id in self.ids:
                         self.duplicates.append(key.job_id)
+                    else:
+                        self.order.append(key.job_id)
                     self._note(*key)
 
     def _note(self, job_id: str, code: str | None, digest: str | None = None) -> None:
@@ -192,6 +195,8 @@ class OutputFile:
     def append(self, job_id: str, line: bytes, code: str | None, digest: str | None = None) -> None:
         with naming(self.path):
             self._sink.write(line)
+        if job_id not in self.ids:
+            self.order.append(job_id)
         self._note(job_id, code, digest)
         self._unsynced = True
 
@@ -227,6 +232,18 @@ class OutputFile:
         finally:
             self._sink = open(self.path, "ab")  # noqa: SIM115 - closed by close()
         return replaced
+
+    def reorder(self, order: list[str], others_first: bool = False) -> None:
+        """Rewrite the file so its rows follow ``order`` (producer.rewrite.put_in_order)."""
+        from producer.rewrite import put_in_order, rank_of
+
+        self.sync()
+        self._sink.close()
+        try:
+            if put_in_order(self.path, order, others_first):
+                self.order.sort(key=rank_of(order, others_first))
+        finally:
+            self._sink = open(self.path, "ab")  # noqa: SIM115 - closed by close()
 
     def close(self) -> None:
         try:

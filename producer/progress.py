@@ -2,10 +2,11 @@
 
 The collector tells a Progress how many jobs are in scope and hands it every counted result
 as it reads it (before the in-order write). Progress shows: done/total, failed, jobs/s and
-output tokens/s over the last RATE_WINDOW_S seconds, counted from the end of the ``phase``
-(``run``: its workers loading their model) and, on the final line, over the whole run; the
-prefix-cache hit rate (cached prompt tokens / prompt tokens of the results seen) and the ETA
-(jobs left / jobs/s). While a phase is on and no result has come, the line says what is
+output tokens/s as the workers generated them (each result by its ``timings``: finished over
+the last RATE_WINDOW_S seconds, and on the final line from the first job started to the last
+one finished), never how fast collect read them (results that waited in Redis are read at
+thousands a second); the prefix-cache hit rate (cached prompt tokens / prompt tokens of the
+results seen) and the ETA (jobs left / jobs/s). While a phase is on and no result has come, the line says what is
 happening instead of the rates. On a terminal it is a rich live line redrawn a few times a
 second, and other lines (``log``: the workers' logs under ``run``) are printed above it, never
 into it; otherwise (a pipe, a log file) a plain line every ``interval_s`` seconds and one at
@@ -23,8 +24,7 @@ from typing import IO, Any
 
 import msgspec
 
-from wire.schema import Usage
-from wire.status import RateWindow
+from wire.schema import Timings, Usage
 
 # NOTE: long enough for an engine that finishes its running batch at once, every minute or so
 RATE_WINDOW_S = 120.0
@@ -35,6 +35,7 @@ class _Seen(msgspec.Struct):
 
     usage: Usage = Usage()
     error: Any = None
+    timings: Timings = Timings()
 
 
 _seen_decoder = msgspec.msgpack.Decoder(_Seen)
@@ -63,6 +64,54 @@ class Snapshot:
         )
 
 
+class Generated:
+    """Jobs and output tokens by the second their workers finished them: generation rates,
+    whenever the results are read. A result without timings (a row rejected at enqueue: no
+    worker ran it) is not counted."""
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self.jobs = 0
+        self.tokens = 0
+        self.first_start_s: float | None = None  # the earliest start among the results counted
+        self.last_finish_s: float | None = None
+        self._seconds: dict[int, list[int]] = {}  # finished second -> [jobs, tokens]
+
+    def add(self, timings: Timings, tokens: int) -> None:
+        if not timings.finished_at_ms:
+            return
+        finish_s = timings.finished_at_ms / 1000
+        start_s = min(timings.started_at_ms or timings.finished_at_ms, timings.finished_at_ms) / 1000
+        self.jobs += 1
+        self.tokens += tokens
+        self.first_start_s = start_s if self.first_start_s is None else min(self.first_start_s, start_s)
+        self.last_finish_s = finish_s if self.last_finish_s is None else max(self.last_finish_s, finish_s)
+        counts = self._seconds.setdefault(int(finish_s), [0, 0])
+        counts[0] += 1
+        counts[1] += tokens
+
+    def rates(self, now_s: float) -> tuple[float, float]:
+        """(jobs/s, tokens/s) finished over the last window (or since the first job started)."""
+        if self.first_start_s is None:
+            return 0.0, 0.0
+        start_s = max(now_s - self.window_s, self.first_start_s)
+        for second in [s for s in self._seconds if s + 1 <= start_s]:
+            del self._seconds[second]
+        elapsed_s = now_s - start_s
+        if elapsed_s < 0.1:
+            return 0.0, 0.0
+        jobs = sum(counts[0] for second, counts in self._seconds.items() if second <= now_s)
+        tokens = sum(counts[1] for second, counts in self._seconds.items() if second <= now_s)
+        return jobs / elapsed_s, tokens / elapsed_s
+
+    def averages(self) -> tuple[float, float]:
+        """(jobs/s, tokens/s) from the first job started to the last one finished."""
+        if self.first_start_s is None or self.last_finish_s is None:
+            return 0.0, 0.0
+        span_s = max(self.last_finish_s - self.first_start_s, 1e-3)
+        return self.jobs / span_s, self.tokens / span_s
+
+
 class Progress:
     """Counts what a collect sees and shows it (see the module docstring). Use as a context
     manager: the display runs between enter and exit, and exit shows the final state."""
@@ -73,8 +122,9 @@ class Progress:
         quiet: bool = False,
         interval_s: float = 10.0,
         stream: IO[str] | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.time,
     ) -> None:
+        """``clock``: wall-clock seconds, the time base of the results' timings."""
         self.stream = stream or sys.stderr
         self.quiet = quiet
         self.interval_s = interval_s
@@ -84,11 +134,11 @@ class Progress:
         self._already_failed = 0
         self._read = 0  # results read by the current collect call
         self._read_failed = 0
-        self._all_read = 0  # results read by every call, for the rates
+        self._all_read = 0  # results read by every call
         self.prompt_tokens = 0
         self.cached_tokens = 0
         self.output_tokens = 0
-        self._rates = RateWindow(RATE_WINDOW_S)
+        self.generated = Generated(RATE_WINDOW_S)
         self._started_s = clock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -110,11 +160,7 @@ class Progress:
         self.total = total
 
     def phase(self, text: str | None) -> None:
-        """What is happening before results come (``text``), or None once work has started:
-        the rate window starts then, so the wait does not dilute the rates."""
-        if self._phase is not None and text is None:
-            self._rates = RateWindow(RATE_WINDOW_S)
-            self._rates.sample(self.clock(), self._all_read, self.output_tokens)
+        """What is happening before results come (``text``), or None once work has started."""
         self._phase = text
 
     def log(self, line: str) -> None:
@@ -138,17 +184,16 @@ class Progress:
         self.prompt_tokens += seen.usage.prompt_tokens
         self.cached_tokens += seen.usage.cached_tokens
         self.output_tokens += seen.usage.completion_tokens
+        self.generated.add(seen.timings, seen.usage.completion_tokens)
 
     # ---- what it shows ----------------------------------------------------------------------
 
     def snapshot(self, final: bool = False) -> Snapshot:
-        """The state now; ``final``: the rates are averages over the whole display (the last
-        line of a run shorter than one sampling interval would otherwise show 0 jobs/s)."""
+        """The state now; ``final``: the rates are averages over the generation of every
+        result counted (the last line of a run shorter than the window would otherwise show
+        less than it ran at)."""
         now_s = self.clock()
-        jobs_per_s, tokens_per_s = self._rates.sample(now_s, self._all_read, self.output_tokens)
-        if final:
-            elapsed_s = max(now_s - self._started_s, 1e-9)
-            jobs_per_s, tokens_per_s = self._all_read / elapsed_s, self.output_tokens / elapsed_s
+        jobs_per_s, tokens_per_s = self.generated.averages() if final else self.generated.rates(now_s)
         done = self._already + self._read
         total = max(self.total, done)
         left = total - done

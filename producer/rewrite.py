@@ -10,7 +10,7 @@ rewrites hold an index of (id, offset, length) per row in memory, never the rows
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
@@ -34,12 +34,18 @@ def _index(path: Path) -> list[_Row]:
     return rows
 
 
-def _ranked(rows: list[_Row], order: Sequence[str], others_first: bool = False) -> list[_Row]:
-    """``rows`` sorted by their id's place in ``order``; ids not in it after (or, with
-    ``others_first``, before), as they were."""
+def rank_of(order: Sequence[str], others_first: bool = False) -> Callable[[str], int]:
+    """A sort key of ids: their place in ``order``; ids not in it after (or, with
+    ``others_first``, before) all of them, all in one place (a stable sort keeps them as they were)."""
     rank = {job_id: place for place, job_id in enumerate(order)}
     other = -1 if others_first else len(rank)
-    return sorted(rows, key=lambda row: rank.get(row[0], other))  # NOTE: a stable sort
+    return lambda job_id: rank.get(job_id, other)
+
+
+def _ranked(rows: list[_Row], order: Sequence[str], others_first: bool = False) -> list[_Row]:
+    """``rows`` sorted by their id's place in ``order`` (rank_of)."""
+    key = rank_of(order, others_first)
+    return sorted(rows, key=lambda row: key(row[0]))  # NOTE: a stable sort
 
 
 def _copied(source: BinaryIO, rows: list[_Row]) -> Iterator[bytes]:

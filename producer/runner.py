@@ -20,9 +20,8 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import threading
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,6 +38,8 @@ from producer.outfile import OutputFileError, os_error_line, row_keys
 from producer.outlock import OutputBusy, output_lock
 from producer.progress import Progress
 from producer.rewrite import put_in_order, split_errors
+from producer.signals import Signals, signals_counted
+from producer.spill import flush_spill
 from producer.tables import is_parquet, rows_path, write_parquet
 from producer.worker_pool import GRACE_S, Readiness, WorkerPool, relay_output
 from wire import exits
@@ -82,11 +83,12 @@ class RunReport:
     enqueued: int
     skipped: int
     resumed: int  # ids already in the output file, not run again
-    written: int  # lines this run appended to the output file
-    in_output: int  # jobs of the input with a line in the output file now
+    written: int  # lines this run appended to the output file (with errors_path: before the split)
+    in_output: int  # jobs of the input with a line in the output file (or the errors file) now
     failed: list[str]  # jobs of the input whose line in the output file is an error
     stopped: str | None = None  # why it stopped before every job had a result
     worker_codes: list[int | None] = field(default_factory=list)
+    moved: int = 0  # of ``written``: error rows moved to the errors file (errors_path)
 
     @property
     def missing(self) -> int:
@@ -160,6 +162,7 @@ def _run_locked(options: RunOptions, say: Callable[[str], None]) -> RunReport:
     expected = [row.id for row in rows]
     input_order = [row.id if isinstance(row, Job) else row.job_id for row in parsed.rows]
     rows_file = rows_path(out)
+    flush_spill(rows_file)  # NOTE: what a run killed mid-way had read is in OUT before the resume counts it
     already = written_ids(rows_file)
     if options.errors_path is not None:
         split_errors(rows_file, options.errors_path, parsed.rejected, input_order)
@@ -176,7 +179,7 @@ def _run_locked(options: RunOptions, say: Callable[[str], None]) -> RunReport:
         say(f"resuming: {len(rows) - len(jobs)} jobs already in {rows_file}")
     outcome = _Outcome()
     if jobs:
-        with _signals_counted() as signals:
+        with signals_counted() as signals:
             try:
                 _run_jobs(options, rows_file, jobs, len(parsed.rejected), signals, outcome, say)
             except FatalRedisError as exc:
@@ -186,8 +189,9 @@ def _run_locked(options: RunOptions, say: Callable[[str], None]) -> RunReport:
     errors = _output_errors(rows_file)
     if all(job_id in errors for job_id in expected):
         put_in_order(rows_file, expected)
+    moved = 0
     if options.errors_path is not None:
-        split_errors(rows_file, options.errors_path, parsed.rejected, input_order)
+        moved = split_errors(rows_file, options.errors_path, parsed.rejected, input_order)
         errors = {**_output_errors(options.errors_path), **_output_errors(rows_file)}
     if is_parquet(out):
         try:
@@ -205,6 +209,7 @@ def _run_locked(options: RunOptions, say: Callable[[str], None]) -> RunReport:
         skipped=outcome.skipped,
         resumed=len(rows) - len(jobs),
         written=outcome.written,
+        moved=moved,
         in_output=len(in_output),
         failed=[job_id for job_id in in_output if errors[job_id] and job_id not in rejected_ids],
         stopped=outcome.stopped,
@@ -244,36 +249,12 @@ class _Outcome:
     worker_codes: list[int | None] = field(default_factory=list)
 
 
-class _Signals:
-    count = 0
-
-
-@contextmanager
-def _signals_counted() -> Iterator[_Signals]:
-    """SIGINT and SIGTERM counted instead of acted upon; the run looks at the count between
-    steps. Only the main thread can catch signals; elsewhere nothing is installed."""
-    signals = _Signals()
-    if threading.current_thread() is not threading.main_thread():
-        yield signals
-        return
-
-    def count(signum: int, frame: object) -> None:
-        signals.count += 1
-
-    previous = {signum: signal.signal(signum, count) for signum in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield signals
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-
-
 def _run_jobs(
     options: RunOptions,
     out: Path,
     jobs: list[Job | Result],
     num_rejected: int,
-    signals: _Signals,
+    signals: Signals,
     outcome: _Outcome,
     say: Callable[[str], None],
 ) -> None:
@@ -327,6 +308,7 @@ def _run_jobs(
         ready = Readiness(client.redis, options.queue, [name for _, name in _worker_names(options)], progress)
         ids = [job.id for job in jobs]
         collector = Collector(client.redis, options.queue)
+        trim = options.redis_url is None  # NOTE: the run's own Redis: no other reader of its results
         first = collector.collect(
             out,
             ids=ids,
@@ -335,6 +317,8 @@ def _run_jobs(
             poll_s=POLL_S,
             should_stop=lambda: ready.check() or signals.count > 0 or pool.exited(),
             progress=progress,
+            trim=trim,
+            flush_rest=True,
         )
         outcome.written = first.written
         if not first.missing:
@@ -355,8 +339,12 @@ def _run_jobs(
                 poll_s=POLL_S,
                 should_stop=lambda: pool.advance(1 + signals.count - by_signal),
                 progress=progress,
+                trim=trim,
+                flush_rest=True,
             ).written
-        outcome.written += collector.collect(out, ids=ids, wait=False, progress=progress).written
+        outcome.written += collector.collect(
+            out, ids=ids, wait=False, progress=progress, trim=trim, flush_rest=True
+        ).written
 
 
 def _worker_names(options: RunOptions) -> list[tuple[int, str]]:

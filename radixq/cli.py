@@ -188,14 +188,20 @@ def run(
             problem = str(exc)
     if problem is not None:
         fail(problem, exits.USAGE)
-    typer.echo(f"wrote {report.written} results to {output} ({report.resumed} were already there)", err=True)
+    # NOTE: with --errors, the error rows this run wrote went on to ERR: each file gets its own count
+    to_errors = f" and {report.moved} to {errors}" if errors is not None else ""
+    typer.echo(
+        f"wrote {report.written - report.moved} results to {output}{to_errors} "
+        f"({report.resumed} were already there)",
+        err=True,
+    )
     if not report.parsed.jobs and not report.parsed.rejected:
         typer.echo(f"{input_path} has no rows: nothing to run", err=True)
     elif not report.parsed.jobs:
         fail(f"no valid jobs in {input_path}", report.exit_code())
     if report.failed:
         typer.echo(
-            f"{counted(len(report.failed))} failed (error lines in {output}), e.g. {report.failed[:3]}",
+            f"{counted(len(report.failed))} failed (error lines in {errors or output}), e.g. {report.failed[:3]}",
             err=True,
         )
     if report.parsed.rejected:
@@ -213,7 +219,7 @@ def run(
         )
         typer.echo(
             f"{report.stopped or 'stopped'}: wrote {report.in_output} of {len(report.expected)} rows "
-            f"to {output}; {then}",
+            f"to {output}{f' and {errors}' if errors is not None else ''}; {then}",
             err=True,
         )
     raise typer.Exit(report.exit_code())

@@ -177,3 +177,4 @@ META_PREFIX_CHARS = "prefix_chars"  # characters of a prompt that make its prefi
 META_RESULTS_TRIMMED = "results_trimmed"  # results-stream entries below this id were trimmed
 META_FORGOTTEN = "forgotten"  # ids a trimming collect removed from the head of order, records and all
 META_FORGOTTEN_FAILED = "forgotten_failed"  # of those, the ids whose rows were error rows
+META_ENQUEUES_FINISHED = "enqueues_finished"  # `radixq enqueue` commands that put every row in (wire.enqueues)

@@ -1,10 +1,12 @@
 """Waiting out transient Redis errors on the producer side (enqueue, collect, dlq requeue).
 
 A ``Backoff`` runs one Redis step; a transient error (wire.redis_errors.classify) is
-retried with exponential backoff until ``give_up_s`` pass without a successful step, then
-``RedisUnavailable`` is raised with the last error; a Redis that never answered (a wrong URL,
-a server not started) is reported at once. Fatal and other errors propagate at once.
-The outage is reported once through ``say`` when it starts and once when Redis answers again.
+retried with exponential backoff until ``give_up_s`` pass without a successful step (or
+``stop`` says to give up), then ``RedisUnavailable`` is raised with the last error; a Redis
+that never answered (a wrong URL, a server not started) is reported at once, unless the caller
+set ``reached`` (collect waits for a Redis that is starting). Fatal and other errors propagate
+at once. The outage is reported once through ``say`` when it starts and once when Redis
+answers again.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ class Backoff:
         self.max_wait_s = max_wait_s
         self.outages = 0
         self.reached = False  # whether Redis ever answered: before that, "refused" is a wrong URL
+        self.stop: Callable[[], bool] | None = None  # asked between tries: give up now (a signal)
         self._down_since: float | None = None  # monotonic time of the first failure of this outage
         self._wait_s = first_wait_s
 
@@ -84,7 +87,8 @@ class Backoff:
             if self.say is not None and self.give_up_s > 0:
                 self.say(f"waiting for Redis (up to {self.give_up_s:g} s): {describe(exc, self.url)}")
         waited_s = now - self._down_since
-        if waited_s >= self.give_up_s or (deadline is not None and now >= deadline):
+        stopping = self.stop is not None and self.stop()
+        if waited_s >= self.give_up_s or (deadline is not None and now >= deadline) or stopping:
             raise RedisUnavailable(exc, waited_s) from exc
         pause_s = min(self._wait_s, self.give_up_s - waited_s)
         if deadline is not None:

@@ -99,6 +99,31 @@ def is_alive(beat: Heartbeat | None, idle_ms: int, at_ms: int) -> tuple[bool, fl
     return age_s <= limit_s or idle_ms <= limit_s * 1000, age_s
 
 
+def live_consumers(client: redis.Redis, keys: QueueKeys) -> int:
+    """How many workers consume the queue now (``is_alive``): the consumers of its partitions'
+    groups, by their heartbeat and their last read, and the workers whose heartbeat is fresh but
+    which have not read yet. Reads (HGETALL, XINFO CONSUMERS), no TIME: what collect may call."""
+    partitions = read_partitions(client, keys)
+    beats: Any = client.hgetall(keys.workers)
+    heartbeats = {_text(name): decode_heartbeat(data) for name, data in beats.items()}
+    idle: dict[str, int] = {}
+    for stream in keys.partitions(partitions):
+        try:
+            consumers: Any = client.xinfo_consumers(stream, keys.group)
+        except redis.ResponseError:  # no stream or no group yet: nobody read it
+            continue
+        for consumer in consumers:
+            name = _text(consumer["name"])
+            idle[name] = min(idle.get(name, int(consumer["idle"])), int(consumer["idle"]))
+    at_ms = now_ms()
+    # NOTE: a heartbeat without a consumer entry has no read to go by: its age alone decides
+    never_read_ms = 1 << 62
+    return sum(
+        is_alive(heartbeats.get(name), idle.get(name, never_read_ms), at_ms)[0]
+        for name in set(idle) | set(heartbeats)
+    )
+
+
 def read_status(client: redis.Redis, keys: QueueKeys) -> QueueStatus:
     """One consistent-enough snapshot (several reads, not a transaction), over every partition."""
     partitions = read_partitions(client, keys)

@@ -40,6 +40,20 @@ def radixq(
     )
 
 
+def start_radixq(*args: str, log: Path) -> subprocess.Popen[str]:
+    """A radixq command in the background, stdout and stderr appended to ``log``."""
+    with open(log, "a") as sink:
+        return subprocess.Popen(
+            [sys.executable, "-m", "radixq", *args],
+            cwd=REPO_ROOT,
+            env=subprocess_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+
 def start_worker(
     redis_url: str, name: str, log_path: Path, *args: str, **env: str
 ) -> subprocess.Popen[bytes]:

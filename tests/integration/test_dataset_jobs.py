@@ -188,5 +188,9 @@ def test_run_errors_file_takes_run_time_errors_too_and_resumes(tmp_path: Path) -
             ("r5", "prompt_too_long"),
         ]
         assert "2 jobs failed" in done.stderr and "1 row of" in done.stderr and "was rejected" in done.stderr
+        # Issue 32, item 1: each file's own count, and the failures named where they are.
+        assert f"2 jobs failed (error lines in {errors})" in done.stderr
         if attempt:
-            assert "wrote 0 results" in done.stderr  # the second run found every row in one of them
+            assert f"wrote 0 results to {out} and 0 to {errors}" in done.stderr  # every row was in one of them
+        else:
+            assert f"wrote 2 results to {out} and 2 to {errors} (0 were already there)" in done.stderr

@@ -57,19 +57,22 @@ def test_collect_orders_dedupes_and_ignores_uncounted(
     complete(fake_redis, "j2", "stale", counted=False)  # a result the done hash does not name
     out = tmp_path / "out.jsonl"
     partial = Collector(fake_redis).collect(out, wait=False)
-    assert partial.missing == ["j2"]
+    assert (partial.missing, partial.held) == (["j2"], ["j3"])
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    # In order up to the first gap, then what arrived behind it.
+    # In order up to the first gap; what arrived behind it waits in the spill.
+    assert [(row["id"], row["choices"][0]["text"]) for row in rows] == [("j0", "text j0"), ("j1", "text j1")]
+    assert partial.spill == tmp_path / "out.jsonl.spill" and partial.spill.exists()
+    complete(fake_redis, "j2", "text j2")
+    resumed = Collector(fake_redis).collect(out, wait=True, timeout_s=5)
+    assert (resumed.already, resumed.written, resumed.missing, resumed.held) == (2, 2, [], [])
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [(row["id"], row["choices"][0]["text"]) for row in rows] == [
         ("j0", "text j0"),
         ("j1", "text j1"),
+        ("j2", "text j2"),
         ("j3", "text j3"),
     ]
-    complete(fake_redis, "j2", "text j2")
-    resumed = Collector(fake_redis).collect(out, wait=True, timeout_s=5)
-    assert (resumed.already, resumed.written, resumed.missing) == (3, 1, [])
-    # The collect that completes the queue puts the file back in enqueue order (issue 17, item 1).
-    assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == ["j0", "j1", "j2", "j3"]
+    assert not partial.spill.exists()
 
 
 def test_collect_includes_error_rows_and_unlisted_ids(
@@ -100,7 +103,7 @@ def test_collect_times_out_with_missing_ids(fake_redis: fakeredis.FakeRedis, tmp
     report = Collector(fake_redis).collect(
         tmp_path / "o.jsonl", ids=["j0", "j1"], wait=True, timeout_s=0.3, poll_s=0.05
     )
-    assert report.missing == ["j0"] and report.written == 1
+    assert (report.missing, report.held, report.written) == (["j0"], ["j1"], 0)
 
 
 def test_consumer_liveness_rule() -> None:

@@ -1,4 +1,4 @@
-"""Collector: bounded memory, trimming, loss detection, requeued rows, against fakeredis.
+"""Collector: the spill, trimming, loss detection, requeued rows, against fakeredis.
 
 Results are written into Redis by hand the way a worker's outbox does (result, done mark,
 error code, dead letter in one MULTI), so every expected row is known independently.
@@ -7,26 +7,29 @@ error code, dead letter in one MULTI), so every expected row is known independen
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 
 import fakeredis
+import msgspec
 import pytest
 
 from producer.client import Client, UnknownQueueError
-from producer.collector import Collector
-from tests.jobs_stream import entry_fields, job_entries, newest_entries
+from producer.collector import Collector, WaitFor
+from producer.spill import Spill, SpillRow
+from tests.integration.results import complete, spilled
+from tests.jobs_stream import job_entries, newest_entries
+from wire.enqueues import finish_enqueue
 from wire.keys import (
-    FIELD_ATTEMPTS,
     FIELD_ENTRY,
     FIELD_EPOCH,
     FIELD_ID,
-    FIELD_JOB,
-    FIELD_REASON,
     FIELD_RESULT,
     META_RESULTS_TRIMMED,
     QueueKeys,
 )
-from wire.schema import Choice, Job, Result, encode, error_result
+from wire.schema import Job, Result, encode, error_result
+from wire.status import Heartbeat, now_ms
 
 KEYS = QueueKeys()
 
@@ -37,39 +40,11 @@ def enqueue(client: fakeredis.FakeRedis, count: int) -> list[str]:
     return ids
 
 
-def complete(
-    client: fakeredis.FakeRedis, job_id: str, *, error: str | None = None, entry: str | None = None
-) -> None:
-    """What a worker writes for the job's newest jobs-stream entry (dead letter included)."""
-    entry = entry or newest_entries(client)[job_id]
-    if error is None:
-        choice = Choice(index=0, text=f"text {job_id}", token_ids=[], finish_reason="stop")
-        result = Result(id=job_id, choices=[choice])
-    else:
-        result = error_result(job_id, error, f"{error} for {job_id}")
-    with client.pipeline(transaction=True) as pipe:
-        pipe.xadd(KEYS.results, {FIELD_ID: job_id, FIELD_ENTRY: entry, FIELD_RESULT: encode(result)})
-        pipe.hsetnx(KEYS.done, job_id, entry)
-        if error is not None:
-            pipe.hset(KEYS.failed, job_id, error)
-        if error == "dead_letter":
-            job = entry_fields(client, entry)[FIELD_JOB.encode()]
-            fields = {
-                FIELD_ID: job_id,
-                FIELD_ENTRY: entry,
-                FIELD_JOB: job,
-                FIELD_REASON: "r",
-                FIELD_ATTEMPTS: 4,
-            }
-            pipe.xadd(KEYS.dead, fields)
-        pipe.execute()
-
-
 def rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_written_results_leave_memory_and_only_results_behind_a_gap_wait(
+def test_results_behind_a_gap_wait_in_the_spill_not_in_redis(
     fake_redis: fakeredis.FakeRedis, tmp_path: Path
 ) -> None:
     ids = enqueue(fake_redis, 300)
@@ -77,49 +52,53 @@ def test_written_results_leave_memory_and_only_results_behind_a_gap_wait(
     for job_id in ids[1:]:
         complete(fake_redis, job_id, entry=entries[job_id])
     collector = Collector(fake_redis)
-    seen: list[set[str]] = []
+    out = tmp_path / "out.jsonl"
+    seen: list[tuple[list[str], int, int]] = []
 
     def between_rounds() -> bool:
-        seen.append(set(collector._ahead))
+        seen.append((spilled(out), fake_redis.xlen(KEYS.results), len(out.read_text().splitlines())))
         if len(seen) == 1:
             complete(fake_redis, "j0")
         return False
 
-    out = tmp_path / "out.jsonl"
-    report = collector.collect(out, poll_s=0.01, timeout_s=10, should_stop=between_rounds)
-    # Round 1: j0 missing, so everything behind it waits in the buffer (raw bytes)...
-    assert seen[0] == set(ids[1:])
-    # ...round 2: j0 came, all 300 are written in order, and the buffer is empty.
-    assert collector._ahead == {}
-    assert (report.written, report.missing, report.failed) == (300, [], 0)
+    report = collector.collect(out, poll_s=0.01, timeout_s=10, should_stop=between_rounds, trim=True)
+    # Round 1: j0 missing, so everything behind it is in the spill (on disk), none of it in
+    # Redis any more, and nothing is written yet...
+    assert seen[0] == (sorted(ids[1:]), 0, 0)
+    # ...round 2: j0 came, all 300 are written in order, and the spill is gone.
+    assert (report.written, report.missing, report.failed, report.held) == (300, [], 0, [])
     assert [row["id"] for row in rows(out)] == ids
-    assert all(row["choices"][0]["text"] == f"text {row['id']}" for row in rows(out))
+    assert all(row["choices"][0]["text"] == f"t {row['id']}" for row in rows(out))
+    assert not (tmp_path / "out.jsonl.spill").exists()
 
 
-def test_in_order_results_are_never_buffered(fake_redis: fakeredis.FakeRedis, tmp_path: Path) -> None:
-    ids = enqueue(fake_redis, 2500)  # more than one XREAD chunk
+def test_in_order_results_pass_through_the_spill_a_chunk_at_a_time(
+    fake_redis: fakeredis.FakeRedis, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ids = enqueue(fake_redis, 2500)  # more than two XREAD chunks
     entries = newest_entries(fake_redis)
     for job_id in ids:
         complete(fake_redis, job_id, entry=entries[job_id])
-    collector = Collector(fake_redis)
-    largest: list[int] = []
-    original = collector._advance
+    held: list[int] = []
+    original = Spill.put
 
-    def advance(run):  # type: ignore[no-untyped-def]
-        largest.append(len(collector._ahead))
-        original(run)
+    def put(spill: Spill, rows: Iterable[SpillRow]) -> None:
+        original(spill, rows)
+        held.append(len(spill.ids))
 
-    collector._advance = advance  # type: ignore[method-assign]
-    collector.collect(tmp_path / "out.jsonl", wait=False)
-    assert max(largest) <= 2000  # one chunk at a time, never the whole stream
-    assert collector._ahead == {}
+    monkeypatch.setattr(Spill, "put", put)
+    report = Collector(fake_redis).collect(tmp_path / "out.jsonl", wait=False)
+    assert report.written == 2500 and sum(held) == 2500  # each result spilled once...
+    assert max(held) <= 1000  # ...one chunk at a time, never the whole stream
+    assert spilled(tmp_path / "out.jsonl") == []
 
 
-def test_trim_stops_at_the_first_buffered_result(fake_redis: fakeredis.FakeRedis, tmp_path: Path) -> None:
+def test_trim_goes_past_results_waiting_behind_a_gap(fake_redis: fakeredis.FakeRedis, tmp_path: Path) -> None:
     ids = enqueue(fake_redis, 10)
     for job_id in ids[:5] + ids[6:]:
         complete(fake_redis, job_id)
     entries = {f[b"id"].decode(): e.decode() for e, f in fake_redis.xrange(KEYS.results)}
+    ms, seq = entries["j9"].split("-")
     collector = Collector(fake_redis)
     checks: list[tuple[int, bytes | None]] = []
 
@@ -131,8 +110,9 @@ def test_trim_stops_at_the_first_buffered_result(fake_redis: fakeredis.FakeRedis
 
     out = tmp_path / "out.jsonl"
     report = collector.collect(out, poll_s=0.01, timeout_s=10, should_stop=between_rounds, trim=True)
-    # j0..j4 written and trimmed; j6..j9 wait behind j5 and stay in the stream.
-    assert checks[0] == (4, entries["j6"].encode())
+    # Every result read left Redis, j6..j9 too (they wait behind j5 in the spill); the bound
+    # recorded is the entry after the last one read.
+    assert checks[0] == (0, f"{ms}-{int(seq) + 1}".encode())
     assert report.missing == [] and [row["id"] for row in rows(out)] == ids
     assert fake_redis.xlen(KEYS.results) == 0
     # The per-id records of the written ids are forgotten too (producer.forget); status still counts them.
@@ -200,7 +180,7 @@ def test_requeued_dead_letter_row_is_replaced_in_place(
     assert (resumed.written, resumed.replaced, resumed.missing, resumed.failed) == (0, 1, [], 1)
     final = rows(out)
     assert [row["id"] for row in final] == ids
-    assert final[1]["error"] is None and final[1]["choices"][0]["text"] == "text j1"
+    assert final[1]["error"] is None and final[1]["choices"][0]["text"] == "t j1"
     assert final[2]["error"]["code"] == "dead_letter"
     again = Collector(fake_redis).collect(out, wait=True, timeout_s=5, poll_s=0.01)
     assert (again.written, again.replaced, again.missing) == (0, 0, [])
@@ -359,3 +339,83 @@ def test_a_trimming_collect_forgets_what_it_wrote_and_keeps_collecting(
     assert [row["id"] for row in rows(out)] == [*first, *later, "c0"]
     status = client.status()
     assert (status.enqueued, status.done, status.results_kept) == (10, 10, 0)
+
+
+def test_a_wait_with_no_live_worker_says_so_once(fake_redis: fakeredis.FakeRedis, tmp_path: Path) -> None:
+    """Issue 30, item 8: a collect waiting on a queue nothing consumes says so within 30 s, once
+    (not every progress line); a worker that comes (a fresh heartbeat) and goes again makes it
+    say so once more. The collector's clock is simulated: one second per round."""
+    enqueue(fake_redis, 3)
+    now = [0.0]
+    said: list[tuple[float, str]] = []
+    collector = Collector(fake_redis, say=lambda line: said.append((now[0], line)), clock=lambda: now[0])
+
+    def tick() -> bool:
+        now[0] += 1.0
+        if now[0] == 40:  # a worker beats (heartbeat ages are real time: this one is fresh)
+            beat = Heartbeat(name="w1", pid=1, last_seen_ms=now_ms(), interval_s=2.0)
+            fake_redis.hset(KEYS.workers, "w1", msgspec.msgpack.encode(beat))
+        if now[0] == 60:  # and is gone
+            fake_redis.hdel(KEYS.workers, "w1")
+        return now[0] >= 90
+
+    report = collector.collect(tmp_path / "out.jsonl", poll_s=0.001, should_stop=tick, watch_consumers=True)
+    assert report.missing == ["j0", "j1", "j2"]
+    warned = [(at, line) for at, line in said if "no worker is consuming queue 'default'" in line]
+    assert len(warned) == 2, said
+    assert warned[0][0] <= 30 and 60 < warned[1][0] <= 90, warned
+    assert "radixq worker --queue default" in warned[0][1]
+
+
+@pytest.mark.parametrize(
+    ("until", "stops_at"),
+    [
+        (WaitFor(), 0),  # what was enqueued so far is written: done at once
+        (WaitFor(jobs=6), 20),  # the second batch brings the queue to 6 jobs
+        (WaitFor(enqueues=2), 30),  # the second enqueue that finished is counted at t=30
+        (WaitFor(idle_s=25), 45),  # 25 s with nothing new after the last jobs came (t=20)
+    ],
+)
+def test_a_waiting_collect_waits_for_what_is_coming(
+    until: WaitFor, stops_at: int, fake_redis: fakeredis.FakeRedis, tmp_path: Path
+) -> None:
+    """Issue 30, item 3: producers still at work when collect catches up. At t=0 three jobs
+    are there and done; at t=20 three more come, done at once; at t=30 both producers say they
+    finished (wire.enqueues). The collector's clock is simulated: one second per round."""
+    ids = enqueue(fake_redis, 3)
+    client = Client(fake_redis)
+    for job_id in ids:
+        complete(fake_redis, job_id)
+    now = [0.0]
+
+    def tick() -> bool:
+        now[0] += 1.0
+        if now[0] == 20:
+            client.enqueue([Job(id=f"later{i}", prompt="p") for i in range(3)])
+            for i in range(3):
+                complete(fake_redis, f"later{i}")
+        if now[0] == 30:
+            finish_enqueue(fake_redis, KEYS)
+            finish_enqueue(fake_redis, KEYS)
+        return now[0] >= 60
+
+    report = Collector(fake_redis, clock=lambda: now[0]).collect(
+        tmp_path / "out.jsonl", poll_s=0.001, should_stop=tick, until=until
+    )
+    assert now[0] == stops_at and report.missing == [] and report.short is None
+    assert len(rows(tmp_path / "out.jsonl")) == (3 if stops_at == 0 else 6)
+
+
+def test_a_collect_stopped_before_the_expected_jobs_came_says_so(
+    fake_redis: fakeredis.FakeRedis, tmp_path: Path
+) -> None:
+    enqueue(fake_redis, 2)
+    report = Collector(fake_redis).collect(
+        tmp_path / "out.jsonl", timeout_s=0.1, poll_s=0.01, until=WaitFor(jobs=5)
+    )
+    assert report.short == "2 of the 5 jobs expected (--expect) were enqueued"
+    # Expecting jobs, a collect started before the queue exists waits for it instead of failing.
+    other = Collector(fake_redis, "later").collect(
+        tmp_path / "o.jsonl", timeout_s=0.1, poll_s=0.01, until=WaitFor(jobs=1)
+    )
+    assert other.short == "0 of the 1 jobs expected (--expect) were enqueued"
