@@ -4,6 +4,7 @@
     add_rms_norm(x, residual, w, eps)    -> (norm(x + residual), x + residual)
     norm_rope(x, positions, cos, sin, w, eps)   [T, H, D] -> contiguous [T, H, D]
     silu_and_mul(x)                      [T, 2I] -> [T, I]
+    act_and_mul(x, act)                  [T, 2I] -> [T, I], SiLU or tanh-GELU (GeGLU)
     quantize_fp8_rows(x)                 [T, K] -> Fp8Rows (e4m3 [T, K], fp32 scale [T])
 
 ``rms_norm``, ``add_rms_norm`` and ``silu_and_mul`` take ``fp8=True`` to return their output
@@ -236,6 +237,22 @@ def silu_and_mul(x: torch.Tensor, *, fp8: bool = False) -> Any:
     block = min(1024, triton_block(n))
     k.silu_and_mul_kernel[(x.shape[0], -(-n // block))](x, out, x.stride(0), out.stride(0), n, BLOCK=block)
     return out
+
+
+GATED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")  # HF's hidden_act names
+
+
+def act_and_mul(x: torch.Tensor, act: str, *, fp8: bool = False) -> Any:
+    """act(x[:, :I]) * x[:, I:] for x [T, 2I], act one of GATED_ACTIVATIONS ("silu":
+    silu_and_mul; "gelu_pytorch_tanh": GeGLU, the tanh approximation, in torch); with ``fp8``
+    quantized per row (Fp8Rows)."""
+    if act == "silu":
+        return silu_and_mul(x, fp8=fp8)
+    if act != "gelu_pytorch_tanh":
+        raise ValueError(f"gated activation {act!r}: expected one of {GATED_ACTIVATIONS}")
+    gate, up = x.chunk(2, dim=-1)
+    out = F.gelu(gate, approximate="tanh") * up
+    return quantize_fp8_rows(out) if fp8 else out
 
 
 def triton_block(n: int) -> int:

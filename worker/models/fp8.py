@@ -87,7 +87,7 @@ def _scaled_mm_ok(data: torch.Tensor) -> bool:
     return torch.cuda.get_device_capability(data.device) >= (8, 9)
 
 
-def takes_fp8(module: nn.Module) -> bool:
+def takes_fp8(module: object) -> bool:
     """Whether a projection wants its input as Fp8Rows (the fused norm / SiLU-mul kernels' output)."""
     return isinstance(module, Fp8Linear)
 
