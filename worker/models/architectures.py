@@ -16,12 +16,14 @@ ARCHITECTURES: dict[str, str] = {
     "LlamaForCausalLM": "worker.models.families.llama:LlamaForCausalLM",
     "Qwen2ForCausalLM": "worker.models.families.qwen:Qwen2ForCausalLM",
     "Qwen3ForCausalLM": "worker.models.families.qwen:Qwen3ForCausalLM",
+    "MistralForCausalLM": "worker.models.families.mistral:MistralForCausalLM",
 }
 # config.json without ``architectures``: its ``model_type`` names the architecture.
 MODEL_TYPES: dict[str, str] = {
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "mistral": "MistralForCausalLM",
 }
 SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
 # quantization_config.quant_method -> what loads it. NOTE: the hook for checkpoints published
