@@ -82,6 +82,15 @@ class Family:
     tokens: Tokens
     config: dict[str, Any] = field(default_factory=dict)
     window: int = 0  # the sliding window the shape sets (0: none)
+    text_of: str = ""  # a multimodal config: its text_config is this family's, plus ``outer``
+    outer: dict[str, Any] = field(default_factory=dict)
+
+
+GEMMA3_TEXT = dict(
+    num_hidden_layers=4, sliding_window=WINDOW, sliding_window_pattern=2, rope_local_base_freq=100.0,
+    rope_theta=10000.0, rope_scaling={"rope_type": "linear", "factor": 2.0}, query_pre_attn_scalar=24,
+    tie_word_embeddings=True, final_logit_softcapping=None, attn_logit_softcapping=None,
+)  # fmt: skip
 
 
 FAMILIES: dict[str, Family] = {
@@ -104,23 +113,29 @@ FAMILIES: dict[str, Family] = {
         dict(num_local_experts=8, num_experts_per_tok=2, sliding_window=WINDOW),
         WINDOW,
     ),
-    "gemma3_text": Family(
-        "gemma3_text",
+    "gemma3_text": Family("gemma3_text", GEMMA_TOKENS, GEMMA3_TEXT, WINDOW),
+    "gemma3": Family(
+        "gemma3",
         GEMMA_TOKENS,
-        dict(
-            num_hidden_layers=4,
-            sliding_window=WINDOW,
-            sliding_window_pattern=2,
-            rope_local_base_freq=100.0,
-            rope_theta=10000.0,
-            rope_scaling={"rope_type": "linear", "factor": 2.0},
-            query_pre_attn_scalar=24,
-            tie_word_embeddings=True,
-            final_logit_softcapping=None,
-            attn_logit_softcapping=None,
-        ),
+        GEMMA3_TEXT,
         WINDOW,
-    ),  # fmt: skip
+        text_of="gemma3_text",
+        outer=dict(
+            vision_config=dict(
+                hidden_size=16,
+                intermediate_size=32,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                image_size=28,
+                patch_size=14,
+            ),
+            mm_tokens_per_image=4,
+            boi_token_index=VOCAB_SIZE - 3,
+            eoi_token_index=VOCAB_SIZE - 2,
+            image_token_index=VOCAB_SIZE - 1,
+            tie_word_embeddings=True,
+        ),
+    ),
     "gemma2": Family(
         "gemma2",
         GEMMA_TOKENS,
@@ -159,16 +174,20 @@ def tiny_config(kind: str, **overrides: Any) -> Any:
     fields.setdefault("eos_token_id", tokens.specials.index(tokens.eos))
     fields.setdefault("bos_token_id", tokens.specials.index(tokens.bos) if tokens.bos else None)
     fields.setdefault("pad_token_id", 0)
+    if family.text_of:
+        text = AutoConfig.for_model(family.text_of, **fields).to_dict()
+        return AutoConfig.for_model(family.model_type, text_config=text, **family.outer)
     return AutoConfig.for_model(family.model_type, **fields)
 
 
 def tiny_model(kind: str, *, spread: float = 0.1, seed: int = 0, **overrides: Any) -> torch.nn.Module:
     """A random transformers model of ``kind`` in float32, eval mode; ``spread``: seeded noise
     on every weight (norms and routers too), so logits spread and greedy choices avoid ties."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_config(kind, **overrides), dtype=torch.float32)
+    auto = AutoModelForImageTextToText if FAMILIES[kind].text_of else AutoModelForCausalLM
+    model = auto.from_config(tiny_config(kind, **overrides), dtype=torch.float32)
     gen = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for param in model.parameters():

@@ -22,7 +22,7 @@ from tests.unit.test_fp8_weights import PROJECTIONS, fake_quant_rows
 from wire.schema import SamplingParams
 from worker.llm import LLM
 
-KINDS = ["mistral"]
+KINDS = ["mistral", "gemma2", "gemma3_text", "gemma3"]
 MAX_TOKENS = 32
 CHUNK = 16  # max_prefill_tokens: every prompt longer than this is prefilled in chunks
 FP8_PROJECTIONS = (*PROJECTIONS, "qkv_proj", "gate_up_proj")  # Phi-3 keeps them fused
@@ -155,6 +155,7 @@ def test_config_is_read_as_transformers_reads_it(oracle: Oracle) -> None:
     raw = json.loads((oracle.path / "config.json").read_text())
     assert cfg.architecture == raw["architectures"][0]
     window = FAMILIES[oracle.kind].window
-    layer_types = getattr(oracle.model.config, "layer_types", None) or ["sliding_attention"] * cfg.num_layers
+    hf_config = getattr(oracle.model.config, "text_config", oracle.model.config)
+    layer_types = getattr(hf_config, "layer_types", None) or ["sliding_attention"] * cfg.num_layers
     want = [window if kind == "sliding_attention" else 0 for kind in layer_types]
     assert [cfg.attention_of(i).sliding_window for i in range(cfg.num_layers)] == want

@@ -17,6 +17,9 @@ ARCHITECTURES: dict[str, str] = {
     "Qwen2ForCausalLM": "worker.models.families.qwen:Qwen2ForCausalLM",
     "Qwen3ForCausalLM": "worker.models.families.qwen:Qwen3ForCausalLM",
     "MistralForCausalLM": "worker.models.families.mistral:MistralForCausalLM",
+    "Gemma2ForCausalLM": "worker.models.families.gemma2:Gemma2ForCausalLM",
+    "Gemma3ForCausalLM": "worker.models.families.gemma3:Gemma3ForCausalLM",
+    "Gemma3ForConditionalGeneration": "worker.models.families.gemma3:Gemma3ForConditionalGeneration",
 }
 # config.json without ``architectures``: its ``model_type`` names the architecture.
 MODEL_TYPES: dict[str, str] = {
@@ -24,6 +27,9 @@ MODEL_TYPES: dict[str, str] = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "mistral": "MistralForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
+    "gemma3": "Gemma3ForConditionalGeneration",
 }
 SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
 # quantization_config.quant_method -> what loads it. NOTE: the hook for checkpoints published

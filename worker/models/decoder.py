@@ -10,7 +10,7 @@ overrides only what differs: ``make_layer`` (Gemma's pre/post-norm layer), ``mak
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
@@ -27,6 +27,16 @@ if TYPE_CHECKING:
     from worker.forward import ForwardBatch
 
 MLP = GatedMLP  # the name before families
+
+
+def input_norm(
+    norm: RMSNorm, h: torch.Tensor, residual: torch.Tensor | None, fp8: bool
+) -> tuple[Any, torch.Tensor]:
+    """(norm(h + residual), h + residual) of a layer's input (h alone when residual is None,
+    the first layer); the norm quantized per row (Fp8Rows) with ``fp8``."""
+    if residual is None:
+        return norm(h, fp8=fp8), h
+    return add_rms_norm(h, residual, norm.weight, norm.eps, fp8=fp8)
 
 
 class DecoderLayer(nn.Module):
@@ -46,11 +56,7 @@ class DecoderLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The layer input is ``h + residual`` (just ``h`` when residual is None); returns
         (mlp output, residual) unsummed, so the next norm fuses the add."""
-        norm, fp8 = self.input_layernorm, takes_fp8(self.self_attn.qkv_proj)
-        if residual is None:
-            residual, normed = h, norm(h, fp8=fp8)
-        else:
-            normed, residual = add_rms_norm(h, residual, norm.weight, norm.eps, fp8=fp8)
+        normed, residual = input_norm(self.input_layernorm, h, residual, takes_fp8(self.self_attn.qkv_proj))
         attn = self.self_attn(positions, normed, batch)
         norm, fp8 = self.post_attention_layernorm, takes_fp8(getattr(self.mlp, "gate_up_proj", None))
         normed, residual = add_rms_norm(attn, residual, norm.weight, norm.eps, fp8=fp8)
