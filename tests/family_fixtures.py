@@ -152,11 +152,11 @@ FAMILIES: dict[str, Family] = {
         "phi3",
         PHI3_TOKENS,
         dict(
-            max_position_embeddings=128,
-            original_max_position_embeddings=32,
+            max_position_embeddings=256,
+            original_max_position_embeddings=96,  # test sequences stay below it (phi3.py says why)
             rope_scaling={
                 "type": "longrope",
-                "short_factor": [1.0 + 0.1 * i for i in range(8)],
+                "short_factor": [1.0 + 0.3 * i for i in range(8)],
                 "long_factor": [2.0 + 0.5 * i for i in range(8)],
             },
         ),

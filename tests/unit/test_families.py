@@ -22,7 +22,7 @@ from tests.unit.test_fp8_weights import PROJECTIONS, fake_quant_rows
 from wire.schema import SamplingParams
 from worker.llm import LLM
 
-KINDS = ["mistral", "gemma2", "gemma3_text", "gemma3"]
+KINDS = ["mistral", "gemma2", "gemma3_text", "gemma3", "phi3"]
 MAX_TOKENS = 32
 CHUNK = 16  # max_prefill_tokens: every prompt longer than this is prefilled in chunks
 FP8_PROJECTIONS = (*PROJECTIONS, "qkv_proj", "gate_up_proj")  # Phi-3 keeps them fused

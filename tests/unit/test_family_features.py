@@ -40,6 +40,7 @@ def last_logits(model: torch.nn.Module) -> torch.Tensor:
         ("gemma3_text", dict(sliding_window=10_000)),
         ("gemma3_text", dict(rope_local_base_freq=10000.0)),
         ("gemma3_text", dict(rope_scaling=None)),
+        ("phi3", dict(rope_scaling=None)),
     ],
 )
 def test_each_feature_bites(kind: str, feature_off: dict) -> None:
@@ -90,3 +91,61 @@ def test_image_content_is_refused_per_job(tmp_path: Path) -> None:
     assert refused.error is not None and refused.error.code == "invalid_job"
     assert "content parts (images, audio) are not supported" in refused.error.message
     assert ran.error is None and len(ran.choices[0].token_ids) == 3
+
+
+PARTIAL_ROPE = {  # Phi-4-mini's form: half of each head rotates, longrope on those dims
+    "rope_type": "longrope",
+    "partial_rotary_factor": 0.5,
+    "short_factor": [1.0, 1.5, 2.0, 3.0],
+    "long_factor": [4.0, 5.0, 6.0, 8.0],
+}
+
+
+def test_phi3_partial_rotary_matches_transformers(tmp_path: Path) -> None:
+    """partial_rotary_factor 0.5: the q/k rows reordered at load (rope.rotary_permutation)
+    rotate as transformers rotates the first half of each head, in prefill and over a cached
+    prefix."""
+    hf = family_dir("phi3", tmp_path, rope_scaling=PARTIAL_ROPE)
+    loaded = load_model(str(tmp_path))
+    assert loaded.config.rotary_dim == 8
+    prompt = PROMPT[0].tolist()
+    runner = PagedRunner(loaded, page_size=4)
+    first = runner.step([(0, 0, prompt[:20])])[0]
+    second = runner.step([(0, 20, prompt[20:])])[0]
+    with torch.no_grad():
+        torch.testing.assert_close(first, hf(torch.tensor([prompt[:20]])).logits[0, -1], atol=2e-5, rtol=1e-5)
+        torch.testing.assert_close(second, hf(PROMPT).logits[0, -1], atol=2e-5, rtol=1e-5)
+    unpermuted = tiny_model(
+        "phi3",
+        rope_scaling={
+            **PARTIAL_ROPE,
+            "partial_rotary_factor": 1.0,
+            "short_factor": [1.0] * 8,
+            "long_factor": [1.0] * 8,
+        },
+    )
+    unpermuted.load_state_dict(hf.state_dict())
+    assert (last_logits(hf) - last_logits(unpermuted)).abs().max() > 1e-2  # partial rotary bites
+
+
+def test_longrope_tables_short_below_the_original_context_long_from_it() -> None:
+    """radixq's cos/sin per position: transformers' short-factor tables below
+    original_max_position_embeddings, its long-factor tables (what it uses once a sequence is
+    longer) from there on; both times the attention factor."""
+    from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
+
+    from worker.models.rope import RotaryEmbedding
+
+    config = tiny_model("phi3").config
+    scaling = dict(config.rope_parameters)
+    table = RotaryEmbedding(16, 256, scaling["rope_theta"], scaling, "cpu")
+    hf_rope = Phi3RotaryEmbedding(config)
+    x = torch.zeros(1, dtype=torch.float32)
+    original = scaling["original_max_position_embeddings"]
+    short_cos, short_sin = hf_rope(x, torch.arange(original)[None])
+    long_cos, long_sin = hf_rope(x, torch.arange(256)[None])
+    assert hf_rope.attention_scaling > 1.0
+    torch.testing.assert_close(table.cos_cache[:original], short_cos[0, :, :8])
+    torch.testing.assert_close(table.sin_cache[:original], short_sin[0, :, :8])
+    torch.testing.assert_close(table.cos_cache[original:], long_cos[0, original:, :8])
+    torch.testing.assert_close(table.sin_cache[original:], long_sin[0, original:, :8])

@@ -20,6 +20,7 @@ ARCHITECTURES: dict[str, str] = {
     "Gemma2ForCausalLM": "worker.models.families.gemma2:Gemma2ForCausalLM",
     "Gemma3ForCausalLM": "worker.models.families.gemma3:Gemma3ForCausalLM",
     "Gemma3ForConditionalGeneration": "worker.models.families.gemma3:Gemma3ForConditionalGeneration",
+    "Phi3ForCausalLM": "worker.models.families.phi3:Phi3ForCausalLM",
 }
 # config.json without ``architectures``: its ``model_type`` names the architecture.
 MODEL_TYPES: dict[str, str] = {
@@ -30,6 +31,7 @@ MODEL_TYPES: dict[str, str] = {
     "gemma2": "Gemma2ForCausalLM",
     "gemma3_text": "Gemma3ForCausalLM",
     "gemma3": "Gemma3ForConditionalGeneration",
+    "phi3": "Phi3ForCausalLM",
 }
 SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
 # quantization_config.quant_method -> what loads it. NOTE: the hook for checkpoints published
