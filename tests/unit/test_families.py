@@ -12,17 +12,19 @@ tests/unit/test_family_*.py.
 from __future__ import annotations
 
 import json
+import types
 from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from tests.family_fixtures import FAMILIES, family_dir, family_prompts
 from tests.unit.test_fp8_weights import PROJECTIONS, fake_quant_rows
 from wire.schema import SamplingParams
 from worker.llm import LLM
 
-KINDS = ["mistral", "gemma2", "gemma3_text", "gemma3", "phi3"]
+KINDS = ["mistral", "qwen3_moe", "mixtral", "gemma2", "gemma3_text", "gemma3", "phi3"]
 MAX_TOKENS = 32
 CHUNK = 16  # max_prefill_tokens: every prompt longer than this is prefilled in chunks
 FP8_PROJECTIONS = (*PROJECTIONS, "qkv_proj", "gate_up_proj")  # Phi-3 keeps them fused
@@ -48,15 +50,18 @@ class Oracle:
 
 
 def greedy_rows(model: torch.nn.Module, prompt: list[int], steps: int) -> tuple[list[int], torch.Tensor]:
-    """Greedy decoding by whole-sequence forwards (no EOS rule, no logits processors: what an
-    engine with ignore_eos does): (tokens, log-softmax rows [steps, vocab] in float64)."""
-    ids, rows = list(prompt), []
+    """transformers' greedy decoding with its own KV cache, no EOS rule and no logits
+    processors (what an engine with ignore_eos does): (tokens, log-softmax rows [steps,
+    vocab] in float64)."""
+    tokens, rows = [], []
     with torch.no_grad():
+        out = model(torch.tensor([prompt]), use_cache=True)
         for _ in range(steps):
-            logits = model(torch.tensor([ids])).logits[0, -1].double()
+            logits = out.logits[0, -1].double()
             rows.append(torch.log_softmax(logits, dim=-1))
-            ids.append(int(logits.argmax()))
-    return ids[len(prompt) :], torch.stack(rows)
+            tokens.append(int(logits.argmax()))
+            out = model(torch.tensor([tokens[-1:]]), cache=out.cache, use_cache=True)
+    return tokens, torch.stack(rows)
 
 
 @pytest.fixture(scope="module", params=KINDS)
@@ -82,17 +87,20 @@ def assert_matches(oracle: Oracle, llm: LLM, prompts: list[list[int]]) -> list:
     return results
 
 
-@pytest.mark.parametrize("attention", ["sdpa", "torch"])
-def test_greedy_and_logprobs_match_transformers(oracle: Oracle, attention: str) -> None:
+def test_greedy_and_logprobs_match_transformers(oracle: Oracle) -> None:
+    """The CPU default backend (sdpa) for every family; the reference backend too for Gemma 2,
+    whose layers use every attention option (test_attention_options checks both backends
+    option by option)."""
     window = FAMILIES[oracle.kind].window
     prompts = family_prompts(seed=3, window=window)
     assert max(len(p) for p in prompts) > CHUNK, "some prompt must be prefilled in chunks"
     if window:
         assert sum(len(p) > window for p in prompts) >= 6, "prefills must cross the window"
-    llm = LLM(str(oracle.path), device="cpu", attention=attention, page_size=4, max_prefill_tokens=CHUNK)
-    assert_matches(oracle, llm, prompts[:6])
-    second = assert_matches(oracle, llm, prompts[6:])
-    assert [r.usage.cached_tokens for r in second] == [24, 12], "the second round hits the radix cache"
+    for attention in ("sdpa", "torch") if oracle.kind == "gemma2" else ("sdpa",):
+        llm = LLM(str(oracle.path), device="cpu", attention=attention, page_size=4, max_prefill_tokens=CHUNK)
+        assert_matches(oracle, llm, prompts[:6])
+        second = assert_matches(oracle, llm, prompts[6:])
+        assert [r.usage.cached_tokens for r in second] == [24, 12], "the second round hits the radix cache"
 
 
 def test_chat_template_runs_through_the_family_template(oracle: Oracle) -> None:
@@ -134,7 +142,26 @@ def fp8_oracle(path: Path) -> torch.nn.Module:
             with torch.no_grad():
                 module.weight.copy_(fake_quant_rows(module.weight))
             module.register_forward_pre_hook(lambda _m, args: (fake_quant_rows(args[0]),))
+        elif name.endswith(".experts"):  # stacked experts [E, N, K]: rows are output channels
+            with torch.no_grad():
+                module.gate_up_proj.copy_(fake_quant_rows(module.gate_up_proj))
+                module.down_proj.copy_(fake_quant_rows(module.down_proj))
+            module.forward = types.MethodType(_fp8_experts_forward, module)
     return hf
+
+
+def _fp8_experts_forward(self, hidden_states, top_k_index, top_k_weights):
+    """transformers' expert loop with the FP8 scheme: weights per output channel (quantized
+    once, below), each GEMM's input per token."""
+    out = torch.zeros_like(hidden_states)
+    for e in range(self.gate_up_proj.shape[0]):
+        token, slot = torch.where(top_k_index == e)
+        if token.numel() == 0:
+            continue
+        gate, up = F.linear(fake_quant_rows(hidden_states[token]), self.gate_up_proj[e]).chunk(2, dim=-1)
+        y = F.linear(fake_quant_rows(self.act_fn(gate) * up), self.down_proj[e])
+        out.index_add_(0, token, y * top_k_weights[token, slot, None])
+    return out
 
 
 def test_fp8_weights_match_the_fp8_oracle(oracle: Oracle) -> None:

@@ -21,6 +21,8 @@ ARCHITECTURES: dict[str, str] = {
     "Gemma3ForCausalLM": "worker.models.families.gemma3:Gemma3ForCausalLM",
     "Gemma3ForConditionalGeneration": "worker.models.families.gemma3:Gemma3ForConditionalGeneration",
     "Phi3ForCausalLM": "worker.models.families.phi3:Phi3ForCausalLM",
+    "Qwen3MoeForCausalLM": "worker.models.families.qwen3_moe:Qwen3MoeForCausalLM",
+    "MixtralForCausalLM": "worker.models.families.mixtral:MixtralForCausalLM",
 }
 # config.json without ``architectures``: its ``model_type`` names the architecture.
 MODEL_TYPES: dict[str, str] = {
@@ -32,6 +34,8 @@ MODEL_TYPES: dict[str, str] = {
     "gemma3_text": "Gemma3ForCausalLM",
     "gemma3": "Gemma3ForConditionalGeneration",
     "phi3": "Phi3ForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+    "mixtral": "MixtralForCausalLM",
 }
 SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
 # quantization_config.quant_method -> what loads it. NOTE: the hook for checkpoints published

@@ -3,8 +3,9 @@ and the pre-norm ``DecoderLayer`` of Llama-like models.
 
 A family (worker.models.families) is a CausalLM subclass: ``config_from_hf`` reads its
 ModelConfig, ``weight_map`` names its checkpoint tensors (worker.models.weights), and it
-overrides only what differs: ``make_layer`` (Gemma's pre/post-norm layer), ``make_mlp``
-(experts), ``embed`` (Gemma's scaled embedding).
+overrides only what differs: ``make_layer`` (Gemma's pre/post-norm layer), ``embed`` (Gemma's
+scaled embedding). ``make_mlp`` gives the layers that ``ModelConfig.moe`` lists the sparse MoE
+block (worker.models.moe), the others the gated MLP.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from worker.kernels.ops import add_rms_norm
 from worker.models.config import HfSource, ModelConfig, base_fields
 from worker.models.fp8 import takes_fp8
 from worker.models.layers import Attention, GatedMLP, RMSNorm
+from worker.models.moe import SparseMoE
 from worker.models.rope import RotaryEmbedding
 from worker.models.weights import WeightMap, load_pieces, piece_table
 
@@ -119,6 +121,9 @@ class CausalLM(nn.Module):
         return DecoderLayer(cfg, layer_id, self.rope_of(layer_id), dtype, self.make_mlp(cfg, layer_id, dtype))
 
     def make_mlp(self, cfg: ModelConfig, layer_id: int, dtype: torch.dtype) -> nn.Module:
+        """The layer's MLP: the sparse MoE block in cfg.moe's layers, else the gated MLP."""
+        if cfg.moe is not None and layer_id in cfg.moe.layers:
+            return SparseMoE(cfg, dtype)
         return GatedMLP(cfg, cfg.intermediate_size, dtype)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
