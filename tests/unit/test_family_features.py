@@ -41,6 +41,7 @@ def last_logits(model: torch.nn.Module) -> torch.Tensor:
         ("gemma3_text", dict(rope_local_base_freq=10000.0)),
         ("gemma3_text", dict(rope_scaling=None)),
         ("phi3", dict(rope_scaling=None)),
+        ("qwen3_moe", dict(norm_topk_prob=False)),
     ],
 )
 def test_each_feature_bites(kind: str, feature_off: dict) -> None:
@@ -48,6 +49,36 @@ def test_each_feature_bites(kind: str, feature_off: dict) -> None:
     with_it, without = tiny_model(kind), tiny_model(kind, **feature_off)
     without.load_state_dict(with_it.state_dict())
     assert (last_logits(with_it) - last_logits(without)).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("kind", ["qwen3_moe", "mixtral"])
+def test_moe_checkpoints_with_fused_experts_load(kind: str, tmp_path: Path) -> None:
+    """Experts stored fused (transformers 5's in-memory ``mlp.experts.gate_up_proj`` [E, 2I, H]
+    and ``down_proj`` [E, H, I]) load like the per-expert names save_pretrained writes."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    per_expert = tmp_path / "per-expert"
+    hf = family_dir(kind, per_expert)
+    with safe_open(str(per_expert / "model.safetensors"), "pt") as f:
+        names = set(f.keys())
+    assert "model.layers.0.mlp.experts.0.gate_proj.weight" in names or (
+        "model.layers.0.block_sparse_moe.experts.0.w1.weight" in names
+    )
+    fused = tmp_path / "fused"
+    fused.mkdir()
+    state = hf.state_dict()
+    assert state["model.layers.0.mlp.experts.gate_up_proj"].dim() == 3
+    save_file({k: v.contiguous() for k, v in state.items()}, str(fused / "model.safetensors"))
+    (fused / "config.json").write_text((per_expert / "config.json").read_text())
+    prompts = [PROMPT[0, :7].tolist(), PROMPT[0].tolist()]
+    with torch.no_grad():
+        want = [hf(torch.tensor([p])).logits[0, -1] for p in prompts]
+    for path in (per_expert, fused):
+        runner = PagedRunner(load_model(str(path)), page_size=4)
+        got = runner.step([(i, 0, p) for i, p in enumerate(prompts)])
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w, atol=2e-5, rtol=1e-5)
 
 
 def test_gemma3_multimodal_checkpoint_in_transformers5_names(tmp_path: Path) -> None:

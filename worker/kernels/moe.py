@@ -80,21 +80,39 @@ def experts_loop(
     w2_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The experts one at a time (module docstring): the CPU path and the oracle."""
-    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-
-    def scales(e: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        return (None if w13_scale is None else w13_scale[e]), (None if w2_scale is None else w2_scale[e])
-
     if x.is_cuda and torch.cuda.is_current_stream_capturing():
-        for e in range(w13.shape[0]):  # NOTE: no data-dependent shapes while capturing
-            weight = (topk_weights * (topk_ids == e)).sum(dim=-1, keepdim=True)
-            out += _expert(x, w13[e], w2[e], *scales(e)).float() * weight
-        return out.to(x.dtype)
+        return every_expert(x, w13, w2, topk_weights, topk_ids, w13_scale=w13_scale, w2_scale=w2_scale)
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     for e in torch.unique(topk_ids).tolist():
         token, slot = torch.where(topk_ids == e)
-        y = _expert(x[token], w13[e], w2[e], *scales(e))
+        y = _expert(x[token], w13[e], w2[e], *_scales(e, w13_scale, w2_scale))
         out.index_add_(0, token, y.float() * topk_weights[token, slot, None])
     return out.to(x.dtype)
+
+
+def every_expert(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    w13_scale: torch.Tensor | None = None,
+    w2_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """experts_loop's values with no data-dependent shapes (what a CUDA graph can capture):
+    every expert on every token, weighted by zero where the token did not choose it."""
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    for e in range(w13.shape[0]):
+        weight = (topk_weights * (topk_ids == e)).sum(dim=-1, keepdim=True)
+        out += _expert(x, w13[e], w2[e], *_scales(e, w13_scale, w2_scale)).float() * weight
+    return out.to(x.dtype)
+
+
+def _scales(
+    e: int, w13_scale: torch.Tensor | None, w2_scale: torch.Tensor | None
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    return (None if w13_scale is None else w13_scale[e]), (None if w2_scale is None else w2_scale[e])
 
 
 def moe_experts(
