@@ -28,6 +28,18 @@ def last_logits(model: torch.nn.Module) -> torch.Tensor:
         return model(PROMPT).logits[0, -1]
 
 
+def assert_loads_as(hf: torch.nn.Module, *paths: Path) -> None:
+    """Each checkpoint directory loads into radixq with transformers' prefill logits."""
+    prompts = [PROMPT[0, :7].tolist(), PROMPT[0].tolist()]
+    with torch.no_grad():
+        want = [hf(torch.tensor([p])).logits[0, -1] for p in prompts]
+    for path in paths:
+        runner = PagedRunner(load_model(str(path)), page_size=4)
+        got = runner.step([(i, 0, p) for i, p in enumerate(prompts)])
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w, atol=2e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize(
     ("kind", "feature_off"),
     [
@@ -71,14 +83,7 @@ def test_moe_checkpoints_with_fused_experts_load(kind: str, tmp_path: Path) -> N
     assert state["model.layers.0.mlp.experts.gate_up_proj"].dim() == 3
     save_file({k: v.contiguous() for k, v in state.items()}, str(fused / "model.safetensors"))
     (fused / "config.json").write_text((per_expert / "config.json").read_text())
-    prompts = [PROMPT[0, :7].tolist(), PROMPT[0].tolist()]
-    with torch.no_grad():
-        want = [hf(torch.tensor([p])).logits[0, -1] for p in prompts]
-    for path in (per_expert, fused):
-        runner = PagedRunner(load_model(str(path)), page_size=4)
-        got = runner.step([(i, 0, p) for i, p in enumerate(prompts)])
-        for g, w in zip(got, want, strict=True):
-            torch.testing.assert_close(g, w, atol=2e-5, rtol=1e-5)
+    assert_loads_as(hf, per_expert, fused)
 
 
 def test_gemma3_multimodal_checkpoint_in_transformers5_names(tmp_path: Path) -> None:
@@ -99,14 +104,7 @@ def test_gemma3_multimodal_checkpoint_in_transformers5_names(tmp_path: Path) -> 
     )
     (native / "config.json").write_text((published / "config.json").read_text())
     save_tokenizer(FAMILIES["gemma3"].tokens, native)
-    prompts = [PROMPT[0, :7].tolist(), PROMPT[0].tolist()]
-    with torch.no_grad():
-        want = [hf(torch.tensor([p])).logits[0, -1] for p in prompts]
-    for path in (published, native):
-        runner = PagedRunner(load_model(str(path)), page_size=4)
-        got = runner.step([(i, 0, p) for i, p in enumerate(prompts)])
-        for g, w in zip(got, want, strict=True):
-            torch.testing.assert_close(g, w, atol=2e-5, rtol=1e-5)
+    assert_loads_as(hf, published, native)
 
 
 def test_image_content_is_refused_per_job(tmp_path: Path) -> None:
