@@ -60,7 +60,8 @@ def greedy_rows(model: torch.nn.Module, prompt: list[int], steps: int) -> tuple[
             logits = out.logits[0, -1].double()
             rows.append(torch.log_softmax(logits, dim=-1))
             tokens.append(int(logits.argmax()))
-            out = model(torch.tensor([tokens[-1:]]), cache=out.cache, use_cache=True)
+            name = "cache" if "cache" in out else "past_key_values"  # transformers >= 5.2x: cache
+            out = model(torch.tensor([tokens[-1:]]), **{name: out[name]}, use_cache=True)
     return tokens, torch.stack(rows)
 
 

@@ -223,7 +223,9 @@ def base_fields(src: HfSource, hf: Any | None = None) -> dict[str, Any]:
     hf = src.hf if hf is None else hf
     if getattr(hf, "mlp_bias", False):
         raise ValueError(f"{src.file}: mlp_bias=true is not supported")
-    params = getattr(hf, "rope_parameters", None) or {}
+    params = dict(getattr(hf, "rope_parameters", None) or {})  # transformers 5; 4.x: attributes
+    params.setdefault("rope_theta", getattr(hf, "rope_theta", 10000.0))
+    params.setdefault("partial_rotary_factor", getattr(hf, "partial_rotary_factor", 1.0))
     theta, scaling = rope_of(params)
     if scaling is None and src.raw.get("rope_scaling"):
         scaling = dict(src.raw["rope_scaling"])

@@ -15,9 +15,13 @@ from worker.models.weights import WeightMap
 
 
 def gemma3_config(src: HfSource, hf: object) -> ModelConfig:
-    rope = hf.rope_parameters  # type: ignore[attr-defined]  # {"full_attention": {...}, "sliding_attention": {...}}
-    theta, scaling = rope_of(rope["full_attention"])
-    sliding_theta, sliding_scaling = rope_of(rope["sliding_attention"])
+    rope = getattr(hf, "rope_parameters", None) or {}  # {"full_attention": {...}, "sliding_attention": {...}}
+    if "full_attention" in rope:
+        theta, scaling = rope_of(rope["full_attention"])
+        sliding_theta, sliding_scaling = rope_of(rope["sliding_attention"])
+    else:  # transformers 4.x keeps them as attributes
+        theta, scaling = float(hf.rope_theta), getattr(hf, "rope_scaling", None)  # type: ignore[attr-defined]
+        sliding_theta, sliding_scaling = float(hf.rope_local_base_freq), None  # type: ignore[attr-defined]
     if sliding_scaling is not None:
         raise ValueError(f"{src.file}: rope scaling on sliding-window layers is not supported")
     fields = gemma_fields(src, hf)
