@@ -2,7 +2,8 @@
 real engine and scheduler (the offline LLM API): greedy tokens identical on 8 prompts x 32
 tokens, logprobs within 1e-3 (float32), through chunked prefill (16-token chunks), a radix
 hit (a second round repeats prefixes of the first), prefills longer than the sliding window;
-the family's chat template runs; dummy weights and FP8 weights load and run.
+the family's chat template runs; dummy weights, FP8 weights (against transformers under the same
+FP8 scheme), FP8 KV, structured output and penalties run.
 
 The models and their directories come from tests/family_fixtures.py (one per family and
 session). Families that need more (MoE routing, soft-caps, longrope) add their own checks in
@@ -187,3 +188,24 @@ def test_config_is_read_as_transformers_reads_it(oracle: Oracle) -> None:
     layer_types = getattr(hf_config, "layer_types", None) or ["sliding_attention"] * cfg.num_layers
     want = [window if kind == "sliding_attention" else 0 for kind in layer_types]
     assert [cfg.attention_of(i).sliding_window for i in range(cfg.num_layers)] == want
+
+
+def test_the_other_engine_features_run(oracle: Oracle) -> None:
+    """FP8 KV pages (scales calibrated by a prefill over a chat rendered with the family's
+    template), structured output through the family's tokenizer, penalties and seeded
+    sampling, in one batch: every job finishes, the regex holds, the logprobs are finite."""
+    import re
+
+    llm = LLM(str(oracle.path), device="cpu", kv_cache_dtype="fp8_e4m3", page_size=4)
+    assert llm.engine.kv.quantized
+    prompts = ["The sea is", [{"role": "user", "content": "Say yes."}], "Count: 1 2 3"]
+    params = [
+        SamplingParams(max_tokens=8, temperature=0.0, regex="[a-c]{3,6}"),
+        SamplingParams(max_tokens=8, temperature=0.8, seed=5, repetition_penalty=1.3, presence_penalty=0.5),
+        SamplingParams(max_tokens=8, temperature=0.0, frequency_penalty=1.0, logprobs=True, ignore_eos=True),
+    ]
+    structured, sampled, penalised = llm.generate(prompts, params)
+    assert all(r.error is None for r in (structured, sampled, penalised))
+    assert re.fullmatch("[a-c]{3,6}", structured.choices[0].text)
+    assert len(penalised.choices[0].token_ids) == 8
+    assert all(-1e9 < e.logprob <= 0 for e in penalised.choices[0].logprobs or [])
