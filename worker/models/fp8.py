@@ -8,9 +8,11 @@ channel, activations quantized per token at run time, GEMMs in FP8 with float32 
 On CUDA (compute capability 8.9 and up) the GEMM is ``torch._scaled_mm`` with those row-wise
 scales; elsewhere it is emulated: the same quantized values, multiplied in float32
 (tests/unit/test_fp8_weights.py checks the model against transformers; the GPU path is checked
-against this emulation on the device). Embeddings and the LM head stay in the model dtype. The
-norms and SiLU-mul before qkv/gate-up and down projections hand over their output already
-quantized (worker.kernels.ops ``fp8=True``), so only o_proj quantizes its own input.
+against this emulation on the device). Embeddings, routers and the LM head stay in the model
+dtype. The norms and the gated activations before qkv/gate-up and down projections hand over
+their output already quantized (worker.kernels.ops ``fp8=True``), so only o_proj quantizes its
+own input. MoE experts (worker.models.moe) follow the same rule per expert: ``quantize_channels``
+on the stacked [E, N, K] weights, per-token activations inside worker.kernels.moe.
 """
 
 from __future__ import annotations
