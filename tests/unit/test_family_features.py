@@ -178,3 +178,19 @@ def test_longrope_tables_short_below_the_original_context_long_from_it() -> None
     torch.testing.assert_close(table.sin_cache[:original], short_sin[0, :, :8])
     torch.testing.assert_close(table.cos_cache[original:], long_cos[0, original:, :8])
     torch.testing.assert_close(table.sin_cache[original:], long_sin[0, original:, :8])
+
+
+@pytest.mark.parametrize(
+    ("kind", "biases"), [("llama", (True, True)), ("qwen3", (True, True)), ("qwen2", (True, False))]
+)
+def test_attention_bias_rules_match_transformers(
+    kind: str, biases: tuple[bool, bool], tmp_path: Path
+) -> None:
+    """attention_bias covers q, k, v and o for Llama and Qwen3 (Qwen2: q, k, v only)."""
+    from tests.model_fixtures import tiny_hf_model
+
+    hf = tiny_hf_model(kind, spread=0.05, vocab_size=VOCAB_SIZE, attention_bias=True)
+    hf.save_pretrained(tmp_path)
+    config = load_model(str(tmp_path)).config
+    assert (config.attention_bias, config.o_proj_bias) == biases
+    assert_loads_as(hf, tmp_path)

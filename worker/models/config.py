@@ -217,9 +217,10 @@ def sliding_windows(hf: Any) -> list[int]:
     return [window if kind == "sliding_attention" else 0 for kind in layer_types]
 
 
-def base_fields(src: HfSource, hf: Any | None = None) -> dict[str, Any]:
+def base_fields(src: HfSource, hf: Any | None = None, *, biases: bool = True) -> dict[str, Any]:
     """The ModelConfig fields every family reads the same way from ``hf`` (default: src.hf);
-    a family overrides what differs (``dataclasses.replace`` or ``{**base_fields(src), ...}``)."""
+    a family overrides what differs (``{**base_fields(src), ...}``). ``biases`` False: the
+    family's attention has no bias whatever config.json says (Mistral, Mixtral, Phi-3)."""
     hf = src.hf if hf is None else hf
     if getattr(hf, "mlp_bias", False):
         raise ValueError(f"{src.file}: mlp_bias=true is not supported")
@@ -234,6 +235,7 @@ def base_fields(src: HfSource, hf: Any | None = None) -> dict[str, Any]:
     head_dim = int(getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads)
     rotary_dim = int(head_dim * float(params.get("partial_rotary_factor", 1.0)))
     windows = sliding_windows(hf)
+    bias = biases and bool(getattr(hf, "attention_bias", False))
     return dict(
         architecture=src.architecture,
         vocab_size=int(hf.vocab_size),
@@ -249,7 +251,8 @@ def base_fields(src: HfSource, hf: Any | None = None) -> dict[str, Any]:
         max_position_embeddings=int(hf.max_position_embeddings),
         tie_word_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
         qk_norm=False,
-        attention_bias=bool(getattr(hf, "attention_bias", False)),
+        attention_bias=bias,
+        o_proj_bias=bias,  # Llama, Qwen3, Gemma: attention_bias covers o_proj too
         eos_token_ids=eos_ids(src),
         layer_attention=tuple(LayerAttention(sliding_window=w) for w in windows) if any(windows) else (),
         rotary_dim=rotary_dim if rotary_dim < head_dim else 0,

@@ -28,6 +28,7 @@ from worker.models.weights import WeightMap, load_pieces, piece_table
 if TYPE_CHECKING:
     from worker.forward import ForwardBatch
 
+
 def input_norm(
     norm: RMSNorm, h: torch.Tensor, residual: torch.Tensor | None, fp8: bool
 ) -> tuple[Any, torch.Tensor]:

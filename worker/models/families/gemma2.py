@@ -70,7 +70,6 @@ def gemma_fields(src: HfSource, hf: object) -> dict:
         "hidden_act": hf.hidden_activation,  # type: ignore[attr-defined]
         "final_logit_softcap": float(getattr(hf, "final_logit_softcapping", None) or 0.0),
         "layer_attention": layers,
-        "o_proj_bias": bool(getattr(hf, "attention_bias", False)),
     }
 
 

@@ -30,4 +30,4 @@ class MixtralForCausalLM(CausalLM):
             renormalize=True,
             layers=tuple(range(hf.num_hidden_layers)),
         )
-        return ModelConfig(**{**base_fields(src), "moe": moe})
+        return ModelConfig(**{**base_fields(src, biases=False), "moe": moe})

@@ -36,4 +36,4 @@ class Phi3ForCausalLM(CausalLM):
 
     @classmethod
     def config_from_hf(cls, src: HfSource) -> ModelConfig:
-        return ModelConfig(**base_fields(src))
+        return ModelConfig(**base_fields(src, biases=False))
