@@ -26,12 +26,27 @@ pytestmark = pytest.mark.gpu
 KINDS = ["mistral", "qwen3_moe", "mixtral", "gemma2", "gemma3_text", "gemma3", "phi3"]
 STEPS = 32
 AGREEMENT = 0.99
+# head_dim 128, as the GPU kernels are built for (the CPU tests' 16 is below FlashInfer's range)
+GPU_SHAPE = dict(
+    hidden_size=512, num_attention_heads=4, num_key_value_heads=2, head_dim=128, intermediate_size=512
+)
+PER_KIND = {
+    "qwen3_moe": dict(moe_intermediate_size=128),
+    "mixtral": dict(intermediate_size=256),
+    "phi3": dict(
+        rope_scaling={
+            "type": "longrope",
+            "short_factor": [1.0 + 0.02 * i for i in range(64)],
+            "long_factor": [2.0 + 0.1 * i for i in range(64)],
+        }
+    ),
+}
 
 
 def trained_dir(kind: str, path: Path) -> torch.nn.Module:
     """The tiny ``kind`` model after 150 AdamW steps on markov_chain(VOCAB_SIZE), saved with
     its tokenizer; returned in float32 on the CPU."""
-    model = tiny_model(kind, spread=0.0).cuda().train()
+    model = tiny_model(kind, spread=0.0, **{**GPU_SHAPE, **PER_KIND.get(kind, {})}).cuda().train()
     chain = markov_chain(VOCAB_SIZE)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     for step in range(150):
