@@ -19,7 +19,9 @@ def weights(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(T, H, generator=gen)
-    w13 = torch.randn(E, 2 * INTER, H, generator=gen) / H**0.5 * torch.logspace(-1, 1, 2 * INTER)[None, :, None]
+    w13 = (
+        torch.randn(E, 2 * INTER, H, generator=gen) / H**0.5 * torch.logspace(-1, 1, 2 * INTER)[None, :, None]
+    )
     w2 = torch.randn(E, H, INTER, generator=gen) / INTER**0.5
     logits = torch.randn(T, E, generator=gen) * 2
     return x.to(dtype), w13.to(dtype), w2.to(dtype), logits
