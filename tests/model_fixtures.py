@@ -169,7 +169,7 @@ class PagedRunner:
         )
         self.page_table = torch.zeros(self.max_reqs, self.max_len, dtype=torch.int32, device=device)
         self.backend = TorchRefBackend(
-            self.kv, self.page_table, cfg.num_q_heads, cfg.head_dim, self.page_size
+            self.kv, self.page_table, cfg.num_q_heads, cfg.head_dim, self.page_size, cfg.layer_attention
         )
         gen = torch.Generator().manual_seed(self.seed)
         self._free_pages = torch.randperm(num_pages, generator=gen).tolist()

@@ -8,6 +8,7 @@ so the same checks guard enqueue (construction) and intake (decoding). A failed 
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 import msgspec
@@ -183,7 +184,11 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
         return self.top_k if 0 < self.top_k < vocab_size else 0
 
 
-CHAT_ROLES = ("system", "user", "assistant")  # what a chat template renders (OpenAI's "developer" maps to system)
+CHAT_ROLES = (
+    "system",
+    "user",
+    "assistant",
+)  # what a chat template renders (OpenAI's "developer" maps to system)
 
 
 class ChatMessage(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
@@ -394,7 +399,16 @@ def validation_error(exc: msgspec.ValidationError, job_id: str | None = None) ->
     if isinstance(cause, JobError):
         field = f"{path}.{cause.field}" if path else cause.field
         return JobError(field, cause.value, cause.reason, job_id)
+    if _CONTENT_PARTS.fullmatch(path) and reason.startswith("Expected `str`"):
+        reason = CONTENT_PARTS_REASON
     return JobError(path or "job", None, reason if marker else text, job_id)
+
+
+_CONTENT_PARTS = re.compile(r"messages\[\d+\]\.content")
+CONTENT_PARTS_REASON = (
+    "must be a string: content parts (images, audio) are not supported, radixq runs the text "
+    "part of models only (an image-text checkpoint such as Gemma 3 4B-27B too)"
+)
 
 
 class _IdOnly(msgspec.Struct):

@@ -17,6 +17,7 @@ import redis
 from wire.retry import Backoff
 from worker.config import ConfigError, WorkerConfig, load_worker_config
 from worker.engine.config import EngineConfig
+from worker.models.architectures import UnsupportedModel, check_config_file
 
 _PATH_SUFFIXES = (".gguf", ".json", ".safetensors")
 
@@ -28,7 +29,9 @@ class PreflightError(Exception):
 def check_model(engine: EngineConfig) -> None:
     """The model source exists: a path that looks like one (absolute, ``./``, ``~``, a
     ``.gguf``/``.json`` name) is there, and an ``org/name`` hub id is in the local Hugging
-    Face cache. A bare name is an alias, checked by the loader."""
+    Face cache. A bare name is an alias, checked by the loader. A config.json found (in the
+    folder, the file itself, the hub cache) names an architecture radixq runs and no
+    quantization scheme it cannot (worker.models.architectures)."""
     model = engine.model
     path = Path(model).expanduser()
     if path.exists():
@@ -36,20 +39,36 @@ def check_model(engine: EngineConfig) -> None:
             raise PreflightError(
                 f"--model {model!r}: load_format dummy needs a config.json, and {path} has none"
             )
+        config = path / "config.json" if path.is_dir() else path
+        if config.suffix == ".json" and config.is_file():
+            _check_config(model, config)
         return
     looks_like_path = (
         model.startswith(("/", ".", "~")) or model.lower().endswith(_PATH_SUFFIXES) or model.count("/") > 1
     )
     if looks_like_path or engine.load_format == "dummy":
         raise PreflightError(f"--model {model!r}: no such file or folder")
-    if model.count("/") == 1 and not _in_hub_cache(model):
-        raise PreflightError(
-            f"--model {model!r}: no such file or folder, and not a model in the local Hugging Face "
-            "cache (radixq downloads nothing: fetch it first, e.g. huggingface-cli download)"
-        )
+    if model.count("/") == 1:
+        cached = _hub_cache_config(model)
+        if cached is None:
+            raise PreflightError(
+                f"--model {model!r}: no such file or folder, and not a model in the local Hugging Face "
+                "cache (radixq downloads nothing: fetch it first, e.g. huggingface-cli download)"
+            )
+        if isinstance(cached, Path):
+            _check_config(model, cached)
 
 
-def _in_hub_cache(repo_id: str) -> bool:
+def _check_config(model: str, config: Path) -> None:
+    try:
+        check_config_file(config)
+    except UnsupportedModel as exc:
+        raise PreflightError(f"--model {model!r}: {exc}") from None
+
+
+def _hub_cache_config(repo_id: str) -> Path | bool | None:
+    """The cached config.json of a hub id; None when it is not cached, True when that cannot
+    be told here (the loader's error will say)."""
     try:
         from huggingface_hub import try_to_load_from_cache
     except ImportError:  # NOTE: the loader will say what is missing
@@ -58,7 +77,7 @@ def _in_hub_cache(repo_id: str) -> bool:
         found = try_to_load_from_cache(repo_id, "config.json")
     except Exception:  # a name the hub library refuses: the loader's error names it
         return True
-    return isinstance(found, str)
+    return Path(found) if isinstance(found, str) else None
 
 
 def check_ports(ports: list[int], what: str = "--metrics-port") -> None:

@@ -128,3 +128,37 @@ def test_run_whose_workers_cannot_load_the_model_says_so(source: Path, tmp_path:
     last = done.stderr.strip().splitlines()[-1]
     assert "the workers could not start (their error is above)" in last and "to resume" not in last
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("config", "words"),
+    [
+        (
+            {"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss"},
+            ("'GptOssForCausalLM'", "supported: "),
+        ),
+        ({"model_type": "falcon"}, ("model_type 'falcon'", "Qwen3MoeForCausalLM")),
+        (
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "quantization_config": {"quant_method": "awq", "bits": 4},
+            },
+            ("quant_method 'awq'", "not supported"),
+        ),
+    ],
+)
+def test_run_with_an_unsupported_model_stops_before_redis(
+    config: dict, words: tuple[str, ...], source: Path, tmp_path: Path
+) -> None:
+    """An architecture or a quantization scheme radixq cannot run is named, with the
+    supported list, before a Redis starts or a job goes in (worker.models.architectures)."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(config))
+    (model / "model.safetensors").write_bytes(b"")
+    done = radixq("run", str(source), "-o", str(tmp_path / "out.jsonl"), "--model", str(model))
+    line = assert_stopped_first(done, *words)
+    assert "LlamaForCausalLM" in line or "quant_method" in line
+    assert not (tmp_path / "out.jsonl").exists()
+    dummy = radixq("run", str(source), "-o", str(tmp_path / "o.jsonl"), "--model", str(model / "config.json"))
+    assert_stopped_first(dummy, *words)

@@ -70,6 +70,16 @@ def test_silu_and_mul(ops):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gelu_tanh_and_mul(ops, dtype):
+    """GeGLU (Gemma): torch's gelu(approximate="tanh") of the gate, rounded to the dtype, times up."""
+    x = (3 * torch.randn(4, 2 * 40, generator=torch.Generator().manual_seed(2))).to(dtype)
+    gate, up = x.chunk(2, dim=-1)
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+    want = torch.nn.functional.gelu(gate, approximate="tanh") * up
+    torch.testing.assert_close(ops.act_and_mul(x, "gelu_pytorch_tanh"), want, **tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fused_sampling_draws_what_the_torch_sampler_draws(ops, dtype):
     from wire.schema import SamplingParams
     from worker.engine.sampler import Sampler
@@ -198,6 +208,10 @@ def test_fp8_quantizing_kernels(ops, dtype):
         (ops.rms_norm(x, w, 1e-6, fp8=True), ops.quantize_fp8_rows_ref(ops.rms_norm_ref(x, w, 1e-6))),
         (ops.add_rms_norm(x, res, w, 1e-6, fp8=True)[0], ops.quantize_fp8_rows_ref(ops.rms_norm_ref(res + x, w, 1e-6))),
         (ops.silu_and_mul(gate_up, fp8=True), ops.quantize_fp8_rows_ref(torch.nn.functional.silu(gate) * up)),
+        (
+            ops.act_and_mul(gate_up, "gelu_pytorch_tanh", fp8=True),
+            ops.quantize_fp8_rows_ref(torch.nn.functional.gelu(gate, approximate="tanh") * up),
+        ),
     ]  # fmt: skip
     for got, want in cases:
         assert got.data.dtype == torch.float8_e4m3fn

@@ -143,6 +143,11 @@ def deep_msgpack_job(depth: int, field: str = "metadata") -> bytes:
             "messages[0].name",
             "non-empty string of at most 256",
         ),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+            "messages[0].content",
+            "content parts (images, audio) are not supported",
+        ),
         ({"model": ""}, "model", "non-empty string of at most 256"),
         ({"model": "m" * 257}, "model", "non-empty string of at most 256"),
         ({"prompts": ["a"]}, "prompt", "exactly one of prompt, messages, input_ids, prompts"),

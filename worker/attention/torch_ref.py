@@ -1,14 +1,36 @@
-"""The reference attention backend: plain torch, any device, float32 math. The oracle."""
+"""The reference attention backend: plain torch, any device, float32 math. The oracle.
+
+Both torch backends honour each layer's ``LayerAttention`` (worker.models.config): the
+sliding window as a mask on absolute positions (query at position p sees keys p - window + 1
+.. p), the logit soft-cap before the mask, the scale. Positions are a request's own token
+indices, so the mask is the same whether the earlier tokens were computed in this pass, an
+earlier chunk, or came from the prefix cache; keys outside the window stay in their pages
+(nothing is freed early) and are only masked.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import torch
 
 from worker.attention.base import AttentionBackend
 from worker.forward import BatchLayout
 from worker.kvcache.pool import KVPool
+from worker.models.config import LayerAttention
+
+
+def window_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int) -> torch.Tensor:
+    """bool, True where a query at ``q_pos`` may attend a key at ``k_pos`` (broadcast):
+    causal, and within ``window`` tokens when window > 0."""
+    mask = k_pos <= q_pos
+    return mask & (k_pos > q_pos - window) if window else mask
+
+
+def softcapped(scores: torch.Tensor, cap: float) -> torch.Tensor:
+    """cap * tanh(scores / cap) (Gemma 2's attention-logit soft-capping); scores when cap is 0."""
+    return scores if not cap else torch.tanh(scores / cap) * cap
 
 
 @dataclass(frozen=True)
@@ -16,14 +38,25 @@ class _RequestPlan:
     q_start: int  # first row of this request's queries in the flattened [T] tokens
     q_end: int
     kv_locs: torch.Tensor  # int64 [seq_len] KV locations, token 0 .. seq_len-1
-    mask: torch.Tensor  # bool [extend_len, seq_len], True where the query may attend
+    mask: torch.Tensor  # bool [extend_len, seq_len], True where the query may attend (no window)
+    windowed: dict[int, torch.Tensor] = field(default_factory=dict)  # sliding window -> its mask
+
+    def mask_for(self, window: int) -> torch.Tensor:
+        return self.windowed[window] if window else self.mask
 
 
 class PagedTorchBackend(AttentionBackend):
-    """What the torch backends share: the pool, its page table and the head shape."""
+    """What the torch backends share: the pool, its page table, the head shape and each
+    layer's attention options (``layers``: one LayerAttention per layer, () for defaults)."""
 
     def __init__(
-        self, kv: KVPool, page_table: torch.Tensor, num_q_heads: int, head_dim: int, page_size: int
+        self,
+        kv: KVPool,
+        page_table: torch.Tensor,
+        num_q_heads: int,
+        head_dim: int,
+        page_size: int,
+        layers: Sequence[LayerAttention] = (),
     ) -> None:
         if num_q_heads % kv.num_kv_heads != 0:
             raise ValueError(f"num_q_heads={num_q_heads} is not a multiple of num_kv_heads={kv.num_kv_heads}")
@@ -32,7 +65,12 @@ class PagedTorchBackend(AttentionBackend):
         self.num_q_heads = num_q_heads
         self.head_dim = head_dim
         self.page_size = page_size
-        self.scale = head_dim**-0.5
+        self.scale = head_dim**-0.5  # the default; a layer's own: attention_of(layer).scale_for
+        self.layers = tuple(layers)
+        self.windows = sorted({a.sliding_window for a in self.layers} | {0})  # the masks a plan builds
+
+    def attention_of(self, layer_id: int) -> LayerAttention:
+        return self.layers[layer_id] if self.layers else LayerAttention()
 
 
 class TorchRefBackend(PagedTorchBackend):
@@ -54,20 +92,23 @@ class TorchRefBackend(PagedTorchBackend):
             kv_locs = self.page_table[slot, :seq_len].long()
             q_pos = torch.arange(cached_len, seq_len, device=device).unsqueeze(1)
             k_pos = torch.arange(seq_len, device=device).unsqueeze(0)
-            plans.append(_RequestPlan(q_start, q_start + extend_len, kv_locs, k_pos <= q_pos))
+            windowed = {w: window_mask(q_pos, k_pos, w) for w in self.windows if w}
+            plans.append(_RequestPlan(q_start, q_start + extend_len, kv_locs, k_pos <= q_pos, windowed))
             q_start += extend_len
         return plans
 
     def forward(self, q: torch.Tensor, layer_id: int, meta: list[_RequestPlan]) -> torch.Tensor:
         group = self.num_q_heads // self.kv.num_kv_heads
+        options = self.attention_of(layer_id)
+        scale = options.scale_for(self.head_dim)
         out = torch.empty_like(q)
         for plan in meta:
             qi = q[plan.q_start : plan.q_end].float().transpose(0, 1)  # [H, E, D]
             k, v = self.kv.gather(layer_id, plan.kv_locs)  # [S, kv_heads, D] each
             ki = k.float().repeat_interleave(group, dim=1).transpose(0, 1)  # [H, S, D]
             vi = v.float().repeat_interleave(group, dim=1).transpose(0, 1)
-            scores = torch.matmul(qi, ki.transpose(1, 2)) * self.scale  # [H, E, S]
-            scores = scores.masked_fill(~plan.mask, float("-inf"))
+            scores = softcapped(torch.matmul(qi, ki.transpose(1, 2)) * scale, options.logit_softcap)
+            scores = scores.masked_fill(~plan.mask_for(options.sliding_window), float("-inf"))  # [H, E, S]
             probs = torch.softmax(scores, dim=-1)
             out[plan.q_start : plan.q_end] = torch.matmul(probs, vi).transpose(0, 1).to(q.dtype)
         return out
@@ -77,4 +118,7 @@ def create(
     *, kv: KVPool, page_table: torch.Tensor, model_config, page_size: int, device, **_: object
 ) -> TorchRefBackend:
     """Registry factory (see worker.attention.registry)."""
-    return TorchRefBackend(kv, page_table, model_config.num_q_heads, model_config.head_dim, page_size)
+    mc = model_config
+    return TorchRefBackend(
+        kv, page_table, mc.num_q_heads, mc.head_dim, page_size, getattr(mc, "layer_attention", ())
+    )

@@ -4,6 +4,7 @@
     add_rms_norm(x, residual, w, eps)    -> (norm(x + residual), x + residual)
     norm_rope(x, positions, cos, sin, w, eps)   [T, H, D] -> contiguous [T, H, D]
     silu_and_mul(x)                      [T, 2I] -> [T, I]
+    act_and_mul(x, act)                  [T, 2I] -> [T, I], SiLU or tanh-GELU (GeGLU)
     quantize_fp8_rows(x)                 [T, K] -> Fp8Rows (e4m3 [T, K], fp32 scale [T])
 
 ``rms_norm``, ``add_rms_norm`` and ``silu_and_mul`` take ``fp8=True`` to return their output
@@ -165,17 +166,19 @@ def quantize_fp8_rows(x: torch.Tensor) -> Fp8Rows:
     k = _kernels_for(x)
     if k is None or x.dim() != 2 or x.stride(-1) != 1:
         return quantize_fp8_rows_ref(x)
-    return _fp8_rows(k, x, x.shape[1], silu=False)
+    return _fp8_rows(k, x, x.shape[1], act=None)
 
 
-def _fp8_rows(k: Any, x: torch.Tensor, n: int, *, silu: bool) -> Fp8Rows:
-    """fp8_rows_kernel over x's rows: x itself (n columns), or silu_and_mul(x) (x has 2n)."""
+def _fp8_rows(k: Any, x: torch.Tensor, n: int, *, act: str | None) -> Fp8Rows:
+    """fp8_rows_kernel over x's rows: x itself (n columns, act None), or act_and_mul(x, act)
+    (x has 2n)."""
     rows = x.shape[0]
     data = torch.empty((rows, n), dtype=torch.float8_e4m3fn, device=x.device)
     scale = torch.empty(rows, dtype=torch.float32, device=x.device)
     if rows:
         k.fp8_rows_kernel[(rows,)](
-            x, data, scale, x.stride(0), n, IS_SILU=silu, FP8_MAX=FP8_MAX, MIN_SCALE=_FP8_MIN_SCALE,
+            x, data, scale, x.stride(0), n, GATED=act is not None, GELU=act == "gelu_pytorch_tanh",
+            FP8_MAX=FP8_MAX, MIN_SCALE=_FP8_MIN_SCALE,
             BLOCK=min(4096, triton_block(n)),
         )  # fmt: skip
     return Fp8Rows(data, scale)
@@ -222,19 +225,32 @@ def norm_rope(
     return out
 
 
+GATED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")  # HF's hidden_act names
+
+
 def silu_and_mul(x: torch.Tensor, *, fp8: bool = False) -> Any:
     """silu(x[:, :I]) * x[:, I:] for x [T, 2I]; with ``fp8`` quantized per row (Fp8Rows)."""
+    return act_and_mul(x, "silu", fp8=fp8)
+
+
+def act_and_mul(x: torch.Tensor, act: str, *, fp8: bool = False) -> Any:
+    """act(x[:, :I]) * x[:, I:] for x [T, 2I], act one of GATED_ACTIVATIONS (SiLU: SwiGLU;
+    "gelu_pytorch_tanh": GeGLU, the tanh approximation); with ``fp8`` quantized per row."""
+    if act not in GATED_ACTIVATIONS:
+        raise ValueError(f"gated activation {act!r}: expected one of {GATED_ACTIVATIONS}")
     k = _kernels_for(x)
     if k is None or x.dim() != 2 or x.stride(-1) != 1:
         gate, up = x.chunk(2, dim=-1)
-        out = F.silu(gate) * up
+        out = (F.silu(gate) if act == "silu" else F.gelu(gate, approximate="tanh")) * up
         return quantize_fp8_rows_ref(out) if fp8 else out
     n = x.shape[-1] // 2
     if fp8:
-        return _fp8_rows(k, x, n, silu=True)
+        return _fp8_rows(k, x, n, act=act)
     out = torch.empty((x.shape[0], n), dtype=x.dtype, device=x.device)
     block = min(1024, triton_block(n))
-    k.silu_and_mul_kernel[(x.shape[0], -(-n // block))](x, out, x.stride(0), out.stride(0), n, BLOCK=block)
+    k.act_and_mul_kernel[(x.shape[0], -(-n // block))](
+        x, out, x.stride(0), out.stride(0), n, GELU=act != "silu", BLOCK=block
+    )
     return out
 
 

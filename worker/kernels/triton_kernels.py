@@ -76,17 +76,26 @@ def rms_norm_kernel(
 
 
 @triton.jit
-def _fp8_row_values(x_ptr, stride_x_row, row, cols, mask, n_cols, IS_SILU: tl.constexpr):
-    """Row ``row``'s values at ``cols`` in float32: x itself, or silu(gate) * up rounded as
-    silu_and_mul_kernel rounds it (gate = x[:, :n], up = x[:, n:2n])."""
+def _gate_act(g, GELU: tl.constexpr):
+    """silu(g), or with GELU the tanh approximation of gelu(g) (torch's approximate="tanh"),
+    on float32 values."""
+    if GELU:
+        inner = 0.7978845608028654 * (g + 0.044715 * g * g * g)  # sqrt(2 / pi) * (g + 0.044715 g^3)
+        return 0.5 * g * (2.0 / (1.0 + tl.exp(-2.0 * inner)))  # 1 + tanh(z) = 2 / (1 + e^-2z)
+    return g / (1.0 + tl.exp(-g))
+
+
+@triton.jit
+def _fp8_row_values(x_ptr, stride_x_row, row, cols, mask, n_cols, GATED: tl.constexpr, GELU: tl.constexpr):
+    """Row ``row``'s values at ``cols`` in float32: x itself, or act(gate) * up rounded as
+    act_and_mul_kernel rounds it (gate = x[:, :n], up = x[:, n:2n]; act SiLU, or GELU-tanh)."""
     base = x_ptr + row * stride_x_row
     x = tl.load(base + cols, mask=mask, other=0.0)
-    if IS_SILU:
+    if GATED:
         up = tl.load(base + n_cols + cols, mask=mask, other=0.0)
         dtype = x.dtype
-        g = x.to(tl.float32)
-        silu = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)
-        return tl.where(mask, (silu * up.to(tl.float32)).to(dtype).to(tl.float32), 0.0)
+        act = _gate_act(x.to(tl.float32), GELU).to(dtype).to(tl.float32)
+        return tl.where(mask, (act * up.to(tl.float32)).to(dtype).to(tl.float32), 0.0)
     return tl.where(mask, x.to(tl.float32), 0.0)
 
 
@@ -97,12 +106,13 @@ def fp8_rows_kernel(
     scale_ptr,
     stride_x_row,
     n_cols,
-    IS_SILU: tl.constexpr,
+    GATED: tl.constexpr,
+    GELU: tl.constexpr,
     FP8_MAX: tl.constexpr,
     MIN_SCALE: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    """Program r quantizes row r of x (or of silu_and_mul(x) with IS_SILU) to e4m3 in q[r]
+    """Program r quantizes row r of x (or of act_and_mul(x) with GATED) to e4m3 in q[r]
     ([rows, n_cols], contiguous) with scale[r] = max|row| / FP8_MAX (at least MIN_SCALE).
     Two passes over the row: its maximum, then the quantized values."""
     row = tl.program_id(0)
@@ -110,13 +120,13 @@ def fp8_rows_kernel(
     for off in range(0, n_cols, BLOCK):
         cols = off + tl.arange(0, BLOCK)
         mask = cols < n_cols
-        y = _fp8_row_values(x_ptr, stride_x_row, row, cols, mask, n_cols, IS_SILU)
+        y = _fp8_row_values(x_ptr, stride_x_row, row, cols, mask, n_cols, GATED, GELU)
         amax = tl.maximum(amax, tl.max(tl.abs(y), axis=0))
     scale = tl.maximum(amax / FP8_MAX, MIN_SCALE)
     for off in range(0, n_cols, BLOCK):
         cols = off + tl.arange(0, BLOCK)
         mask = cols < n_cols
-        y = _fp8_row_values(x_ptr, stride_x_row, row, cols, mask, n_cols, IS_SILU)
+        y = _fp8_row_values(x_ptr, stride_x_row, row, cols, mask, n_cols, GATED, GELU)
         q = tl.clamp(y / scale, -FP8_MAX, FP8_MAX)
         tl.store(q_ptr + row * n_cols + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
     tl.store(scale_ptr + row, scale)
@@ -165,17 +175,19 @@ def norm_rope_kernel(
 
 
 @triton.jit
-def silu_and_mul_kernel(x_ptr, out_ptr, stride_x_row, stride_out_row, n_cols, BLOCK: tl.constexpr):
-    """out[r] = silu(x[r, :n]) * x[r, n:2n], rounding silu to the dtype first (as torch does)."""
+def act_and_mul_kernel(
+    x_ptr, out_ptr, stride_x_row, stride_out_row, n_cols, GELU: tl.constexpr, BLOCK: tl.constexpr
+):
+    """out[r] = act(x[r, :n]) * x[r, n:2n], act SiLU (or GELU-tanh with GELU), rounding act to
+    the dtype first (as torch does)."""
     row = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n_cols
     gate = tl.load(x_ptr + row * stride_x_row + cols, mask=mask, other=0.0)
     up = tl.load(x_ptr + row * stride_x_row + n_cols + cols, mask=mask, other=0.0)
     dtype = gate.dtype
-    g = gate.to(tl.float32)
-    silu = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)
-    tl.store(out_ptr + row * stride_out_row + cols, (silu * up.to(tl.float32)).to(dtype), mask=mask)
+    act = _gate_act(gate.to(tl.float32), GELU).to(dtype).to(tl.float32)
+    tl.store(out_ptr + row * stride_out_row + cols, (act * up.to(tl.float32)).to(dtype), mask=mask)
 
 
 @triton.jit

@@ -8,9 +8,11 @@ channel, activations quantized per token at run time, GEMMs in FP8 with float32 
 On CUDA (compute capability 8.9 and up) the GEMM is ``torch._scaled_mm`` with those row-wise
 scales; elsewhere it is emulated: the same quantized values, multiplied in float32
 (tests/unit/test_fp8_weights.py checks the model against transformers; the GPU path is checked
-against this emulation on the device). Embeddings and the LM head stay in the model dtype. The
-norms and SiLU-mul before qkv/gate-up and down projections hand over their output already
-quantized (worker.kernels.ops ``fp8=True``), so only o_proj quantizes its own input.
+against this emulation on the device). Embeddings, routers and the LM head stay in the model
+dtype. The norms and the gated activations before qkv/gate-up and down projections hand over
+their output already quantized (worker.kernels.ops ``fp8=True``), so only o_proj quantizes its
+own input. MoE experts (worker.models.moe) follow the same rule per expert: ``quantize_channels``
+on the stacked [E, N, K] weights, per-token activations inside worker.kernels.moe.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch
 from torch import nn
 
 from worker.kernels.ops import FP8_MAX, Fp8Rows, quantize_fp8_rows
+from worker.models.moe import SparseMoE
 from worker.models.names import QUANTIZATIONS
 
 # The projections that become Fp8Linear, by attribute name in the decoder's modules.
@@ -50,9 +53,7 @@ class Fp8Linear(nn.Module):
     def from_linear(cls, linear: nn.Linear) -> Fp8Linear:
         """Quantize a linear layer's weight per output channel (the bias stays as it is)."""
         w = linear.weight.detach()
-        w32 = w.float()
-        scale = (w32.abs().amax(dim=1) / FP8_MAX).clamp_(min=1e-12)
-        data = (w32 / scale[:, None]).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+        data, scale = quantize_channels(w)
         bias = None if linear.bias is None else linear.bias.detach()
         return cls(data, scale, bias, w.dtype)
 
@@ -74,6 +75,15 @@ class Fp8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, fp8 e4m3 per-channel"
 
 
+def quantize_channels(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(e4m3 data, float32 scale) of a weight [..., N, K] per output channel (its last-but-one
+    axis): scale = max|W[..., n, :]| / 448, data = W / scale rounded (saturated)."""
+    w32 = weight.float()
+    scale = (w32.abs().amax(dim=-1) / FP8_MAX).clamp_(min=1e-12)
+    data = (w32 / scale[..., None]).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return data, scale
+
+
 def emulated_fp8_matmul(rows: Fp8Rows, weight: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:
     """(x_q @ W_q^T) * x_scale * w_scale in float32: what the FP8 GEMM computes, on any device."""
     product = rows.data.float() @ weight.float().t()
@@ -87,20 +97,25 @@ def _scaled_mm_ok(data: torch.Tensor) -> bool:
     return torch.cuda.get_device_capability(data.device) >= (8, 9)
 
 
-def takes_fp8(module: nn.Module) -> bool:
+def takes_fp8(module: object) -> bool:
     """Whether a projection wants its input as Fp8Rows (the fused norm / SiLU-mul kernels' output)."""
     return isinstance(module, Fp8Linear)
 
 
 def quantize_model(model: nn.Module, quantization: str) -> int:
-    """Replace the decoder's projections by Fp8Linear (``quantization == "fp8"``); returns how
-    many were replaced (0 for "none"). The model-dtype weights are released as each goes."""
+    """Replace the decoder's projections by Fp8Linear and MoE experts' stacked weights by FP8
+    ones (``quantization == "fp8"``); returns how many weight matrices (a stack of experts
+    counts once) were replaced (0 for "none"). The model-dtype weights are released as each
+    goes. Routers and the LM head stay in the model dtype."""
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization={quantization!r}: expected one of {list(QUANTIZATIONS)}")
     if quantization == "none":
         return 0
     replaced = 0
     for module in list(model.modules()):
+        if isinstance(module, SparseMoE):
+            module.set_fp8(*quantize_channels(module.w13.detach()), *quantize_channels(module.w2.detach()))
+            replaced += 2
         for name in QUANTIZED_PROJECTIONS:
             child = getattr(module, name, None)
             if isinstance(child, nn.Linear):

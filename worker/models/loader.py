@@ -11,13 +11,14 @@ import torch
 
 from worker.models.config import ModelConfig, config_json_path
 from worker.models.decoder import CausalLM
+from worker.models.families import model_class
 from worker.models.fp8 import quantize_model
 from worker.models.gguf import ensure_converted
 from worker.models.names import LOAD_FORMATS
 from worker.models.registry import ALIASES
+from worker.models.weights import dummy_weights
 
 log = logging.getLogger(__name__)
-
 
 
 @dataclass(frozen=True)
@@ -108,38 +109,15 @@ def _safetensors_weights(model_dir: Path):
                 yield name, f.get_tensor(name)
 
 
-def _dummy_weights(config: ModelConfig, dtype: torch.dtype, device: torch.device, seed: int):
-    """Random HF-named weights of the whole (unsharded) model that keep activations finite:
-    N(0, 0.02) matrices, unit norms, zero bias. Drawn parameter by parameter in the order of
-    the fused model, so every tensor-parallel size gets the same weights."""
-    with torch.device("meta"):
-        full = CausalLM(config, dtype, rope_device="meta")
-    gen = torch.Generator(device=device).manual_seed(seed)
-    for name, meta in full.named_parameters():
-        if name.endswith("norm.weight"):
-            tensor = torch.ones(meta.shape, dtype=dtype, device=device)
-        elif name.endswith(".bias"):
-            tensor = torch.zeros(meta.shape, dtype=dtype, device=device)
-        else:
-            tensor = torch.empty(meta.shape, dtype=dtype, device=device).normal_(0.0, 0.02, generator=gen)
-        if ".qkv_proj." in name or ".gate_up_proj." in name:
-            fragments = ("q_proj", "k_proj", "v_proj") if ".qkv_proj." in name else ("gate_proj", "up_proj")
-            fused = "qkv_proj" if ".qkv_proj." in name else "gate_up_proj"
-            pieces = tensor.split(list(full._shard_sizes(name)), dim=0)
-            for fragment, piece in zip(fragments, pieces, strict=True):
-                yield name.replace(f".{fused}.", f".{fragment}."), piece
-        else:
-            yield name, tensor
-
-
 _COLUMN_PARALLEL = (".q_proj.", ".k_proj.", ".v_proj.", ".gate_proj.", ".up_proj.")
 _ROW_PARALLEL = (".o_proj.", ".down_proj.")
 
 
 def rank_shard(name: str, tensor: torch.Tensor, rank: int, size: int) -> torch.Tensor:
-    """Rank ``rank``'s part of the HF checkpoint tensor ``name`` under ``size``-way tensor
-    parallelism: column-parallel projections keep their rows (output features), row-parallel
-    ones their columns (input features); everything else is replicated.
+    """Rank ``rank``'s part of the canonical tensor ``name`` (worker.models.weights) under
+    ``size``-way tensor parallelism: column-parallel projections keep their rows (output
+    features), row-parallel ones their columns (input features), experts' projections
+    included; everything else (a router too) is replicated.
 
     NOTE: a row-parallel bias is added once, after the all-reduce sums the ranks' partial
     outputs: rank 0 keeps it and the others hold zeros."""
@@ -190,13 +168,17 @@ def load_model(
         config = ModelConfig.from_hf_dir(model_dir)
         path = str(model_dir)
     full_config, config = config, config.shard(tp_size)
+    family = model_class(config.architecture)
     with torch.device("meta"):
-        net = CausalLM(config, dtype, rope_device=device)
+        net = family(config, dtype, rope_device=device)
     net = net.to_empty(device=device)
+    weights: Iterable[tuple[str, torch.Tensor]]
     if load_format == "dummy":
-        weights: Iterable[tuple[str, torch.Tensor]] = _dummy_weights(full_config, dtype, device, seed=0)
+        with torch.device("meta"):
+            whole = family(full_config, dtype, rope_device="meta")
+        weights = dummy_weights(whole, dtype, device, seed=0)
     else:
-        weights = _safetensors_weights(Path(path))
+        weights = family.weight_map.canonical(_safetensors_weights(Path(path)), full_config)
     loaded = net.load_weights(_sharded(weights, tp_rank, tp_size))
     missing = net.expected_weight_keys() - loaded
     if missing:

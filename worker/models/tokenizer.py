@@ -7,6 +7,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from wire.schema import CONTENT_PARTS_REASON
+
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
@@ -50,6 +52,8 @@ def _message_dict(message: Any, index: int) -> dict[str, str]:
     else:
         role, content = getattr(message, "role", None), getattr(message, "content", None)
         name = getattr(message, "name", None)
+    if isinstance(content, list):
+        raise ValueError(f"messages[{index}].content {CONTENT_PARTS_REASON}")
     if not isinstance(role, str) or not isinstance(content, str):
         raise ValueError(f"messages[{index}] needs string 'role' and 'content', got {message!r}")
     return {"role": role, "content": content} | ({"name": name} if isinstance(name, str) else {})

@@ -1,0 +1,68 @@
+"""A newcomer's path with a model of a new family: `radixq run prompts.jsonl --model DIR` on
+CPU, DIR a tiny Gemma 3 (the image-text checkpoint form) or Qwen3-MoE directory with its own
+chat template (tests/family_fixtures.py). Chat rows are rendered by that template and the
+greedy tokens are transformers' on the rendered ids; a plain prompt runs beside them; an
+image part is that row's error."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.family_fixtures import family_dir
+from tests.integration.procs import radixq
+from tests.unit.test_families import greedy_rows
+
+pytestmark = pytest.mark.integration
+MAX_TOKENS = 6
+
+
+@pytest.mark.parametrize("kind", ["gemma3", "qwen3_moe"])
+def test_run_a_family_directory_with_its_chat_template(kind: str, tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    model_dir = tmp_path / kind
+    hf = family_dir(kind, model_dir)
+    chats = [
+        [{"role": "user", "content": "Write a haiku about the sea."}],
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Why is the sky blue?"}],
+    ]
+    image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "file:///x.png"}}]}]
+    rows = [{"id": f"chat{i}", "messages": m} for i, m in enumerate(chats)]
+    rows += [{"id": "plain", "prompt": "Once upon a time"}, {"id": "image", "messages": image}]
+    source = tmp_path / "prompts.jsonl"
+    source.write_text(
+        "".join(json.dumps({**r, "max_tokens": MAX_TOKENS, "temperature": 0.0}) + "\n" for r in rows)
+    )
+    out = tmp_path / "out.jsonl"
+    args = [
+        "run",
+        str(source),
+        "-o",
+        str(out),
+        "--model",
+        str(model_dir),
+        "--device",
+        "cpu",
+        "--timeout",
+        "200",
+    ]
+    done = radixq(*args, timeout_s=300)
+    assert done.returncode == 1, done.stderr[-3000:]  # the image row is an error row
+    got = {row["id"]: row for row in map(json.loads, out.read_text().splitlines())}
+    assert list(got) == [r["id"] for r in rows]
+    assert "content parts (images, audio) are not supported" in got["image"]["error"]["message"]
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    eos = hf.generation_config.eos_token_id
+    eos = set(eos if isinstance(eos, list) else [eos])
+    for i, messages in enumerate(chats):
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        want, _ = greedy_rows(hf, ids, MAX_TOKENS)
+        cut = next((j for j, t in enumerate(want) if t in eos), len(want))  # stops at EOS, excluded
+        choice = got[f"chat{i}"]["choices"][0]
+        assert got[f"chat{i}"]["error"] is None and choice["token_ids"] == want[:cut]
+        assert got[f"chat{i}"]["usage"]["prompt_tokens"] == len(ids)
+    assert got["plain"]["error"] is None and got["plain"]["choices"][0]["token_ids"]
