@@ -97,7 +97,6 @@ VARIANTS = {
     "fp8-kv-fa2": {"kv_cache_dtype": "fp8_e4m3", "decode_kernel": "fa2"},
     "fp8-w": {"quantization": "fp8"},
     "fp8-all": {"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3"},
-    "cascade": {"cascade_attention": True},
 }
 
 
@@ -117,7 +116,9 @@ def radixq_options(args: argparse.Namespace, variant: str) -> dict:
     }
 
 
-def timed_generate(args: argparse.Namespace, llm, w: Workload, finish_reasons: collections.Counter) -> tuple[float, int]:
+def timed_generate(
+    args: argparse.Namespace, llm, w: Workload, finish_reasons: collections.Counter
+) -> tuple[float, int]:
     """One synchronised, timed ``llm.generate`` of the workload: (seconds, output tokens)."""
     from wire.schema import SamplingParams
 
@@ -433,7 +434,9 @@ def main() -> None:
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     if args.rounds:
         if not args.num_pages:
-            raise SystemExit("--rounds keeps every variant's engine at once: give --num-pages (20000 holds the standard workload)")
+            raise SystemExit(
+                "--rounds keeps every variant's engine at once: give --num-pages (20000 holds the standard workload)"
+            )
         results = run_interleaved(args, workload, variants)
     else:
         results = [run_radixq(args, workload, v) for v in variants]

@@ -45,7 +45,7 @@ def decode_batch(batch: int, seq_len: int, graph_bs: int) -> tuple[BatchPreparer
         dummy_loc=dummy_loc,
         vocab_size=151_936,
     )
-    preparer = BatchPreparer(engine, tables, cascade_min_saved_mib=0.0)  # type: ignore[arg-type]
+    preparer = BatchPreparer(engine, tables)  # type: ignore[arg-type]
     reqs = []
     prompt_len = seq_len // 2
     for i in range(batch):

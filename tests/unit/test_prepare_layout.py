@@ -37,7 +37,7 @@ def _preparer(graph_bs: int | None = None) -> BatchPreparer:
         vocab_size=VOCAB,
         eos_token_ids=frozenset({2}),
     )
-    return BatchPreparer(engine, tables, cascade_min_saved_mib=0.0)  # type: ignore[arg-type]
+    return BatchPreparer(engine, tables)  # type: ignore[arg-type]
 
 
 def _req(slot, prompt_len, generated, cached_len, device_len, sampling, seed, cls=Req) -> Req:

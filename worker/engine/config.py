@@ -83,11 +83,6 @@ class EngineConfig:
     )
     cuda_graph: bool = option(True, "CUDA graphs for decode batches up to `cuda_graph_max_bs`")
     cuda_graph_max_bs: int = option(256, "largest decode batch captured as a CUDA graph")
-    cascade_attention: bool = option(
-        False,
-        "shared-prefix (cascade) attention: requests sharing cached prefix pages read them once per group "
-        "(decode steps with groups run without CUDA graphs)",
-    )
     triton: bool = option(True, "fused Triton kernels on CUDA (false: the torch paths, for ablation)")
     onednn: bool = option(
         True,

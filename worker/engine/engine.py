@@ -140,7 +140,6 @@ class Engine:
             model_config=model_config,
             page_size=self.page_size,
             device=self.device,
-            cascade=config.cascade_attention,
             **({"decode_kernel": config.decode_kernel} if config.decode_kernel != "auto" else {}),
         )
         self.sampler = Sampler()

@@ -120,18 +120,6 @@ class RadixCache(PrefixCache):
             node.wanted -= 1
             node = node.parent
 
-    def prefix_path(self, handle: Any) -> list[tuple[Any, int]]:
-        nodes: list[_Node] = []
-        node: _Node | None = handle
-        while node is not None and node is not self._root:
-            nodes.append(node)
-            node = node.parent
-        path, length = [], 0
-        for node in reversed(nodes):
-            length += len(node.key)
-            path.append((node, length))
-        return path
-
     def insert(self, token_ids: list[int], locations: torch.Tensor) -> int:
         assert len(token_ids) % self.page_size == 0 and len(locations) == len(token_ids)
         node, existing, _ = self._walk(token_ids)

@@ -23,16 +23,14 @@ import torch
 from worker.engine.logprobs import logprob_rows
 from worker.engine.penalties import PenaltyRow, build_penalties, penalty_row
 from worker.engine.sampler import SamplingTensors
-from worker.forward import BatchLayout, ForwardInput, PrefixGroups
+from worker.forward import BatchLayout, ForwardInput
 from worker.kvcache.table import TableManager
-from worker.scheduler.groups import cascade_pays, choose_groups, saved_kv_tokens, to_prefix_groups
 from worker.scheduler.intake import choice_seed
 from worker.scheduler.req import PendingReq, Req
 
 if TYPE_CHECKING:
     from wire.schema import SamplingParams
     from worker.engine.engine import Engine
-    from worker.kvcache.prefix import PrefixCache
 
 ROWS = "rows"  # one entry per computed token, padding rows included
 REQUESTS = "requests"  # one entry per request
@@ -171,21 +169,12 @@ def sampling_tensors(
 
 
 class BatchPreparer:
-    """Builds each pass's ForwardInput. ``prefix``: the prefix cache whose shared prefixes the
-    layouts name (PrefixGroups, for cascade attention); None leaves layouts without groups."""
+    """Builds each pass's ForwardInput."""
 
-    def __init__(
-        self,
-        engine: Engine,
-        tables: TableManager,
-        cascade_min_saved_mib: float,
-        prefix: PrefixCache | None = None,
-    ) -> None:
+    def __init__(self, engine: Engine, tables: TableManager) -> None:
         self.engine = engine
         self.tables = tables
         self.device = engine.device
-        self.prefix = prefix
-        self.cascade_min_saved_mib = cascade_min_saved_mib
         self._rows: dict[PendingReq, SamplingRow] = {}
         self._extras: dict[PendingReq, Extras | None] = {}
 
@@ -210,12 +199,9 @@ class BatchPreparer:
         device_lens = [r.device_len for r in reqs]
         extend = torch.tensor(device_lens, dtype=torch.int64) - cached
         num_tokens = int(extend.sum())
-        groups = self._prefix_groups(reqs) if self.prefix is not None else None
         graph_bs = None
-        if num_tokens == batch_size and groups is None:
-            # NOTE: cascade passes run eagerly: the captured graphs hold the plain path only
-            graph_bs = engine.graph_batch_size(batch_size)
         if num_tokens == batch_size:
+            graph_bs = engine.graph_batch_size(batch_size)
             pad = (graph_bs or batch_size) - batch_size
             load_slots = torch.cat([slots, torch.full((pad,), tables.dummy_slot, dtype=torch.int64)])
             positions = torch.cat([cached, torch.zeros(pad, dtype=torch.int64)])
@@ -260,7 +246,6 @@ class BatchPreparer:
             slots_cpu=slots.to(torch.int32),
             cached_lens_cpu=cached.to(torch.int32),
             extend_lens_cpu=extend.to(torch.int32),
-            prefix_groups=groups,
         )
         return ForwardInput(
             layout=layout,
@@ -273,19 +258,6 @@ class BatchPreparer:
             sampling=sampling,
             graph_bs=graph_bs,
         )
-
-    def _prefix_groups(self, reqs: list[Req]) -> PrefixGroups | None:
-        """The pass's shared-prefix groups (worker.scheduler.groups), or None when the cost
-        rule says attending to them once would not pay."""
-        assert self.prefix is not None
-        if len(reqs) < 2:
-            return None
-        paths = [self.prefix.prefix_path(r.handle) for r in reqs]
-        groups = choose_groups(paths, [r.cached_len for r in reqs])
-        kv_bytes = self.engine.kv_bytes_per_token_layer
-        if not cascade_pays(saved_kv_tokens(groups), kv_bytes, self.cascade_min_saved_mib):
-            return None
-        return to_prefix_groups(groups, len(reqs))
 
     def _row(self, pending: PendingReq) -> SamplingRow:
         row = self._rows.get(pending)

@@ -79,10 +79,7 @@ class Scheduler:
             self.cache, self.tables, config.output_reserve_ratio, config.schedule_policy
         )
         self.decode = DecodeManager()
-        cascade = engine.config.cascade_attention and engine.backend.supports_cascade
-        self.preparer = BatchPreparer(
-            engine, self.tables, config.cascade_min_saved_mib, self.cache.prefix if cascade else None
-        )
+        self.preparer = BatchPreparer(engine, self.tables)
         self.groups: dict[str, RequestGroup] = {}
         self.retracting: list[Req] = []
         self.outbox: list[Outbound] = []
