@@ -189,6 +189,11 @@ def summarize(
             if runs[0].retractions is not None
             else None,
             "startup_s": statistics.median(r.startup_s for r in runs),
+            "graph_max_bs": max((r.graph_batch_sizes or [0])[-1] for r in runs) or None,
+            "eager_decode_steps": max((r.eager_decode_steps or 0) for r in runs)
+            if runs[0].eager_decode_steps is not None
+            else None,
+            "eager_batch_max": max((r.eager_batch_max or 0) for r in runs) or None,
         }
         rows.append(row)
     print(
@@ -209,8 +214,14 @@ def summarize(
             f"{row['tok_per_s'] / rows[0]['tok_per_s']:>7.3f}"
         )
     for row in rows:
+        eager = (
+            f"; graphs to {row['graph_max_bs']}, eager decode steps {row['eager_decode_steps']}"
+            + (f" (batches up to {row['eager_batch_max']})" if row["eager_batch_max"] else "")
+            if row["eager_decode_steps"] is not None
+            else ""
+        )
         print(f"  {row['variant']}: runs {row['runs_s']} s; startup median {row['startup_s']:.1f} s"
-              + (f"; KV pool {row['pool_tokens']:,} tokens" if row["pool_tokens"] else ""))  # fmt: skip
+              + (f"; KV pool {row['pool_tokens']:,} tokens" if row["pool_tokens"] else "") + eager)  # fmt: skip
     by_name = {row["variant"]: row for row in rows}
     for v in variants:
         engine = by_name.get(v.engine.name)
@@ -285,7 +296,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if args.num_requests:
         preset = Preset(**{**preset.__dict__, "num_requests": args.num_requests})
     variants = [
-        Variant.parse(t, args.kv_cache_dtype, args.quantization) for t in args.variants.split(",") if t.strip()
+        Variant.parse(t, args.kv_cache_dtype, args.quantization)
+        for t in args.variants.split(",")
+        if t.strip()
     ]
     if len({v.name for v in variants}) != len(variants):
         raise SystemExit(f"--variants {args.variants!r} names a variant twice")
@@ -335,7 +348,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     f"round {round_} {v.name}: {record.seconds:.2f} s, {record.tok_per_s:,.0f} tok/s "
                     f"(startup {record.startup_s:.1f} s; max decode batch {record.max_decode_batch}, "
                     f"prefill steps {record.prefill_steps}, retractions {record.retractions}, "
-                    f"KV pages {record.kv_pages})",
+                    f"KV pages {record.kv_pages}; graphs to "
+                    f"{record.graph_batch_sizes[-1] if record.graph_batch_sizes else None}, "
+                    f"eager decode steps {record.eager_decode_steps}"
+                    + (f" up to batch {record.eager_batch_max}" if record.eager_batch_max else "")
+                    + ")",
                     flush=True,
                 )
             if round_ == 0 and not args.rounds:

@@ -181,6 +181,7 @@ def run_radixq(args: argparse.Namespace, workload: Workload, variant: str = "def
         "retractions": llm.scheduler.stats.retractions,
         "kv_pages": llm.engine.num_pages,
         "finish_reasons": dict(finish_reasons),
+        **graph_use(llm),
     }
     if profiler is not None:
         result["step_profile"] = profiler.summary()
@@ -224,12 +225,23 @@ def run_interleaved(args: argparse.Namespace, workload: Workload, variants: list
             "retractions": llms[v].scheduler.stats.retractions,
             "kv_pages": llms[v].engine.num_pages,
             "finish_reasons": dict(reasons[v]),
+            **graph_use(llms[v]),
         }
         for v in variants
     ]
     llms.clear()
     free_gpu_memory()
     return results
+
+
+def graph_use(llm) -> dict:
+    """The largest captured decode graph and the decode steps that ran eagerly (warm-up
+    included): a batch larger than every graph runs eagerly, host-bound."""
+    runner = llm.engine.graph_runner
+    return {
+        "graph_max_bs": runner.batch_sizes[-1] if runner is not None else None,
+        "eager": llm.scheduler.stats.eager_summary(),
+    }
 
 
 def sampling_extras(args: argparse.Namespace) -> dict:
@@ -456,6 +468,9 @@ def main() -> None:
     for result in results:
         if "step_profile" in result:
             print_step_profile(result["engine"], result["step_profile"])
+    for result in results:
+        if "eager" in result:
+            print(f"{result['engine']}: graphs to {result['graph_max_bs']}; {result['eager']}")
     base = results[0]["tok_per_s"]
     schema = f", JSON schema {args.json_schema}" if args.json_schema else ""
     print(

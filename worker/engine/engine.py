@@ -162,7 +162,7 @@ class Engine:
         if config.cuda_graph and self.backend.supports_cuda_graphs:
             from worker.engine.graph import GraphRunner, graph_batch_sizes
 
-            max_bs = min(config.cuda_graph_max_bs, config.max_running_reqs)
+            max_bs = config.graph_max_bs
             try:
                 with self.kernels():
                     self.graph_runner = GraphRunner(self, graph_batch_sizes(max_bs))

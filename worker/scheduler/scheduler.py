@@ -63,6 +63,17 @@ class Stats(msgspec.Struct):
     cached_tokens: int = 0  # prompt tokens served from the prefix cache at admission
     steps: int = 0
     retractions: int = 0
+    decode_steps: int = 0  # steps without prefill rows
+    # decode steps run eagerly (no captured graph holds their batch), by batch size
+    eager_decode_batches: dict[int, int] = msgspec.field(default_factory=dict)
+
+    def eager_summary(self) -> str:
+        """One line: how many decode steps ran eagerly, and their batch sizes."""
+        eager = sum(self.eager_decode_batches.values())
+        if not eager:
+            return f"eager decode steps: 0 of {self.decode_steps}"
+        sizes = sorted(self.eager_decode_batches)
+        return f"eager decode steps: {eager} of {self.decode_steps} (batch sizes {sizes[0]}-{sizes[-1]})"
 
 
 class Scheduler:
@@ -327,6 +338,11 @@ class Scheduler:
         self.stats.prefill_tokens += prefill_tokens
         self.stats.decode_tokens += len(decoding)
         self.stats.steps += 1
+        if not prefills:
+            self.stats.decode_steps += 1
+            if fi.graph_bs is None:
+                eager = self.stats.eager_decode_batches
+                eager[len(reqs)] = eager.get(len(reqs), 0) + 1
         step = Step(reqs, is_prefill, fi, output, logits)
         if hooks is not None and output is not None:
             hooks.launch_finished(step)
