@@ -359,16 +359,17 @@ def _sync() -> None:
 def print_step_profile(engine: str, profile: dict) -> None:
     """One line per step kind: p50/p90 (ms) of host work, GPU pass time and host waits."""
     print(f"step profile of {engine} ({profile['steps']} steps; p50/p90 ms)")
-    for kind in ("prefill", "decode"):
+    for kind in ("prefill", "decode", "decode_full"):
         row = profile.get(kind)
         if not row:
             continue
         cells = [
             f"{name} {row[name].get('p50', float('nan')):.3f}/{row[name].get('p90', float('nan')):.3f}"
-            for name in ("launch_ms", "process_ms", "wait_ms", "gpu_ms")
+            for name in ("launch_ms", "process_ms", "host_ms", "wait_ms", "gpu_ms")
         ]
         sums = f"host sum {row['host_ms'].get('sum', 0) / 1e3:.2f} s, gpu sum {row['gpu_ms'].get('sum', 0) / 1e3:.2f} s"
-        print(f"  {kind:<7} n={row['steps']:<5} " + "  ".join(cells) + f"  ({sums})")
+        label = f"decode@{row['batch_size']}" if kind == "decode_full" else kind  # the full-batch steps
+        print(f"  {label:<11} n={row['steps']:<5} " + "  ".join(cells) + f"  ({sums})")
     if "gpu_gap_ms" in profile:
         gap = profile["gpu_gap_ms"]
         print(

@@ -53,7 +53,7 @@ class PageAllocator:
         if locations.numel() == 0:
             return
         assert locations.numel() % self.page_size == 0, "free takes whole pages"
-        pages = locations_to_pages(locations.cpu(), self.page_size).numpy()
+        pages = locations.cpu().numpy()[:: self.page_size] // self.page_size
         assert self._count + len(pages) <= self.num_pages, "more pages freed than the pool holds"
         tail = np.arange(self._head + self._count, self._head + self._count + len(pages)) % self.num_pages
         self._ring[tail] = pages

@@ -102,7 +102,7 @@ class CacheManager:
         """
         valid_len = min(req.cached_len, len(req.input_ids))
         insert_len = max(self.prefix.insertable_len(valid_len), req.matched_len)
-        row = self.tables.page_table_cpu[req.slot, : req.alloc_len].clone()
+        row = torch.from_numpy(self.tables.page_table_np[req.slot, : req.alloc_len].copy())
         existing = req.matched_len
         if insert_len > req.matched_len:
             existing = self.prefix.insert(req.input_ids[:insert_len], row[:insert_len])

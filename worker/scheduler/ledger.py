@@ -13,8 +13,8 @@ batch with one index per array and moves lengths with one vectorised write:
 A Req binds its row when it is built and reads its lengths there (worker.scheduler.req).
 Invariant: while a request holds its slot, its row is its own and only it (or a later chunk
 of the same prompt) writes it. A released request's slot can be handed out again while a
-step in flight still names the request, so release detaches it: ``copy_row`` gives it a
-private one-row ledger holding its values.
+step in flight still names the request, so release detaches it: ``lengths_of`` gives it its
+lengths to keep (OwnLengths), read and written as a one-row ledger's.
 """
 
 from __future__ import annotations
@@ -93,6 +93,19 @@ class StopRows(NamedTuple):
         return np.flatnonzero(ends | self.slow_stop)
 
 
+class OwnLengths:
+    """One request's lengths outside the ledger, indexed as row 0 of a one-row ledger's arrays."""
+
+    __slots__ = ("cached_len", "device_len", "max_device_len", "alloc_len")
+    num_rows = 1
+
+    def __init__(self, cached_len: int, device_len: int, max_device_len: int, alloc_len: int) -> None:
+        self.cached_len = [cached_len]
+        self.device_len = [device_len]
+        self.max_device_len = [max_device_len]
+        self.alloc_len = [alloc_len]
+
+
 class SlotLedger:
     """The arrays of module docstring, ``num_rows`` long. ``vocab_size`` turns top_k off where
     it covers the vocabulary (worker.scheduler.prepare.sampling_row)."""
@@ -155,12 +168,14 @@ class SlotLedger:
         self.greedy[row] = sampling.greedy
         self.extras[row] = may_need_extras(params)
 
-    def copy_row(self, row: int) -> SlotLedger:
-        """A one-row ledger holding row ``row``'s values (a released request's own)."""
-        copy = SlotLedger(1, self.vocab_size)
-        for name in (*_INT64, *_FLOAT64, *_BOOL, "stop_ids"):
-            getattr(copy, name)[0] = getattr(self, name)[row]
-        return copy
+    def lengths_of(self, row: int) -> OwnLengths:
+        """Row ``row``'s lengths, to keep apart from the ledger (a released request's)."""
+        return OwnLengths(
+            int(self.cached_len[row]),
+            int(self.device_len[row]),
+            int(self.max_device_len[row]),
+            int(self.alloc_len[row]),
+        )
 
     def complete_forward(self, slots: np.ndarray) -> None:
         """GPU-side progress of decode rows ``slots`` after a pass: cached_len = device_len,

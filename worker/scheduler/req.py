@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from wire.schema import SamplingParams
-from worker.scheduler.ledger import SlotLedger
+from worker.scheduler.ledger import OwnLengths, SlotLedger
 from worker.scheduler.messages import ChoiceOutput, TokenLogprobs
 
 if TYPE_CHECKING:
@@ -125,7 +125,7 @@ class Req:
             ledger, self._row = SlotLedger(1), 0
         else:
             self._row = slot
-        self._ledger = ledger
+        self._ledger: SlotLedger | OwnLengths = ledger
         ledger.bind(self._row, pending, cached_len, device_len, max_device_len, alloc_len)
 
     def __repr__(self) -> str:
@@ -146,8 +146,8 @@ class Req:
 
     def detach(self) -> None:
         """Keep this request's row to itself: its slot is being released (module ledger)."""
-        if self._ledger.num_rows > 1:
-            self._ledger, self._row = self._ledger.copy_row(self._row), 0
+        if isinstance(self._ledger, SlotLedger):
+            self._ledger, self._row = self._ledger.lengths_of(self._row), 0
 
     @property
     def input_ids(self) -> list[int]:
