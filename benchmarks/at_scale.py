@@ -312,7 +312,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 f"round {record.round} {label}: {record.seconds:.2f} s, {record.tok_per_s:,.0f} tok/s "
                 f"(startup {record.startup_s:.1f} s; max decode batch {record.max_decode_batch}, "
                 f"prefill steps {record.prefill_steps}, retractions {record.retractions}, "
-                f"KV pages {record.kv_pages})",
+                f"KV pages {record.kv_pages}; graphs to "
+                f"{record.graph_batch_sizes[-1] if record.graph_batch_sizes else None}, "
+                f"eager decode steps {record.eager_decode_steps}"
+                + (f" up to batch {record.eager_batch_max}" if record.eager_batch_max else "")
+                + ")",
                 flush=True,
             )
         last_wall[(name, v.name)] = (time.perf_counter() - start) / len(rounds)

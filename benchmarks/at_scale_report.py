@@ -66,6 +66,11 @@ def summarize(
             if runs[0].retractions is not None
             else None,
             "startup_s": statistics.median(r.startup_s for r in runs),
+            "graph_max_bs": max((r.graph_batch_sizes or [0])[-1] for r in runs) or None,
+            "eager_decode_steps": max((r.eager_decode_steps or 0) for r in runs)
+            if runs[0].eager_decode_steps is not None
+            else None,
+            "eager_batch_max": max((r.eager_batch_max or 0) for r in runs) or None,
         }
         rows.append(row)
     print(
@@ -87,8 +92,14 @@ def summarize(
             f"{row['tok_per_s'] / rows[0]['tok_per_s']:>7.3f}"
         )
     for row in rows:
+        eager = (
+            f"; graphs to {row['graph_max_bs']}, eager decode steps {row['eager_decode_steps']}"
+            + (f" (batches up to {row['eager_batch_max']})" if row["eager_batch_max"] else "")
+            if row["eager_decode_steps"] is not None
+            else ""
+        )
         print(f"  {row['variant']}: runs {row['runs_s']} s; startup median {row['startup_s']:.1f} s"
-              + (f"; KV pool {row['pool_tokens']:,} tokens" if row["pool_tokens"] else ""))  # fmt: skip
+              + (f"; KV pool {row['pool_tokens']:,} tokens" if row["pool_tokens"] else "") + eager)  # fmt: skip
     by_name = {row["variant"]: row for row in rows}
     for v in variants:
         engine = by_name.get(v.engine.name)

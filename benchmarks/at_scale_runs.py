@@ -42,6 +42,8 @@ class RunRecord:
     retractions: int | None = None
     graph_batch_sizes: list[int] = field(default_factory=list)
     preset: str = ""  # the at_scale.py preset it ran (set by the driver)
+    eager_decode_steps: int | None = None  # decode steps no captured graph held (run eagerly)
+    eager_batch_max: int | None = None  # the largest of their batches
 
     @property
     def tok_per_s(self) -> float:
@@ -52,16 +54,21 @@ class RunRecord:
 
 
 class BatchWatch(StepHooks):
-    """Counts decode and prefill steps and the largest decode batch (host side, cheap)."""
+    """Counts decode and prefill steps, the largest decode batch and the decode steps that ran
+    eagerly (no captured graph held their batch) (host side, cheap)."""
 
     def __init__(self) -> None:
         self.max_decode_batch = self.decode_steps = self.prefill_steps = 0
+        self.eager_decode_steps = self.eager_batch_max = 0
 
     def forward_started(self, fi: Any) -> None:
         batch_size = fi.batch_size
         if fi.layout.num_tokens == batch_size:
             self.decode_steps += 1
             self.max_decode_batch = max(self.max_decode_batch, batch_size)
+            if fi.graph_bs is None:
+                self.eager_decode_steps += 1
+                self.eager_batch_max = max(self.eager_batch_max, batch_size)
         else:
             self.prefill_steps += 1
 
@@ -128,6 +135,8 @@ def run_engine(
         prefill_steps=watch.prefill_steps,
         retractions=llm.scheduler.stats.retractions - retractions,
         graph_batch_sizes=list(engine.graph_runner.batch_sizes) if engine.graph_runner else [],
+        eager_decode_steps=watch.eager_decode_steps,
+        eager_batch_max=watch.eager_batch_max or None,
     )
     llm = engine = results = None  # type: ignore[assignment]  # NOTE: drop every reference first
     free_gpu_memory()

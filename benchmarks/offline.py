@@ -97,7 +97,6 @@ VARIANTS = {
     "fp8-kv-fa2": {"kv_cache_dtype": "fp8_e4m3", "decode_kernel": "fa2"},
     "fp8-w": {"quantization": "fp8"},
     "fp8-all": {"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3"},
-    "cascade": {"cascade_attention": True},
 }
 
 
@@ -117,7 +116,9 @@ def radixq_options(args: argparse.Namespace, variant: str) -> dict:
     }
 
 
-def timed_generate(args: argparse.Namespace, llm, w: Workload, finish_reasons: collections.Counter) -> tuple[float, int]:
+def timed_generate(
+    args: argparse.Namespace, llm, w: Workload, finish_reasons: collections.Counter
+) -> tuple[float, int]:
     """One synchronised, timed ``llm.generate`` of the workload: (seconds, output tokens)."""
     from wire.schema import SamplingParams
 
@@ -180,6 +181,7 @@ def run_radixq(args: argparse.Namespace, workload: Workload, variant: str = "def
         "retractions": llm.scheduler.stats.retractions,
         "kv_pages": llm.engine.num_pages,
         "finish_reasons": dict(finish_reasons),
+        **graph_use(llm),
     }
     if profiler is not None:
         result["step_profile"] = profiler.summary()
@@ -223,12 +225,23 @@ def run_interleaved(args: argparse.Namespace, workload: Workload, variants: list
             "retractions": llms[v].scheduler.stats.retractions,
             "kv_pages": llms[v].engine.num_pages,
             "finish_reasons": dict(reasons[v]),
+            **graph_use(llms[v]),
         }
         for v in variants
     ]
     llms.clear()
     free_gpu_memory()
     return results
+
+
+def graph_use(llm) -> dict:
+    """The largest captured decode graph and the decode steps that ran eagerly (warm-up
+    included): a batch larger than every graph runs eagerly, host-bound."""
+    runner = llm.engine.graph_runner
+    return {
+        "graph_max_bs": runner.batch_sizes[-1] if runner is not None else None,
+        "eager": llm.scheduler.stats.eager_summary(),
+    }
 
 
 def sampling_extras(args: argparse.Namespace) -> dict:
@@ -346,16 +359,17 @@ def _sync() -> None:
 def print_step_profile(engine: str, profile: dict) -> None:
     """One line per step kind: p50/p90 (ms) of host work, GPU pass time and host waits."""
     print(f"step profile of {engine} ({profile['steps']} steps; p50/p90 ms)")
-    for kind in ("prefill", "decode"):
+    for kind in ("prefill", "decode", "decode_full"):
         row = profile.get(kind)
         if not row:
             continue
         cells = [
             f"{name} {row[name].get('p50', float('nan')):.3f}/{row[name].get('p90', float('nan')):.3f}"
-            for name in ("launch_ms", "process_ms", "wait_ms", "gpu_ms")
+            for name in ("launch_ms", "process_ms", "host_ms", "wait_ms", "gpu_ms")
         ]
         sums = f"host sum {row['host_ms'].get('sum', 0) / 1e3:.2f} s, gpu sum {row['gpu_ms'].get('sum', 0) / 1e3:.2f} s"
-        print(f"  {kind:<7} n={row['steps']:<5} " + "  ".join(cells) + f"  ({sums})")
+        label = f"decode@{row['batch_size']}" if kind == "decode_full" else kind  # the full-batch steps
+        print(f"  {label:<11} n={row['steps']:<5} " + "  ".join(cells) + f"  ({sums})")
     if "gpu_gap_ms" in profile:
         gap = profile["gpu_gap_ms"]
         print(
@@ -433,7 +447,9 @@ def main() -> None:
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     if args.rounds:
         if not args.num_pages:
-            raise SystemExit("--rounds keeps every variant's engine at once: give --num-pages (20000 holds the standard workload)")
+            raise SystemExit(
+                "--rounds keeps every variant's engine at once: give --num-pages (20000 holds the standard workload)"
+            )
         results = run_interleaved(args, workload, variants)
     else:
         results = [run_radixq(args, workload, v) for v in variants]
@@ -453,6 +469,9 @@ def main() -> None:
     for result in results:
         if "step_profile" in result:
             print_step_profile(result["engine"], result["step_profile"])
+    for result in results:
+        if "eager" in result:
+            print(f"{result['engine']}: graphs to {result['graph_max_bs']}; {result['eager']}")
     base = results[0]["tok_per_s"]
     schema = f", JSON schema {args.json_schema}" if args.json_schema else ""
     print(

@@ -1,4 +1,4 @@
-"""Host time of one batch preparation (BatchPreparer._prepare), the scheduler's hot path, on CPU.
+"""Host time of one batch preparation (BatchPreparer.prepare), the scheduler's hot path, on CPU.
 
 A decode step of ``--batch`` running requests (the standard workload's 256 by default), each
 ``--seq-len`` tokens long, sampled (temperature 0.6) so every sampling column is built; padded
@@ -26,6 +26,7 @@ import torch  # noqa: E402
 from wire.schema import SamplingParams  # noqa: E402
 from worker.kvcache.table import TableManager  # noqa: E402
 from worker.scheduler.intake import make_group  # noqa: E402
+from worker.scheduler.ledger import SlotLedger  # noqa: E402
 from worker.scheduler.messages import GenerateRequest  # noqa: E402
 from worker.scheduler.prepare import BatchPreparer  # noqa: E402
 from worker.scheduler.req import Req  # noqa: E402
@@ -45,7 +46,7 @@ def decode_batch(batch: int, seq_len: int, graph_bs: int) -> tuple[BatchPreparer
         dummy_loc=dummy_loc,
         vocab_size=151_936,
     )
-    preparer = BatchPreparer(engine, tables, cascade_min_saved_mib=0.0)  # type: ignore[arg-type]
+    preparer = BatchPreparer(engine, tables, SlotLedger(batch + 1, 151_936))  # type: ignore[arg-type]
     reqs = []
     prompt_len = seq_len // 2
     for i in range(batch):
@@ -69,6 +70,7 @@ def decode_batch(batch: int, seq_len: int, graph_bs: int) -> tuple[BatchPreparer
                 handle=None,
                 matched_len=0,
                 alloc_len=shape[1],
+                ledger=preparer.ledger,
             )
         )
     return preparer, reqs
@@ -86,11 +88,11 @@ def main() -> None:
     torch.set_num_threads(1)
     preparer, reqs = decode_batch(args.batch, args.seq_len, args.graph_bs)
     for _ in range(50):
-        preparer._prepare(reqs)
+        preparer.prepare(reqs)
     times_us = []
     for _ in range(args.reps):
         start = time.perf_counter()
-        preparer._prepare(reqs)
+        preparer.prepare(reqs)
         times_us.append((time.perf_counter() - start) * 1e6)
     q1, median, q3 = statistics.quantiles(times_us, n=4)
     print(json.dumps({"batch": args.batch, "reps": args.reps, "p25_us": q1, "p50_us": median, "p75_us": q3}))

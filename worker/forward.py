@@ -1,6 +1,6 @@
 """The values that cross the scheduler -> engine -> model boundary, one immutable each.
 
-The scheduler builds a ForwardInput (its BatchLayout and PrefixGroups say what to attend to),
+The scheduler builds a ForwardInput (its BatchLayout says what to attend to),
 the engine turns it into the ForwardBatch a model reads, and returns a ForwardOutput."""
 
 from __future__ import annotations
@@ -18,34 +18,6 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class PrefixGroups:
-    """Requests of a pass that share the KV pages of a prefix (host-side, int32 [B] each).
-
-    Request i is in group ``group_ids_cpu[i]`` (-1: in none). Every member of a group holds
-    the same ``prefix_lens_cpu[i]`` tokens (whole pages, the same page locations in their
-    page_table rows; 0 outside groups), all of them already cached: prefix_len <= cached_len.
-    A group has at least two members. Backends may attend to a group's prefix once for all
-    its queries (cascade attention) or ignore this and read each row whole; both are exact.
-    Built by the scheduler (worker.scheduler.groups) when EngineConfig.cascade_attention is on.
-    """
-
-    group_ids_cpu: torch.Tensor
-    prefix_lens_cpu: torch.Tensor
-
-    @property
-    def num_groups(self) -> int:
-        return int(self.group_ids_cpu.max()) + 1 if self.group_ids_cpu.numel() else 0
-
-    def members(self) -> list[list[int]]:
-        """Per group, its requests' indices in the batch, ascending."""
-        out: list[list[int]] = [[] for _ in range(self.num_groups)]
-        for i, g in enumerate(self.group_ids_cpu.tolist()):
-            if g >= 0:
-                out[g].append(i)
-        return out
-
-
-@dataclass(frozen=True)
 class BatchLayout:
     """Host-side shape of one forward pass: what a backend needs to plan it.
 
@@ -55,7 +27,6 @@ class BatchLayout:
     slots_cpu: torch.Tensor  # rows of page_table
     cached_lens_cpu: torch.Tensor  # tokens whose KV is already in the pool
     extend_lens_cpu: torch.Tensor  # new tokens computed in this pass (>= 1)
-    prefix_groups: PrefixGroups | None = None  # shared-prefix groups, for cascade attention
 
     @property
     def batch_size(self) -> int:

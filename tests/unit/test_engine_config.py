@@ -43,3 +43,15 @@ def test_options_go_to_the_table_that_declares_them() -> None:
     assert (changed.model, changed.scheduler.max_prefill_tokens, changed.engine.device) == ("other", 8, "cpu")
     assert (changed.engine.page_size, changed.scheduler.cache) == (4, "naive")
     assert RunConfig.from_json(run.to_json()) == run
+
+
+def test_graphs_reach_max_running_reqs_unless_capped() -> None:
+    """An engine raised to 1,024 running requests captures decode graphs up to 1,024 (a larger
+    batch than any graph decodes eagerly, host-bound); a set cuda_graph_max_bs caps them, and
+    no graph is larger than the largest decode batch."""
+    assert EngineConfig(model="m").graph_max_bs == 256
+    assert EngineConfig(model="m", max_running_reqs=1024).graph_max_bs == 1024
+    assert EngineConfig(model="m", max_running_reqs=1024, cuda_graph_max_bs=512).graph_max_bs == 512
+    assert EngineConfig(model="m", max_running_reqs=64, cuda_graph_max_bs=512).graph_max_bs == 64
+    with pytest.raises(ValueError, match="cuda_graph_max_bs=0"):
+        EngineConfig(model="m", cuda_graph_max_bs=0)

@@ -10,6 +10,7 @@ import torch
 
 from wire.schema import SamplingParams
 from worker.kvcache.table import TableManager
+from worker.scheduler.ledger import SlotLedger
 from worker.scheduler.prepare import PASS_FLOAT32, PASS_INT64, BatchPreparer, sampling_tensors
 from worker.scheduler.req import ChunkedReq, PendingReq, Req, RequestGroup
 
@@ -22,6 +23,7 @@ def _location(slot: int, position: int) -> int:
 
 
 def _preparer(graph_bs: int | None = None) -> BatchPreparer:
+    """A preparer over CPU tables; the requests of a batch bind its ledger (``_req``)."""
     shape = (MAX_REQS + 1, ROW_LEN)
     tables = TableManager(
         MAX_REQS, torch.zeros(shape, dtype=torch.int32), torch.zeros(shape, dtype=torch.int32)
@@ -37,14 +39,14 @@ def _preparer(graph_bs: int | None = None) -> BatchPreparer:
         vocab_size=VOCAB,
         eos_token_ids=frozenset({2}),
     )
-    return BatchPreparer(engine, tables, cascade_min_saved_mib=0.0)  # type: ignore[arg-type]
+    return BatchPreparer(engine, tables, SlotLedger(MAX_REQS + 1, VOCAB))  # type: ignore[arg-type]
 
 
-def _req(slot, prompt_len, generated, cached_len, device_len, sampling, seed, cls=Req) -> Req:
+def _req(ledger, slot, prompt_len, generated, cached_len, device_len, sampling, seed, cls=Req) -> Req:
     group = RequestGroup(uid=f"g{slot}", prompt_len=prompt_len, n=1)
     input_ids = list(range(1, prompt_len + generated + 1))
     pending = PendingReq(group, 0, input_ids, sampling, prompt_len + 20, seed)
-    return cls(pending, slot, cached_len, device_len, prompt_len + 20, None, 0, ROW_LEN)
+    return cls(pending, slot, cached_len, device_len, prompt_len + 20, None, 0, ROW_LEN, ledger)
 
 
 PARAMS = [
@@ -55,23 +57,15 @@ PARAMS = [
 ]
 
 
-def _mixed_batch() -> list[Req]:
+def _mixed_batch(ledger: SlotLedger) -> list[Req]:
     """A fresh prompt, a prompt over a cached prefix, a non-final chunk, and a retracted
     request prefilled again with 3 generated tokens (its output position is 3)."""
+    # (slot, prompt_len, generated, cached_len, device_len, sampling, seed)
     return [
-        _req(slot=2, prompt_len=5, generated=0, cached_len=0, device_len=5, sampling=PARAMS[0], seed=11),
-        _req(slot=0, prompt_len=6, generated=0, cached_len=4, device_len=6, sampling=PARAMS[1], seed=12),
-        _req(
-            slot=5,
-            prompt_len=10,
-            generated=0,
-            cached_len=0,
-            device_len=3,
-            sampling=PARAMS[2],
-            seed=77,
-            cls=ChunkedReq,
-        ),
-        _req(slot=7, prompt_len=4, generated=3, cached_len=2, device_len=7, sampling=PARAMS[3], seed=14),
+        _req(ledger, 2, 5, 0, 0, 5, PARAMS[0], 11),
+        _req(ledger, 0, 6, 0, 4, 6, PARAMS[1], 12),
+        _req(ledger, 5, 10, 0, 0, 3, PARAMS[2], 77, ChunkedReq),
+        _req(ledger, 7, 4, 3, 2, 7, PARAMS[3], 14),
     ]
 
 
@@ -80,7 +74,8 @@ def _as_list(t: torch.Tensor) -> list:
 
 
 def test_prefill_views_hold_each_field() -> None:
-    fi = _preparer(graph_bs=16).prepare(_mixed_batch())  # a prefill never replays a graph
+    preparer = _preparer(graph_bs=16)
+    fi = preparer.prepare(_mixed_batch(preparer.ledger))  # a prefill never replays a graph
     spans = [(2, 0, 5), (0, 4, 6), (5, 0, 3), (7, 2, 7)]  # (slot, first position, end)
     assert _as_list(fi.load_slots) == [s for s, a, b in spans for _ in range(a, b)]
     assert _as_list(fi.positions) == [p for _, a, b in spans for p in range(a, b)]
@@ -104,11 +99,10 @@ def test_prefill_views_hold_each_field() -> None:
 
 
 def test_decode_views_are_padded_to_the_graph_size() -> None:
-    reqs = [
-        _req(slot=3, prompt_len=5, generated=4, cached_len=8, device_len=9, sampling=PARAMS[0], seed=11),
-        _req(slot=1, prompt_len=7, generated=1, cached_len=7, device_len=8, sampling=PARAMS[3], seed=14),
-    ]
-    fi = _preparer(graph_bs=4).prepare(reqs)
+    preparer = _preparer(graph_bs=4)
+    ledger = preparer.ledger
+    reqs = [_req(ledger, 3, 5, 4, 8, 9, PARAMS[0], 11), _req(ledger, 1, 7, 1, 7, 8, PARAMS[3], 14)]
+    fi = preparer.prepare(reqs)
     assert fi.graph_bs == 4 and fi.batch_size == 2
     assert _as_list(fi.load_slots) == [3, 1, MAX_REQS, MAX_REQS]
     assert _as_list(fi.positions) == [8, 7, 0, 0]
@@ -127,7 +121,8 @@ def test_greedy_rows_switch_no_filter_on() -> None:
 
 
 def test_sampling_tensors_outside_a_pass_equal_the_pass_ones() -> None:
-    fi = _preparer().prepare(_mixed_batch())
+    preparer = _preparer()
+    fi = preparer.prepare(_mixed_batch(preparer.ledger))
     alone = sampling_tensors(PARAMS, [0, 0, 0, 3], "cpu", seeds=[11, 12, 77, 14], vocab_size=VOCAB)
     for name in ("temperature", "top_p", "top_k", "min_p", "seeds", "steps", "greedy"):
         assert torch.equal(getattr(alone, name), getattr(fi.sampling, name)), name
@@ -139,3 +134,17 @@ def test_every_field_is_packed_once() -> None:
     names = [name for name, _ in PASS_INT64.fields + PASS_FLOAT32.fields]
     assert len(names) == len(set(names)) == 13
     assert PASS_INT64.sizes(num_rows=7, batch_size=3) == [7, 7, 7] + [3] * 7
+
+
+def test_the_schedulers_slots_give_the_same_pass() -> None:
+    """The scheduler hands its slot array and the count of leading prefills (the rest are
+    running requests); the pass equals the one built from the requests alone."""
+    preparer = _preparer()
+    reqs = _mixed_batch(preparer.ledger)
+    alone = preparer.prepare(reqs)
+    slots = torch.tensor([r.slot for r in reqs]).numpy()
+    told = preparer.prepare(reqs, slots, num_prefills=3)  # the chunk is among the prefills
+    for name in ("load_slots", "positions", "out_loc", "sample_idx", "write_slots", "write_pos"):
+        assert torch.equal(getattr(alone, name), getattr(told, name)), name
+    for name in ("seeds", "steps", "top_k", "greedy", "temperature", "top_p", "min_p"):
+        assert torch.equal(getattr(alone.sampling, name), getattr(told.sampling, name)), name

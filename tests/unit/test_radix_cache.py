@@ -57,14 +57,55 @@ def test_lock_protects_from_eviction_and_lru_order() -> None:
     assert cache.evict(100).numel() == 3 and cache.num_cached_tokens == 0
 
 
+def test_wanted_leaves_go_last_and_in_lru_order_once_unwanted() -> None:
+    """A wanted leaf outlives older unwanted ones; unwanted again, it is evicted by its age."""
+    cache, alloc = RadixCache(1), PageAllocator(16, 1)
+    _insert_fresh(cache, alloc, [1, 2])
+    _insert_fresh(cache, alloc, [3, 4])
+    wanted = cache.match([1, 2]).handle
+    cache.want(wanted)  # [1, 2] is now the most recently used, and wanted
+    cache.match([3, 4])  # [3, 4] is the most recently used
+    assert cache.evict(1).numel() == 2 and cache.match([3, 4]).length == 0  # the unwanted one first
+    _insert_fresh(cache, alloc, [5, 6])
+    cache.unwant(wanted)  # [1, 2] is older than [5, 6]: it goes first now
+    assert cache.evict(1).numel() == 2 and cache.match([1, 2]).length == 0
+    assert cache.match([5, 6]).length == 2
+
+
 def test_naive_cache_never_shares() -> None:
     cache = create_prefix_cache("naive", 4)
     assert cache.match([1, 2, 3, 4, 5]).length == 0
     assert cache.insertable_len(100) == 0 and cache.num_cached_tokens == 0
 
 
+def lru_eviction(cache: RadixCache, num_tokens: int) -> list[int]:
+    """The locations ``evict(num_tokens)`` must return, by brute force over the whole tree: the
+    unlocked leaf that is unwanted before wanted, then least recently used, again and again
+    (a parent whose children are all gone is a leaf), until ``num_tokens`` are out."""
+    nodes, stack = [], list(cache._root.children.values())
+    while stack:
+        node = stack.pop()
+        nodes.append(node)
+        stack.extend(node.children.values())
+    gone: set[int] = set()
+    out: list[int] = []
+    while len(out) < num_tokens:
+        leaves = [
+            n
+            for n in nodes
+            if id(n) not in gone and n.ref_count == 0 and all(id(c) in gone for c in n.children.values())
+        ]
+        if not leaves:
+            break
+        oldest = min(leaves, key=lambda n: (n.wanted > 0, n.last_access))
+        gone.add(id(oldest))
+        out += oldest.value.tolist()
+    return out
+
+
 class RadixMachine(RuleBasedStateMachine):
-    """Random match/insert/lock/unlock/evict/free sequences against a dict oracle."""
+    """Random match/insert/lock/unlock/want/unwant/evict/free sequences against a dict oracle
+    (what is cached) and a brute-force LRU (what is evicted)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -73,6 +114,7 @@ class RadixMachine(RuleBasedStateMachine):
         self.alloc = PageAllocator(NUM_PAGES, self.page_size)
         self.oracle: dict[tuple[int, ...], list[int]] = {}  # page-aligned prefix -> its locations
         self.locks: list[tuple[object, tuple[int, ...]]] = []
+        self.wants: list[object] = []
         self.private: list[torch.Tensor] = []  # pages a "request" holds outside the cache
 
     @rule(tokens=st.lists(st.integers(0, 2), min_size=2, max_size=10))
@@ -110,10 +152,23 @@ class RadixMachine(RuleBasedStateMachine):
         handle, _ = self.locks.pop(which % len(self.locks))
         self.cache.unlock(handle)
 
+    @rule(tokens=st.lists(st.integers(0, 2), max_size=10))
+    def want(self, tokens: list[int]) -> None:
+        handle = self.cache.match(tokens).handle
+        self.cache.want(handle)
+        self.wants.append(handle)
+
+    @precondition(lambda self: self.wants)
+    @rule(which=st.integers(0, 100))
+    def unwant(self, which: int) -> None:
+        self.cache.unwant(self.wants.pop(which % len(self.wants)))
+
     @rule(n=st.integers(0, 12))
     def evict(self, n: int) -> None:
         before = self.cache.num_cached_tokens
+        expected = lru_eviction(self.cache, n)
         evicted = self.cache.evict(n)
+        assert evicted.tolist() == expected, "not the least recently used unlocked leaves, unwanted first"
         assert before - self.cache.num_cached_tokens == evicted.numel()
         self.alloc.free(evicted)
         for key in [k for k in self.oracle if self.cache.match(list(k)).length < len(k)]:

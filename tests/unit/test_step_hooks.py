@@ -131,3 +131,16 @@ def test_step_profiler_records_every_step_through_the_hooks(model_json: Path) ->
     summary = profiler.summary()
     assert summary["steps"] == 4 and summary["prefill"]["steps"] == 1 and summary["decode"]["steps"] == 3
     assert summary["decode"]["launch_ms"]["sum"] > 0 and summary["decode"]["gpu_ms"] == {}
+    # the decode steps at the largest batch (2 requests): the first decode step only
+    assert (summary["decode_full"]["steps"], summary["decode_full"]["batch_size"]) == (1, 2)
+
+
+def test_stats_count_the_decode_steps_no_graph_held(model_json: Path) -> None:
+    """A CPU engine captures no graphs: each decode step of LAUNCHED ran eagerly, counted by its
+    batch size (the benchmarks print these to show batches larger than every graph)."""
+    scheduler, _ = _scheduler(model_json, overlap=True)
+    assert scheduler.engine.graph_runner is None
+    scheduler.run_until_idle()
+    assert scheduler.stats.decode_steps == 3
+    assert scheduler.stats.eager_decode_batches == {2: 1, 1: 2}
+    assert scheduler.stats.eager_summary() == "eager decode steps: 3 of 3 (batch sizes 1-2)"

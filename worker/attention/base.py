@@ -43,9 +43,6 @@ class AttentionBackend(ABC):
     """
 
     supports_cuda_graphs: ClassVar[bool] = False
-    # Whether ``plan`` uses ``layout.prefix_groups`` (cascade attention); others read each
-    # request's row whole, which is just as exact.
-    supports_cascade: ClassVar[bool] = False
 
     @abstractmethod
     def plan(self, layout: BatchLayout) -> Any:

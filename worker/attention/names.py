@@ -10,11 +10,5 @@ ATTENTION_BACKENDS: dict[str, str] = {
     "sdpa": "worker.attention.torch_sdpa:create",  # batched torch SDPA: the default off CUDA
     "flashinfer": "worker.attention.flashinfer:create",
 }
-# The same backends with cascade (shared-prefix) attention: EngineConfig.cascade_attention.
-CASCADE_BACKENDS: dict[str, str] = {
-    "torch": "worker.attention.torch_cascade:create",
-    "sdpa": "worker.attention.torch_cascade:create",  # the reference's cascade: off CUDA it is for tests
-    "flashinfer": "worker.attention.flashinfer_cascade:FlashInferCascadeBackend",  # takes the same keywords
-}
 ATTENTION_CHOICES = ("auto", *ATTENTION_BACKENDS)  # "auto": flashinfer on CUDA, else sdpa
 DECODE_KERNELS = ("auto", "fa2", "xqa")  # FlashInfer decode: "auto" picks XQA over FP8 pages on sm90

@@ -7,14 +7,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from worker.attention.names import ATTENTION_BACKENDS, CASCADE_BACKENDS
+from worker.attention.names import ATTENTION_BACKENDS
 from worker.lazy import load_callable
 
 if TYPE_CHECKING:
     from worker.attention.base import AttentionBackend
     from worker.kvcache.pool import KVPool
     from worker.models.config import ModelConfig
-
 
 
 def available_backends() -> list[str]:
@@ -38,18 +37,15 @@ def create_backend(
     model_config: ModelConfig,
     page_size: int,
     device: torch.device | str,
-    cascade: bool = False,
     **kw: Any,
 ) -> AttentionBackend:
-    """Build the backend ``name`` ("torch", "sdpa", "flashinfer" or "auto") for this KV pool; with
-    ``cascade``, its variant that attends to shared prefixes once (CASCADE_BACKENDS).
+    """Build the backend ``name`` ("torch", "sdpa", "flashinfer" or "auto") for this KV pool.
 
     Each backend module exposes ``create(*, kv, page_table, model_config, page_size, device, **kw)``.
     """
     resolved = resolve_backend_name(name, device)
     try:
-        table = CASCADE_BACKENDS if cascade else ATTENTION_BACKENDS
-        factory = load_callable(resolved, table, "attention backend")
+        factory = load_callable(resolved, ATTENTION_BACKENDS, "attention backend")
     except ImportError as exc:
         raise ImportError(
             f"attention backend {resolved!r} needs a package that is missing ({exc}); "

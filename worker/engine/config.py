@@ -82,11 +82,11 @@ class EngineConfig:
         choices=DECODE_KERNELS,
     )
     cuda_graph: bool = option(True, "CUDA graphs for decode batches up to `cuda_graph_max_bs`")
-    cuda_graph_max_bs: int = option(256, "largest decode batch captured as a CUDA graph")
-    cascade_attention: bool = option(
-        False,
-        "shared-prefix (cascade) attention: requests sharing cached prefix pages read them once per group "
-        "(decode steps with groups run without CUDA graphs)",
+    cuda_graph_max_bs: int | None = option(
+        None,
+        "largest decode batch captured as a CUDA graph; empty: `max_running_reqs` (a larger decode batch "
+        "runs eagerly, host-bound)",
+        check=(lambda n: n is None or n >= 1, "must be >= 1"),
     )
     triton: bool = option(True, "fused Triton kernels on CUDA (false: the torch paths, for ablation)")
     onednn: bool = option(
@@ -106,6 +106,12 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         check_options(self)
+
+    @property
+    def graph_max_bs(self) -> int:
+        """The largest decode batch captured: ``cuda_graph_max_bs``, else ``max_running_reqs``
+        (never more: no decode batch is larger)."""
+        return min(self.cuda_graph_max_bs or self.max_running_reqs, self.max_running_reqs)
 
     def resolved(self) -> EngineConfig:
         """A copy with device "auto" resolved (cuda when available, else cpu)."""

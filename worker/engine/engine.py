@@ -140,7 +140,6 @@ class Engine:
             model_config=model_config,
             page_size=self.page_size,
             device=self.device,
-            cascade=config.cascade_attention,
             **({"decode_kernel": config.decode_kernel} if config.decode_kernel != "auto" else {}),
         )
         self.sampler = Sampler()
@@ -163,7 +162,7 @@ class Engine:
         if config.cuda_graph and self.backend.supports_cuda_graphs:
             from worker.engine.graph import GraphRunner, graph_batch_sizes
 
-            max_bs = min(config.cuda_graph_max_bs, config.max_running_reqs)
+            max_bs = config.graph_max_bs
             try:
                 with self.kernels():
                     self.graph_runner = GraphRunner(self, graph_batch_sizes(max_bs))

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 
 from worker.kvcache.allocator import PageAllocator
@@ -63,36 +64,34 @@ class CacheManager:
     def unlock(self, match: Match) -> None:
         self.prefix.unlock(match.handle)
 
-    def allocate_batch(self, reqs: Sequence[Req]) -> None:
-        """Back each request's row with pages up to its device_len (evicting cached pages if
-        needed): one allocator call and one table write for the whole batch."""
+    def allocate(self, slots: np.ndarray, device_lens: np.ndarray, alloc_lens: np.ndarray) -> np.ndarray:
+        """Back rows ``slots`` of the page table with pages up to ``device_lens`` (evicting cached
+        pages if needed): one allocator call and one table write for all of them. Takes and
+        returns the rows' alloc_lens (int64 arrays aligned with ``slots``; a slot once)."""
         ps = self.page_size
-        grown = [(r, n) for r in reqs if (n := self.pages_for(r.device_len) - r.alloc_len // ps) > 0]
-        if not grown:
-            return
-        total = sum(n for _, n in grown)
+        grow = self.pages_to_grow(device_lens, alloc_lens)
+        grown = np.flatnonzero(grow)
+        if not len(grown):
+            return alloc_lens
+        counts = grow[grown]
+        total = int(counts.sum())
         short = total - self.allocator.num_free_pages
         if short > 0:
             self.allocator.free(self.prefix.evict(short * ps))
         locations = self.allocator.allocate(total)
-        counts = torch.tensor([n * ps for _, n in grown], dtype=torch.int64)
-        slots = torch.repeat_interleave(torch.tensor([r.slot for r, _ in grown], dtype=torch.int64), counts)
-        starts = torch.tensor([r.alloc_len for r, _ in grown], dtype=torch.int64)
-        first = torch.cumsum(counts, 0) - counts  # index of each request's first new entry
-        positions = torch.arange(total * ps, dtype=torch.int64) + torch.repeat_interleave(
-            starts - first, counts
-        )
-        self.tables.write_location_entries(slots, positions, locations)
-        for req, n in grown:
-            req.alloc_len += n * ps
+        entries = counts * ps  # page-table entries each grown row gains
+        first = np.cumsum(entries) - entries  # index of each row's first new entry
+        starts = alloc_lens[grown]
+        positions = np.arange(total * ps, dtype=np.int64) + np.repeat(starts - first, entries)
+        self.tables.write_location_entries(np.repeat(slots[grown], entries), positions, locations)
         self.num_private_pages += total
+        grown_lens = alloc_lens.copy()
+        grown_lens[grown] += entries
+        return grown_lens
 
-    def pages_needed(self, reqs: Sequence[Req]) -> int:
-        """Pages ``allocate_batch`` would take for ``reqs``."""
-        return sum(max(0, self.pages_for(r.device_len) - r.alloc_len // self.page_size) for r in reqs)
-
-    def can_allocate(self, reqs: Sequence[Req]) -> bool:
-        return self.pages_needed(reqs) <= self.available_pages
+    def pages_to_grow(self, device_lens: np.ndarray, alloc_lens: np.ndarray) -> np.ndarray:
+        """Per row, the pages ``allocate`` adds to back ``device_lens`` (0 where it holds them)."""
+        return np.maximum(-(-device_lens // self.page_size) - alloc_lens // self.page_size, 0)
 
     def cache_req(self, req: Req, *, finished: bool) -> None:
         """Insert the request's computed KV into the prefix cache.
@@ -103,7 +102,7 @@ class CacheManager:
         """
         valid_len = min(req.cached_len, len(req.input_ids))
         insert_len = max(self.prefix.insertable_len(valid_len), req.matched_len)
-        row = self.tables.page_table_cpu[req.slot, : req.alloc_len].clone()
+        row = torch.from_numpy(self.tables.page_table_np[req.slot, : req.alloc_len].copy())
         existing = req.matched_len
         if insert_len > req.matched_len:
             existing = self.prefix.insert(req.input_ids[:insert_len], row[:insert_len])

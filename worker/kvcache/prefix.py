@@ -53,12 +53,6 @@ class PrefixCache(ABC):
     def unwant(self, handle: Any) -> None:
         """Undo one ``want`` (the path may have been evicted meanwhile)."""
 
-    def prefix_path(self, handle: Any) -> list[tuple[Any, int]]:
-        """The cache entries from the root down to a matched ``handle``: (entry, tokens from
-        the root to the entry's end) each. Two requests whose paths share entries share the
-        KV pages of those tokens (worker.scheduler.groups). A cache that never shares: []."""
-        return []
-
     @abstractmethod
     def insert(self, token_ids: list[int], locations: torch.Tensor) -> int:
         """Cache ``token_ids`` (a whole number of pages) at ``locations``.

@@ -4,6 +4,13 @@ Every edge holds a whole number of pages; children are keyed by their first page
 so a split always falls on a page boundary. ``ref_count`` of a node counts the locks on it
 or on any descendant: a node with ref_count 0 may be evicted once it is a leaf. ``wanted``
 counts the same way the prefixes waiting requests want: they are evicted last.
+
+Eviction candidates wait in a heap keyed (wanted > 0, last_access), kept lazily: an entry is
+pushed when a node becomes an evictable leaf (inserted, unlocked, its last child evicted) or
+its key drops (unwanted), and checked when popped (gone, locked, grown a child: dropped; key
+grown since: pushed again). Invariant: every evictable leaf has an entry whose key is at most
+its current one, so the first valid entry popped is the least recently used leaf, and
+eviction costs what it evicts, not the size of the tree.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ _EMPTY = torch.empty(0, dtype=torch.int32)
 
 
 class _Node:
-    __slots__ = ("key", "value", "parent", "children", "ref_count", "wanted", "last_access")
+    __slots__ = ("key", "value", "parent", "children", "ref_count", "wanted", "last_access", "evicted")
 
     def __init__(self, key: list[int], value: torch.Tensor, parent: _Node | None) -> None:
         self.key = key
@@ -30,11 +37,13 @@ class _Node:
         self.ref_count = 0
         self.wanted = 0  # wants on this node or a descendant (waiting requests' prefixes)
         self.last_access = 0
+        self.evicted = False  # NOTE: its parent link stays, for unwant of a stale handle
 
 
-def _order(node: _Node) -> tuple[bool, int, int, _Node]:
-    """Eviction order: unwanted before wanted, then least recently used."""
-    return (node.wanted > 0, node.last_access, id(node), node)
+def _order(node: _Node, seq: int) -> tuple[bool, int, int, int, _Node]:
+    """Eviction order: unwanted before wanted, then least recently used (``seq`` keeps a
+    node's stale entries apart from its current one)."""
+    return (node.wanted > 0, node.last_access, id(node), seq, node)
 
 
 class RadixCache(PrefixCache):
@@ -45,9 +54,28 @@ class RadixCache(PrefixCache):
         self._clock = itertools.count(1)
         self._num_cached = 0
         self._num_evictable = 0
+        self._num_nodes = 0  # below the root
+        self._candidates: list[tuple[bool, int, int, int, _Node]] = []  # the eviction heap
+        self._seq = itertools.count()
+
+    def _evictable_leaf(self, node: _Node) -> bool:
+        return node.ref_count == 0 and not node.children and not node.evicted and node is not self._root
+
+    def _offer(self, node: _Node) -> None:
+        """Push ``node`` as an eviction candidate if it is an evictable leaf now. When stale
+        entries outnumber the nodes, the heap is rebuilt in place from the evictable leaves."""
+        if not self._evictable_leaf(node):
+            return
+        heap = self._candidates
+        heapq.heappush(heap, _order(node, next(self._seq)))
+        if len(heap) > 2 * self._num_nodes + 1024:
+            heap[:] = [_order(n, next(self._seq)) for n in self._nodes() if self._evictable_leaf(n)]
+            heapq.heapify(heap)
 
     def _common_len(self, key: list[int], token_ids: list[int], start: int) -> int:
         limit = min(len(key), len(token_ids) - start)
+        if token_ids[start : start + limit] == key[:limit]:  # NOTE: the whole edge, compared in C
+            return limit - limit % self.page_size
         n = 0
         while n < limit and key[n] == token_ids[start + n]:
             n += 1
@@ -58,6 +86,7 @@ class RadixCache(PrefixCache):
         parent = node.parent
         assert parent is not None and 0 < at < len(node.key) and at % self.page_size == 0
         upper = _Node(node.key[:at], node.value[:at], parent)
+        self._num_nodes += 1
         upper.ref_count = node.ref_count
         upper.wanted = node.wanted
         upper.last_access = node.last_access
@@ -105,6 +134,7 @@ class RadixCache(PrefixCache):
             node.ref_count -= 1
             if node.ref_count == 0:
                 self._num_evictable += len(node.key)
+                self._offer(node)
             node = node.parent
 
     def want(self, handle: Any) -> None:
@@ -118,19 +148,9 @@ class RadixCache(PrefixCache):
         while node is not None:
             assert node.wanted > 0, "unwant without want"
             node.wanted -= 1
+            if node.wanted == 0:
+                self._offer(node)  # its key dropped
             node = node.parent
-
-    def prefix_path(self, handle: Any) -> list[tuple[Any, int]]:
-        nodes: list[_Node] = []
-        node: _Node | None = handle
-        while node is not None and node is not self._root:
-            nodes.append(node)
-            node = node.parent
-        path, length = [], 0
-        for node in reversed(nodes):
-            length += len(node.key)
-            path.append((node, length))
-        return path
 
     def insert(self, token_ids: list[int], locations: torch.Tensor) -> int:
         assert len(token_ids) % self.page_size == 0 and len(locations) == len(token_ids)
@@ -141,26 +161,33 @@ class RadixCache(PrefixCache):
             node.children[tuple(leaf.key[: self.page_size])] = leaf
             self._num_cached += len(leaf.key)
             self._num_evictable += len(leaf.key)
+            self._num_nodes += 1
+            self._offer(leaf)
         return existing
 
     def evict(self, num_tokens: int) -> torch.Tensor:
         if num_tokens <= 0:
             return _EMPTY
-        heap = [_order(n) for n in self._nodes() if not n.children and n.ref_count == 0]
-        heapq.heapify(heap)
+        heap = self._candidates
         evicted: list[torch.Tensor] = []
         count = 0
         while heap and count < num_tokens:
-            node = heapq.heappop(heap)[-1]
+            wanted, last_access, _, _, node = heapq.heappop(heap)
+            if node.evicted or node.children or node.ref_count:
+                continue  # pushed again when it is an evictable leaf again
+            if (node.wanted > 0, node.last_access) != (wanted, last_access):
+                self._offer(node)  # touched since: its current key
+                continue
             parent = node.parent
             assert parent is not None
             del parent.children[tuple(node.key[: self.page_size])]
+            node.evicted = True
             evicted.append(node.value)
             count += len(node.key)
             self._num_cached -= len(node.key)
             self._num_evictable -= len(node.key)
-            if parent is not self._root and not parent.children and parent.ref_count == 0:
-                heapq.heappush(heap, _order(parent))
+            self._num_nodes -= 1
+            self._offer(parent)
         return torch.cat(evicted) if evicted else _EMPTY
 
     def insertable_len(self, num_tokens: int) -> int:

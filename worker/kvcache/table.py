@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
@@ -9,8 +10,9 @@ class TableManager:
     """Hands out slots 0..max_running_reqs-1 from a free list.
 
     ``page_table_cpu`` is the host twin of the device ``page_table`` (raw KV locations, as if
-    page_size were 1); row ``dummy_slot`` (the last one) is the padding slot, never handed out:
-    padding requests read it and tokens nobody needs are written there.
+    page_size were 1; ``page_table_np`` is the same memory as a numpy array, for gathers);
+    row ``dummy_slot`` (the last one) is the padding slot, never handed out: padding requests
+    read it and tokens nobody needs are written there.
 
     On CUDA the device side of every write is deferred: writes queue up on the host and
     ``flush`` applies them all with one pinned copy and one scatter per table, on the current
@@ -24,8 +26,10 @@ class TableManager:
         self.page_table = page_table
         self.token_pool = token_pool
         self.page_table_cpu = torch.zeros(page_table.shape, dtype=torch.int32)
+        self.page_table_np = self.page_table_cpu.numpy()
         self.dummy_slot = max_running_reqs
         self._free_slots = list(range(max_running_reqs - 1, -1, -1))
+        self._is_free = [True] * max_running_reqs  # NOTE: mirrors _free_slots, for O(1) checks
         self._deferred = page_table.device.type == "cuda"
         # queued device writes: (slot index [n], position [n], value [n]) int64 triples
         self._pending_locations: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
@@ -40,10 +44,13 @@ class TableManager:
         return len(self._free_slots)
 
     def allocate(self) -> int:
-        return self._free_slots.pop()
+        slot = self._free_slots.pop()
+        self._is_free[slot] = False
+        return slot
 
     def free(self, slot: int) -> None:
-        assert 0 <= slot < self.max_running_reqs and slot not in self._free_slots, f"bad free of slot {slot}"
+        assert 0 <= slot < self.max_running_reqs and not self._is_free[slot], f"bad free of slot {slot}"
+        self._is_free[slot] = True
         self._free_slots.append(slot)
 
     def write_locations(self, slot: int, start: int, locations: torch.Tensor) -> None:
@@ -58,14 +65,15 @@ class TableManager:
         self._pending_locations.append((slots, positions, locations.to(torch.int64)))
 
     def write_location_entries(
-        self, slots: torch.Tensor, positions: torch.Tensor, locations: torch.Tensor
+        self, slots: np.ndarray, positions: np.ndarray, locations: torch.Tensor
     ) -> None:
-        """Set page_table[slots[i], positions[i]] = locations[i] on both sides (int64 index tensors)."""
-        self.page_table_cpu[slots, positions] = locations.to(torch.int32)
+        """Set page_table[slots[i], positions[i]] = locations[i] on both sides (int64 index arrays)."""
+        self.page_table_np[slots, positions] = locations.numpy()
+        slots_t, positions_t = torch.from_numpy(slots), torch.from_numpy(positions)
         if self._deferred:
-            self._pending_locations.append((slots, positions, locations.to(torch.int64)))
+            self._pending_locations.append((slots_t, positions_t, locations.to(torch.int64)))
         else:
-            self.page_table[slots, positions] = locations.to(torch.int32)
+            self.page_table[slots_t, positions_t] = locations.to(torch.int32)
 
     def write_tokens(self, slot: int, start: int, token_ids: list[int]) -> None:
         """Set token-pool entries [start, start + len) of ``slot`` (prompt tokens at admission)."""

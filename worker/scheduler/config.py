@@ -44,12 +44,6 @@ class SchedulerConfig:
         "while a long prompt is chunked, its steps decode the running requests too (false: a prefill step "
         "holds prefills only)",
     )
-    cascade_min_saved_mib: float = option(
-        32.0,
-        "cascade runs in a step only when it saves at least this many MiB of KV reads per layer "
-        "(0: whenever a group exists)",
-        check=(lambda x: x >= 0, "must be >= 0"),
-    )
     output_reserve_ratio: float = option(
         0.5,
         "share of remaining output reserved in the KV pool at admission",

@@ -7,6 +7,7 @@ from contextlib import closing
 from worker.engine.penalties import needs_token_history
 from worker.kvcache.manager import CacheManager
 from worker.kvcache.table import TableManager
+from worker.scheduler.ledger import SlotLedger
 from worker.scheduler.req import ChunkedReq, PendingReq, Req, RequestGroup, output_reserve
 from worker.scheduler.waiting import WaitQueue
 
@@ -47,13 +48,20 @@ class PrefillManager:
     step's allocations never exceed the pages obtainable (free or evictable). A prompt larger
     than the remaining budget is cut into ChunkedReqs, one chunk a step, until its last chunk;
     at most one prompt is being chunked at a time (``chunked``) and it goes first each step.
+    The requests it builds keep their lengths in ``ledger`` (worker.scheduler.ledger).
     """
 
     def __init__(
-        self, cache: CacheManager, tables: TableManager, output_reserve_ratio: float, policy: str = "lpm"
+        self,
+        cache: CacheManager,
+        tables: TableManager,
+        ledger: SlotLedger,
+        output_reserve_ratio: float,
+        policy: str = "lpm",
     ) -> None:
         self.cache = cache
         self.tables = tables
+        self.ledger = ledger
         self.output_reserve_ratio = output_reserve_ratio
         self.probe = max(_SHARE_PROBE_TOKENS, cache.page_size)
         max_overtakes = _OVERTAKES_PER_SLOT * tables.max_running_reqs
@@ -99,20 +107,25 @@ class PrefillManager:
         """``req``'s prefill was launched and its prompt KV inserted in the prefix cache."""
         self.waiting.cached(req.pending, req.handle, req.matched_len)
 
-    def schedule(self, token_budget: int, reserved_tokens: int, decoding: list[Req]) -> list[Req]:
+    def schedule(self, token_budget: int, reserved_tokens: int, decoding_pages: int = 0) -> list[Req]:
         """This step's prefill requests (possibly empty); admitted ones leave the queue.
 
         ``reserved_tokens``: KV the running requests are expected to still need, this step's
-        ``decoding`` batch included. While others wait, a prompt being chunked takes half the
-        budget, so short jobs are not held up behind a long one."""
+        decoding batch included; ``decoding_pages``: the pages that batch takes this step.
+        While others wait, a prompt being chunked takes half the budget, so short jobs are not
+        held up behind a long one."""
         batch: list[Req] = []
         shared = _BatchPrefixes(self.probe)
         if self.chunked is not None:
             pending = self.chunked
             share = token_budget // 2 if len(self.waiting) > 0 and token_budget > 1 else token_budget
-            req = self._continue(pending, share)
-            if not self.cache.can_allocate([*decoding, req]):
+            chunk = pending.chunk
+            assert chunk is not None
+            end = min(len(pending.input_ids), chunk.cached_len + share)
+            grow = max(0, self.cache.pages_for(end) - chunk.alloc_len // self.cache.page_size)
+            if grow + decoding_pages > self.cache.available_pages:
                 return []  # NOTE: it waits for pages (decoding frees them, or drops this chunk)
+            req = self._continue(pending, share)  # NOTE: only now: it rewrites the slot's ledger row
             reserved_tokens += self._future_tokens(req)
             shared.add(pending.input_ids)
             batch.append(req)
@@ -179,6 +192,7 @@ class PrefillManager:
             handle=handle,
             matched_len=matched_len,
             alloc_len=alloc_len,
+            ledger=self.ledger,
         )
 
     def _continue(self, pending: PendingReq, token_budget: int) -> Req:

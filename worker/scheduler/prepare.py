@@ -1,6 +1,7 @@
 """BatchPreparer: a pass's ForwardInput from a list of requests, in a few vectorised host steps.
 
-Per pass the host does O(B) list work, packs every per-pass value into two pinned host
+Per pass the host gathers the batch's rows of the SlotLedger (worker.scheduler.ledger: lengths
+and sampling parameters by slot) with numpy, packs every per-pass value into two pinned host
 tensors, PASS_INT64 and PASS_FLOAT32 (the tables below name each field, its length and its
 place), and issues two host-to-device copies on the current (scheduler) stream; every
 ForwardInput and SamplingTensors tensor is a view of those. Attention is left unplanned: the
@@ -15,28 +16,29 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from itertools import compress
 from typing import TYPE_CHECKING, NamedTuple
 
+import numpy as np
 import torch
 
 from worker.engine.logprobs import logprob_rows
 from worker.engine.penalties import PenaltyRow, build_penalties, penalty_row
 from worker.engine.sampler import SamplingTensors
-from worker.forward import BatchLayout, ForwardInput, PrefixGroups
+from worker.forward import BatchLayout, ForwardInput
 from worker.kvcache.table import TableManager
-from worker.scheduler.groups import cascade_pays, choose_groups, saved_kv_tokens, to_prefix_groups
 from worker.scheduler.intake import choice_seed
+from worker.scheduler.ledger import SamplingRow, SlotLedger, sampling_row
 from worker.scheduler.req import PendingReq, Req
 
 if TYPE_CHECKING:
     from wire.schema import SamplingParams
     from worker.engine.engine import Engine
-    from worker.kvcache.prefix import PrefixCache
 
 ROWS = "rows"  # one entry per computed token, padding rows included
 REQUESTS = "requests"  # one entry per request
-Column = torch.Tensor | Sequence[int] | Sequence[float] | Sequence[bool]  # one field's host values
+Column = (
+    np.ndarray | torch.Tensor | Sequence[int] | Sequence[float] | Sequence[bool]
+)  # one field's host values
 
 
 @dataclass(frozen=True)
@@ -59,15 +61,16 @@ class Packed:
         """One device tensor holding ``columns`` in field order; its views by field name.
 
         On CUDA the host side is pinned and the copy does not wait (current stream)."""
-        parts = [
-            c if isinstance(c, torch.Tensor) else torch.tensor(c, dtype=self.dtype)
-            for c in (columns[name] for name, _ in self.fields)
-        ]
         sizes = self.sizes(num_rows, batch_size)
-        assert [int(p.numel()) for p in parts] == sizes, f"{self.dtype} columns do not match their lengths"
         pin = device.type == "cuda"
         host = torch.empty(sum(sizes), dtype=self.dtype, pin_memory=pin)
-        torch.cat(parts, out=host)
+        host_np = host.numpy()
+        start = 0
+        for (name, _), size in zip(self.fields, sizes, strict=True):
+            column = columns[name]
+            assert len(column) == size, f"{self.dtype} column {name} holds {len(column)} values, not {size}"
+            host_np[start : start + size] = column
+            start += size
         packed = host.to(device, non_blocking=True) if pin else host.to(device)
         return dict(zip((name for name, _ in self.fields), packed.split(sizes), strict=True))
 
@@ -95,26 +98,7 @@ PASS_INT64 = Packed(
 PASS_FLOAT32 = SAMPLING_FLOAT32
 
 
-class SamplingRow(NamedTuple):
-    """One choice's sampling parameters as the sampler takes them; constant while it runs.
-
-    Each field is the entry of the sampling column of the same name."""
-
-    seeds: int
-    temperature: float  # 1.0 where greedy (unused there)
-    top_p: float
-    top_k: int  # 0 = off
-    min_p: float
-    greedy: bool
-
-
-def sampling_row(params: SamplingParams, seed: int, vocab_size: int) -> SamplingRow:
-    greedy = params.greedy
-    temperature = 1.0 if greedy else params.temperature
-    return SamplingRow(seed, temperature, params.top_p, params.top_k_for(vocab_size), params.min_p, greedy)
-
-
-def _sampling_columns(rows: Sequence[SamplingRow], steps: list[int]) -> dict[str, Column]:
+def _sampling_columns(rows: Sequence[SamplingRow], steps: Column) -> dict[str, Column]:
     columns: dict[str, Column] = dict(zip(SamplingRow._fields, zip(*rows, strict=True), strict=True))
     columns["steps"] = steps
     return columns
@@ -124,7 +108,7 @@ def _sampling_tensors(views: Mapping[str, torch.Tensor], columns: Mapping[str, C
     """SamplingTensors over packed device views; the flags come from the host columns.
 
     A filter runs when a sampled (not greedy) row uses it: top_k > 0, top_p < 1, min_p > 0."""
-    sampled = [not g for g in columns["greedy"]]
+    sampled = ~np.asarray(columns["greedy"], dtype=np.bool_)
     return SamplingTensors(
         temperature=views["temperature"],
         top_p=views["top_p"],
@@ -133,11 +117,11 @@ def _sampling_tensors(views: Mapping[str, torch.Tensor], columns: Mapping[str, C
         seeds=views["seeds"],
         steps=views["steps"],
         greedy=views["greedy"].bool(),
-        all_greedy=not any(sampled),
+        all_greedy=not sampled.any(),
         # NOTE: top_k and min_p are never negative, top_p never above 1 (SamplingParams' bounds)
-        use_top_k=any(compress(columns["top_k"], sampled)),
-        use_top_p=min(compress(columns["top_p"], sampled), default=1.0) < 1.0,
-        use_min_p=any(compress(columns["min_p"], sampled)),
+        use_top_k=bool((np.asarray(columns["top_k"])[sampled] != 0).any()),
+        use_top_p=bool((np.asarray(columns["top_p"], dtype=np.float64)[sampled] < 1.0).any()),
+        use_min_p=bool((np.asarray(columns["min_p"], dtype=np.float64)[sampled] != 0).any()),
     )
 
 
@@ -171,96 +155,95 @@ def sampling_tensors(
 
 
 class BatchPreparer:
-    """Builds each pass's ForwardInput. ``prefix``: the prefix cache whose shared prefixes the
-    layouts name (PrefixGroups, for cascade attention); None leaves layouts without groups."""
+    """Builds each pass's ForwardInput from the batch's rows of ``ledger``."""
 
-    def __init__(
-        self,
-        engine: Engine,
-        tables: TableManager,
-        cascade_min_saved_mib: float,
-        prefix: PrefixCache | None = None,
-    ) -> None:
+    def __init__(self, engine: Engine, tables: TableManager, ledger: SlotLedger) -> None:
         self.engine = engine
         self.tables = tables
+        self.ledger = ledger
         self.device = engine.device
-        self.prefix = prefix
-        self.cascade_min_saved_mib = cascade_min_saved_mib
-        self._rows: dict[PendingReq, SamplingRow] = {}
         self._extras: dict[PendingReq, Extras | None] = {}
 
-    def prepare(self, reqs: list[Req]) -> ForwardInput:
+    def prepare(
+        self, reqs: list[Req], slots: np.ndarray | None = None, num_prefills: int | None = None
+    ) -> ForwardInput:
         """The pass for ``reqs`` (pages already allocated up to each device_len); its copies are
-        queued on the engine's scheduler stream when it has one (overlap), else the current one."""
+        queued on the engine's scheduler stream when it has one (overlap), else the current one.
+
+        ``slots``: the requests' slots (int64, as ``reqs``); ``num_prefills``: the leading
+        requests that may be prompt chunks (the rest are running requests, which all produce a
+        token); by default every request is looked at."""
+        if slots is None:
+            slots = np.fromiter((r.slot for r in reqs), dtype=np.int64, count=len(reqs))
+        if num_prefills is None:
+            num_prefills = len(reqs)
         stream = self.engine.scheduler_stream
         if stream is None:
-            return self._prepare(reqs)
+            return self._prepare(reqs, slots, num_prefills)
         if self.tables.has_pending_tokens:
             # NOTE: a reused slot's previous owner may still have its last token write in flight.
             stream.wait_stream(self.engine.stream)
         with torch.cuda.stream(stream):
-            return self._prepare(reqs)
+            return self._prepare(reqs, slots, num_prefills)
 
-    def _prepare(self, reqs: list[Req]) -> ForwardInput:
-        engine, tables = self.engine, self.tables
+    def _prepare(self, reqs: list[Req], slots: np.ndarray, num_prefills: int) -> ForwardInput:
+        engine, tables, ledger = self.engine, self.tables, self.ledger
         tables.flush()
         batch_size = len(reqs)
-        slots = torch.tensor([r.slot for r in reqs], dtype=torch.int64)
-        cached = torch.tensor([r.cached_len for r in reqs], dtype=torch.int64)
-        device_lens = [r.device_len for r in reqs]
-        extend = torch.tensor(device_lens, dtype=torch.int64) - cached
+        cached = ledger.cached_len[slots]
+        device_lens = ledger.device_len[slots]
+        extend = device_lens - cached
         num_tokens = int(extend.sum())
-        groups = self._prefix_groups(reqs) if self.prefix is not None else None
-        graph_bs = None
-        if num_tokens == batch_size and groups is None:
-            # NOTE: cascade passes run eagerly: the captured graphs hold the plain path only
-            graph_bs = engine.graph_batch_size(batch_size)
+        graph_bs = engine.graph_batch_size(batch_size) if num_tokens == batch_size else None
         if num_tokens == batch_size:
-            pad = (graph_bs or batch_size) - batch_size
-            load_slots = torch.cat([slots, torch.full((pad,), tables.dummy_slot, dtype=torch.int64)])
-            positions = torch.cat([cached, torch.zeros(pad, dtype=torch.int64)])
-            out_loc = torch.cat(
-                [
-                    tables.page_table_cpu[slots, cached].long(),
-                    torch.full((pad,), engine.dummy_loc, dtype=torch.int64),
-                ]
-            )
-            sample_idx = torch.arange(batch_size, dtype=torch.int64)
+            num_rows = graph_bs or batch_size
+            load_slots = np.full(num_rows, tables.dummy_slot, dtype=np.int64)
+            load_slots[:batch_size] = slots
+            positions = np.zeros(num_rows, dtype=np.int64)
+            positions[:batch_size] = cached
+            out_loc = np.full(num_rows, engine.dummy_loc, dtype=np.int64)
+            out_loc[:batch_size] = tables.page_table_np[slots, cached]
+            sample_idx = np.arange(batch_size, dtype=np.int64)
         else:
-            load_slots = torch.repeat_interleave(slots, extend)
-            ends = torch.cumsum(extend, 0)
-            positions = torch.arange(num_tokens, dtype=torch.int64) + torch.repeat_interleave(
-                cached - (ends - extend), extend
-            )
-            out_loc = tables.page_table_cpu[load_slots, positions].long()
+            load_slots = np.repeat(slots, extend)
+            ends = np.cumsum(extend)
+            positions = np.arange(num_tokens, dtype=np.int64) + np.repeat(cached - (ends - extend), extend)
+            out_loc = tables.page_table_np[load_slots, positions]
             sample_idx = ends - 1
-        produces = [r.produces_token for r in reqs]
-        columns = _sampling_columns(
-            [self._row(r.pending) for r in reqs],
-            [max(0, d - r.prompt_len) for d, r in zip(device_lens, reqs, strict=True)],
-        )
-        columns.update(
-            load_slots=load_slots,
-            positions=positions,
-            out_loc=out_loc,
-            sample_idx=sample_idx,
-            write_slots=[r.slot if p else tables.dummy_slot for r, p in zip(reqs, produces, strict=True)],
-            write_pos=[d if p else 0 for d, p in zip(device_lens, produces, strict=True)],
-        )
-        num_rows = int(load_slots.numel())
+            num_rows = num_tokens
+        write_slots, write_pos = slots, device_lens
+        silent = [i for i in range(num_prefills) if not reqs[i].produces_token]
+        if silent:  # NOTE: a prompt chunk samples a token nobody needs: into the dummy slot
+            write_slots, write_pos = slots.copy(), device_lens.copy()
+            write_slots[silent], write_pos[silent] = tables.dummy_slot, 0
+        columns: dict[str, Column] = {
+            "load_slots": load_slots,
+            "positions": positions,
+            "out_loc": out_loc,
+            "sample_idx": sample_idx,
+            "write_slots": write_slots,
+            "write_pos": write_pos,
+            "seeds": ledger.seeds[slots],
+            "steps": np.maximum(device_lens - ledger.prompt_len[slots], 0),
+            "top_k": ledger.top_k[slots],
+            "greedy": ledger.greedy[slots],
+            "temperature": ledger.temperature[slots],
+            "top_p": ledger.top_p[slots],
+            "min_p": ledger.min_p[slots],
+        }
         views = {
             **PASS_INT64.pack(columns, num_rows, batch_size, self.device),
             **PASS_FLOAT32.pack(columns, num_rows, batch_size, self.device),
         }
         sampling = _sampling_tensors(views, columns)
-        extras = [self._extra(r.pending) for r in reqs]
-        if any(e is not None for e in extras):  # NOTE: the fast path stops here
-            sampling = self._with_extras(sampling, reqs, extras, device_lens)
+        if ledger.extras[slots].any():  # NOTE: the fast path stops here
+            extras = [self._extra(r.pending) for r in reqs]
+            if any(e is not None for e in extras):
+                sampling = self._with_extras(sampling, reqs, extras, device_lens.tolist())
         layout = BatchLayout(
-            slots_cpu=slots.to(torch.int32),
-            cached_lens_cpu=cached.to(torch.int32),
-            extend_lens_cpu=extend.to(torch.int32),
-            prefix_groups=groups,
+            slots_cpu=torch.from_numpy(slots.astype(np.int32)),
+            cached_lens_cpu=torch.from_numpy(cached.astype(np.int32)),
+            extend_lens_cpu=torch.from_numpy(extend.astype(np.int32)),
         )
         return ForwardInput(
             layout=layout,
@@ -273,28 +256,6 @@ class BatchPreparer:
             sampling=sampling,
             graph_bs=graph_bs,
         )
-
-    def _prefix_groups(self, reqs: list[Req]) -> PrefixGroups | None:
-        """The pass's shared-prefix groups (worker.scheduler.groups), or None when the cost
-        rule says attending to them once would not pay."""
-        assert self.prefix is not None
-        if len(reqs) < 2:
-            return None
-        paths = [self.prefix.prefix_path(r.handle) for r in reqs]
-        groups = choose_groups(paths, [r.cached_len for r in reqs])
-        kv_bytes = self.engine.kv_bytes_per_token_layer
-        if not cascade_pays(saved_kv_tokens(groups), kv_bytes, self.cascade_min_saved_mib):
-            return None
-        return to_prefix_groups(groups, len(reqs))
-
-    def _row(self, pending: PendingReq) -> SamplingRow:
-        row = self._rows.get(pending)
-        if row is None:
-            if len(self._rows) > 4 * self.tables.max_running_reqs:
-                self._rows.clear()  # NOTE: entries of finished requests; rebuilt on demand
-            vocab_size = self.engine.vocab_size
-            row = self._rows[pending] = sampling_row(pending.sampling, pending.seed, vocab_size)
-        return row
 
     # ---- penalties and logprobs (worker.engine.penalties, worker.engine.logprobs) ----------
 

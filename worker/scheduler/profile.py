@@ -19,6 +19,8 @@ import torch
 
 from worker.scheduler.hooks import StepHooks
 
+FULL_BATCH_SHARE = 0.98  # a "full" decode step runs at least this share of the largest batch
+
 if TYPE_CHECKING:
     from worker.engine.engine import Engine
     from worker.forward import ForwardInput, ForwardOutput
@@ -86,7 +88,10 @@ class StepProfiler(StepHooks):
         self._by_output.pop(id(step.output)).process_s = time.perf_counter() - self._tokens_s
 
     def summary(self) -> dict[str, Any]:
-        """Percentiles (ms) of each phase for decode and prefill steps, and GPU busy share."""
+        """Percentiles (ms) of each phase for decode and prefill steps, and GPU busy share.
+
+        ``decode_full``: the decode steps whose batch is within FULL_BATCH_SHARE of the largest
+        decode batch (the host time "at N running" when N requests run at once)."""
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         gpu_ms, gap_ms = [], []
@@ -101,8 +106,14 @@ class StepProfiler(StepHooks):
                 gap_ms.append(max(0.0, prev_end.elapsed_time(begin)))
             prev_end = end
         out: dict[str, Any] = {"steps": len(self.records)}
-        for kind in ("decode", "prefill"):
-            idx = [i for i, r in enumerate(self.records) if r.is_prefill == (kind == "prefill")]
+        decode = [i for i, r in enumerate(self.records) if not r.is_prefill]
+        full_batch = FULL_BATCH_SHARE * max((self.records[i].batch_size for i in decode), default=0)
+        kinds = {
+            "decode": decode,
+            "decode_full": [i for i in decode if self.records[i].batch_size >= full_batch],
+            "prefill": [i for i, r in enumerate(self.records) if r.is_prefill],
+        }
+        for kind, idx in kinds.items():
             if not idx:
                 continue
             rows = {
@@ -113,6 +124,8 @@ class StepProfiler(StepHooks):
                 "gpu_ms": [gpu_ms[i] for i in idx],
             }
             out[kind] = {"steps": len(idx), **{k: _percentiles(v) for k, v in rows.items()}}
+        if decode:
+            out["decode_full"]["batch_size"] = int(max(self.records[i].batch_size for i in decode))
         if gap_ms:
             out["gpu_gap_ms"] = _percentiles(gap_ms)
             busy, idle = sum(g for g in gpu_ms if g == g), sum(gap_ms)

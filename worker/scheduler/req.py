@@ -8,6 +8,8 @@ Invariant where a Req is built: 0 <= cached_len < device_len <= max_device_len.
 Two hands move a running request: right after its forward pass (before the sampled token is
 known) ``complete_forward`` sets cached_len = device_len and device_len += 1; later the host
 appends the token to ``input_ids``. So len(input_ids) may trail device_len by one step.
+A Req's lengths are one row of the scheduler's SlotLedger (worker.scheduler.ledger), where a
+decode step moves every running request's at once.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from wire.schema import SamplingParams
+from worker.scheduler.ledger import OwnLengths, SlotLedger
 from worker.scheduler.messages import ChoiceOutput, TokenLogprobs
 
 if TYPE_CHECKING:
@@ -67,26 +70,84 @@ class PendingReq:
         return f"{self.group.uid}#{self.index}"
 
 
-@dataclass(eq=False)
+class _LedgerColumn:
+    """A length of a Req kept in its ledger row: ``req.<name>`` reads and writes
+    ``req._ledger.<name>[req._row]`` (an int)."""
+
+    def __init__(self, name: str, writable: bool = True) -> None:
+        self.name = name
+        self.writable = writable
+
+    def __get__(self, req: Req | None, owner: type) -> Any:
+        if req is None:
+            return self
+        return int(getattr(req._ledger, self.name)[req._row])
+
+    def __set__(self, req: Req, value: int) -> None:
+        if not self.writable:
+            raise AttributeError(f"{self.name} is fixed when a request is built")
+        getattr(req._ledger, self.name)[req._row] = value
+
+
 class Req:
-    """A running request: holds a table slot, KV pages and a locked prefix-cache handle."""
+    """A running request: holds a table slot, KV pages and a locked prefix-cache handle.
 
-    pending: PendingReq
-    slot: int
-    cached_len: int
-    device_len: int
-    max_device_len: int
-    handle: Any  # prefix-cache handle locked for [0, matched_len)
-    matched_len: int  # tokens at the head of the slot's row owned by the prefix cache
-    alloc_len: int  # tokens of the slot's row backed by pages (a multiple of page_size)
-    finished: bool = False
-    released: bool = False  # NOTE: under overlap a request can be released before its last batch is processed
+    Its lengths live in ``ledger`` (worker.scheduler.ledger) at row ``slot``, where a step reads
+    and moves the lengths of its whole batch at once; the columns below read one row. Built
+    without a ledger (tests, a lone request), it keeps a one-row ledger of its own."""
 
-    def __post_init__(self) -> None:
-        assert 0 <= self.cached_len < self.device_len <= self.max_device_len, (
-            f"ledger broken: cached_len={self.cached_len} device_len={self.device_len} "
-            f"max_device_len={self.max_device_len}"
+    __slots__ = ("pending", "slot", "handle", "matched_len", "finished", "released", "_ledger", "_row")
+    produces_token = True  # NOTE: a class attribute, read per row in the step's hot loop
+
+    def __init__(
+        self,
+        pending: PendingReq,
+        slot: int,
+        cached_len: int,
+        device_len: int,
+        max_device_len: int,
+        handle: Any,
+        matched_len: int,
+        alloc_len: int,
+        ledger: SlotLedger | None = None,
+    ) -> None:
+        assert 0 <= cached_len < device_len <= max_device_len, (
+            f"ledger broken: cached_len={cached_len} device_len={device_len} max_device_len={max_device_len}"
         )
+        self.pending = pending
+        self.slot = slot
+        self.handle = handle  # prefix-cache handle locked for [0, matched_len)
+        self.matched_len = matched_len  # tokens at the head of the slot's row owned by the prefix cache
+        self.finished = False
+        # NOTE: under overlap a request can be released before its last batch is processed
+        self.released = False
+        if ledger is None:
+            ledger, self._row = SlotLedger(1), 0
+        else:
+            self._row = slot
+        self._ledger: SlotLedger | OwnLengths = ledger
+        ledger.bind(self._row, pending, cached_len, device_len, max_device_len, alloc_len)
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}({self.rid}, slot={self.slot}, cached_len={self.cached_len}, "
+            f"device_len={self.device_len}, max_device_len={self.max_device_len})"
+        )
+
+    # row ``_row`` of ``_ledger``; alloc_len: tokens of the slot's row backed by pages (whole pages)
+    cached_len = _LedgerColumn("cached_len")
+    device_len = _LedgerColumn("device_len")
+    max_device_len = _LedgerColumn("max_device_len", writable=False)
+    alloc_len = _LedgerColumn("alloc_len")
+
+    def reads_row(self, ledger: SlotLedger) -> bool:
+        """Whether its lengths are row ``slot`` of ``ledger`` (so a bulk write there moves them)."""
+        return self._ledger is ledger and self._row == self.slot
+
+    def detach(self) -> None:
+        """Keep this request's row to itself: its slot is being released (module ledger)."""
+        if isinstance(self._ledger, SlotLedger):
+            self._ledger, self._row = self._ledger.lengths_of(self._row), 0
 
     @property
     def input_ids(self) -> list[int]:
@@ -121,10 +182,6 @@ class Req:
         return self.remain_len > 0 and not self.finished
 
     @property
-    def produces_token(self) -> bool:
-        return True
-
-    @property
     def output_ids(self) -> list[int]:
         return self.input_ids[self.prompt_len :]
 
@@ -134,12 +191,13 @@ class Req:
 
     def complete_forward(self) -> None:
         """GPU-side progress after a pass, before the token is known."""
-        self.cached_len = self.device_len
-        self.device_len += 1
+        ledger, row = self._ledger, self._row
+        ledger.cached_len[row] = ledger.device_len[row]
+        ledger.device_len[row] += 1
 
     def append_host(self, token_id: int) -> None:
         """Host-side progress once the sampled token has arrived."""
-        self.input_ids.append(token_id)
+        self.pending.input_ids.append(token_id)
         if self.pending.grammar is not None:
             self.pending.grammar.accept(token_id)
 
@@ -147,12 +205,11 @@ class Req:
 class ChunkedReq(Req):
     """A non-final chunk of a prompt: computes KV only, produces no token, never decodes."""
 
-    @property
-    def can_decode(self) -> bool:
-        return False
+    __slots__ = ()
+    produces_token = False
 
     @property
-    def produces_token(self) -> bool:
+    def can_decode(self) -> bool:
         return False
 
     def complete_forward(self) -> None:

@@ -19,6 +19,7 @@ import time
 from typing import Any, NamedTuple
 
 import msgspec
+import numpy as np
 
 from worker.engine.engine import Engine
 from worker.engine.faults import Fault
@@ -26,9 +27,10 @@ from worker.forward import ForwardInput, ForwardOutput
 from worker.kvcache.manager import CacheManager
 from worker.kvcache.table import TableManager
 from worker.scheduler.config import SchedulerConfig
-from worker.scheduler.decode import DecodeManager
+from worker.scheduler.decode import NO_SLOTS, DecodeManager
 from worker.scheduler.hooks import StepHooks
 from worker.scheduler.intake import make_group, refusal
+from worker.scheduler.ledger import SlotLedger, StopRows
 from worker.scheduler.messages import (
     AbortRequest,
     ChoiceOutput,
@@ -55,6 +57,7 @@ class Step(NamedTuple):
     input: ForwardInput
     output: ForwardOutput | None  # None while a constrained step waits to sample (_sample_constrained)
     logits: Any = None  # that step's logits on the device, until then
+    stops: StopRows | None = None  # the rows' stop conditions, gathered at launch
 
 
 class Stats(msgspec.Struct):
@@ -63,6 +66,17 @@ class Stats(msgspec.Struct):
     cached_tokens: int = 0  # prompt tokens served from the prefix cache at admission
     steps: int = 0
     retractions: int = 0
+    decode_steps: int = 0  # steps without prefill rows
+    # decode steps run eagerly (no captured graph holds their batch), by batch size
+    eager_decode_batches: dict[int, int] = msgspec.field(default_factory=dict)
+
+    def eager_summary(self) -> str:
+        """One line: how many decode steps ran eagerly, and their batch sizes."""
+        eager = sum(self.eager_decode_batches.values())
+        if not eager:
+            return f"eager decode steps: 0 of {self.decode_steps}"
+        sizes = sorted(self.eager_decode_batches)
+        return f"eager decode steps: {eager} of {self.decode_steps} (batch sizes {sizes[0]}-{sizes[-1]})"
 
 
 class Scheduler:
@@ -75,14 +89,14 @@ class Scheduler:
         self.detokenize = detokenize
         self.tables = TableManager(engine.config.max_running_reqs, engine.page_table, engine.token_pool)
         self.cache = CacheManager(engine.num_pages, engine.page_size, config.cache, self.tables)
+        # the running requests' lengths, stop conditions and sampling parameters, by slot
+        self.ledger = SlotLedger(self.tables.max_running_reqs + 1, engine.vocab_size)
         self.prefill = PrefillManager(
-            self.cache, self.tables, config.output_reserve_ratio, config.schedule_policy
+            self.cache, self.tables, self.ledger, config.output_reserve_ratio, config.schedule_policy
         )
-        self.decode = DecodeManager()
-        cascade = engine.config.cascade_attention and engine.backend.supports_cascade
-        self.preparer = BatchPreparer(
-            engine, self.tables, config.cascade_min_saved_mib, self.cache.prefix if cascade else None
-        )
+        self.decode = DecodeManager(self.ledger)
+        self.preparer = BatchPreparer(engine, self.tables, self.ledger)
+        self._eos_token_ids = np.fromiter(engine.eos_token_ids, dtype=np.int64)
         self.groups: dict[str, RequestGroup] = {}
         self.retracting: list[Req] = []
         self.outbox: list[Outbound] = []
@@ -157,7 +171,7 @@ class Scheduler:
             "running_reqs": len(self.groups),
             "pages_used": self.engine.num_pages - self.cache.allocator.num_free_pages,
             "step_s": step_s,
-            "batch_reqs": len(self.decode.running) + (self.prefill.chunked is not None),
+            "batch_reqs": self.decode.num_running + (self.prefill.chunked is not None),
             "waiting_reqs": len(self.prefill.waiting),
         }
         return [msgspec.structs.replace(m, **load) if isinstance(m, RequestFinished) else m for m in messages]
@@ -298,12 +312,12 @@ class Scheduler:
         # NOTE: mixed only while a prompt is chunked: a mixed step's decode rows run outside the
         # CUDA graphs, which cost 2% on the standard benchmark when every step was mixed
         if self.config.mixed_batches and self.prefill.chunked is not None:
-            decoding = self._decode_batch()
-            reserved += self.cache.pages_needed(decoding) * self.cache.page_size
-            prefills = self.prefill.schedule(budget, reserved, decoding)
+            decoding, decode_slots, decode_pages = self._decode_batch()
+            reserved += decode_pages * self.cache.page_size
+            prefills = self.prefill.schedule(budget, reserved, decode_pages)
         else:
-            prefills = self.prefill.schedule(budget, reserved, [])
-            decoding = [] if prefills else self._decode_batch()
+            prefills = self.prefill.schedule(budget, reserved)
+            decoding, decode_slots, _ = ([], NO_SLOTS, 0) if prefills else self._decode_batch()
         reqs = prefills + decoding
         if not reqs:
             return None
@@ -312,25 +326,39 @@ class Scheduler:
         self._launching = reqs
         if self.fault is not None:
             self.fault.check([r.pending.input_ids[: r.pending.group.prompt_len] for r in reqs])
-        self.cache.allocate_batch(reqs)
-        fi = self.preparer.prepare(reqs)
+        ledger = self.ledger
+        slots = decode_slots
+        if prefills:
+            prefill_slots = np.fromiter((r.slot for r in prefills), dtype=np.int64, count=len(prefills))
+            slots = np.concatenate([prefill_slots, decode_slots])
+        ledger.alloc_len[slots] = self.cache.allocate(
+            slots, ledger.device_len[slots], ledger.alloc_len[slots]
+        )
+        fi = self.preparer.prepare(reqs, slots, len(prefills))
         if hooks is not None:
             hooks.forward_started(fi)
         output, logits = None, None
-        if any(r.pending.grammar is not None for r in reqs):
+        if ledger.slow_stop[slots].any() and any(r.pending.grammar is not None for r in reqs):
             logits = self.engine.forward_logits(fi)  # sampled by _sample_constrained
         else:
             output = self.engine.forward(fi)
             if hooks is not None:
                 hooks.forward_finished(fi, output)
-        for req in reqs:
+        for req in prefills:
             req.complete_forward()
+        ledger.complete_forward(decode_slots)
+        stops = ledger.stop_rows(slots)
         self._cache_prefills(prefills)
-        self.decode.update(reqs)
+        self.decode.update(prefills, decode_slots)
         self.stats.prefill_tokens += prefill_tokens
         self.stats.decode_tokens += len(decoding)
         self.stats.steps += 1
-        step = Step(reqs, is_prefill, fi, output, logits)
+        if not prefills:
+            self.stats.decode_steps += 1
+            if fi.graph_bs is None:
+                eager = self.stats.eager_decode_batches
+                eager[len(reqs)] = eager.get(len(reqs), 0) + 1
+        step = Step(reqs, is_prefill, fi, output, logits, stops)
         if hooks is not None and output is not None:
             hooks.launch_finished(step)
         return step
@@ -365,21 +393,26 @@ class Scheduler:
                 self.prefill.add_front(group.held_back)
                 group.held_back = []
 
-    def _decode_batch(self) -> list[Req]:
-        """Every running request. While the pool cannot hold a token each, first drop a
-        half-prefilled prompt's pages (its computed chunks stay cached), then retract the
-        newest running requests. Empty when even one cannot get its page (pages held by the
-        step in flight come back once it is processed)."""
-        running = list(self.decode.running)
-        while running and not self.cache.can_allocate(running):
+    def _decode_batch(self) -> tuple[list[Req], np.ndarray, int]:
+        """Every running request, with their slots and the pages they take this step. While the
+        pool cannot hold a token each, first drop a half-prefilled prompt's pages (its computed
+        chunks stay cached), then retract the newest running requests. Empty when even one
+        cannot get its page (pages held by the step in flight come back once it is processed)."""
+        running, slots = self.decode.running, self.decode.slots()
+        ledger = self.ledger
+        grow = self.cache.pages_to_grow(ledger.device_len[slots], ledger.alloc_len[slots])
+        count, pages = len(running), int(grow.sum())
+        while count and pages > self.cache.available_pages:
             chunk = self.prefill.drop_chunk()
             if chunk is not None:
                 self._release(chunk)
-            elif len(running) > 1:
-                self._retract(running.pop())
+            elif count > 1:
+                count -= 1
+                pages -= int(grow[count])
+                self._retract(running[count])
             else:
-                return []
-        return running
+                return [], NO_SLOTS, 0
+        return running[:count], slots[:count], pages
 
     def _retract(self, req: Req) -> None:
         """Send a decoding request back to pending; its computed KV stays in the prefix cache."""
@@ -402,6 +435,7 @@ class Scheduler:
             return
         req.released = True
         self.cache.cache_req(req, finished=True)
+        req.detach()  # NOTE: before its slot can be handed out again
         self.tables.free(req.slot)
         req.pending.group.slots -= 1
 
@@ -418,19 +452,30 @@ class Scheduler:
             step.output.copy_done.synchronize()
         if hooks is not None:
             hooks.tokens_arrived(step)
-        tokens = step.output.next_tokens_cpu.tolist()
-        logprobs = step.output.logprobs_cpu.by_row() if step.output.logprobs_cpu is not None else {}
-        for row, (req, token) in enumerate(zip(step.reqs, tokens, strict=True)):
-            if not req.produces_token or req.finished:
-                continue  # NOTE: under overlap a finished request can sit in one more batch
-            req.append_host(token)
-            if not req.pending.group.first_token_at_ms:  # NOTE: a metric (TTFT), nothing reads it here
-                req.pending.group.first_token_at_ms = int(time.time() * 1000)
-            if row in logprobs:
-                req.pending.logprobs.append(TokenLogprobs(*logprobs[row]))
-            stop = check_stop(req, self.engine.eos_token_ids, self.detokenize)
-            if stop is not None:
-                self._finish(req, stop)
+        reqs, stops = step.reqs, step.stops
+        assert stops is not None
+        tokens = step.output.next_tokens_cpu.numpy()
+        assert len(tokens) == len(reqs), f"{len(tokens)} tokens for {len(reqs)} requests"
+        # NOTE: under overlap a finished request can sit in one more batch: its token is dropped
+        for req, token in zip(reqs, tokens.tolist(), strict=True):
+            if req.produces_token and not req.finished:
+                req.append_host(token)
+        if step.output.logprobs_cpu is not None:
+            for row, logprob in step.output.logprobs_cpu.by_row().items():
+                req = reqs[row]
+                if req.produces_token and not req.finished:
+                    req.pending.logprobs.append(TokenLogprobs(*logprob))
+        for row in np.flatnonzero(stops.lens - stops.prompt_len == 1).tolist():  # first tokens
+            req = reqs[row]
+            if req.produces_token and not req.finished and not req.pending.group.first_token_at_ms:
+                req.pending.group.first_token_at_ms = int(time.time() * 1000)  # a metric (TTFT)
+        eos_token_ids = self.engine.eos_token_ids
+        for row in stops.candidates(tokens, self._eos_token_ids).tolist():
+            req = reqs[row]
+            if req.produces_token and not req.finished:
+                stop = check_stop(req, eos_token_ids, self.detokenize)
+                if stop is not None:
+                    self._finish(req, stop)
         if hooks is not None:
             hooks.process_finished(step)
 
@@ -460,13 +505,16 @@ class Scheduler:
             )
 
     def check_integrity(self, in_flight: Step | None = None) -> None:
-        """Pages: free + cached + private == total, no page in two places (tests, idle).
+        """Pages: free + cached + private == total, no page in two places (tests, idle); every
+        running request's lengths are its slot's row of the ledger.
 
         ``in_flight``: the step returned by ``step`` under overlap (default: the one the
         scheduler keeps), whose requests may have left the running set (length reached) but
         still hold pages until processed."""
         in_flight = in_flight or self._in_flight
         holders = list(self.decode.running)
+        for req in holders:
+            assert req.reads_row(self.ledger), f"{req.rid}: its lengths are not its slot's ledger row"
         holders += in_flight.reqs if in_flight is not None else []
         unique = {id(r): r for r in holders if not r.released and not isinstance(r, ChunkedReq)}
         chunked = self.prefill.chunked

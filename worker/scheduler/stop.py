@@ -23,29 +23,37 @@ def check_stop(req: Req, eos_token_ids: frozenset[int], detokenize: Detokenize |
 
     Before ``min_tokens`` tokens only the length ends it: EOS and stop ids were masked on the
     device (worker.engine.penalties) and stop strings wait too (as vLLM). A structured-output
-    choice ends when its grammar is complete (or broke), first."""
-    output = req.output_ids
+    choice ends when its grammar is complete (or broke), first. Reads the newest tokens only:
+    a step checks every running request this way (worker.scheduler.ledger.StopRows picks which).
+    """
     grammar = req.pending.grammar
     if grammar is not None and grammar.done:  # structured output: complete (stop token) or broken
         return Stop("error" if grammar.rejected else "stop", None, True)
-    if len(output) >= req.sampling.min_tokens:
-        stop = _matched_stop(output, req.sampling, eos_token_ids, detokenize)
+    ids, prompt_len = req.input_ids, req.prompt_len
+    output_len = len(ids) - prompt_len
+    if output_len >= req.sampling.min_tokens:
+        stop = _matched_stop(ids, prompt_len, req.sampling, eos_token_ids, detokenize)
         if stop is not None:
             return stop
-    if len(output) >= req.max_tokens:
+    if output_len >= req.max_tokens:
         return Stop("length", None, False)
     return None
 
 
 def _matched_stop(
-    output: list[int], sampling: SamplingParams, eos_token_ids: frozenset[int], detokenize: Detokenize | None
+    ids: list[int],
+    prompt_len: int,
+    sampling: SamplingParams,
+    eos_token_ids: frozenset[int],
+    detokenize: Detokenize | None,
 ) -> Stop | None:
-    token = output[-1]
+    """The stop the newest token ``ids[-1]`` (an output token: past ``prompt_len``) makes."""
+    token = ids[-1]
     if token in sampling.stop_token_ids or (not sampling.ignore_eos and token in eos_token_ids):
         return Stop("stop", None, True)
     if sampling.stop and detokenize is not None:
         window = max(len(s) for s in sampling.stop) + _STOP_WINDOW_SLACK
-        tail = detokenize(output[-window:])
+        tail = detokenize(ids[max(prompt_len, len(ids) - window) :])
         for stop in sampling.stop:
             if stop in tail:
                 return Stop("stop", stop, False)
