@@ -85,13 +85,23 @@ def cascade_module(monkeypatch):
     fake.BatchDecodeWithPagedKVCacheWrapper = _FakeDecode
     fake.BatchPrefillWithPagedKVCacheWrapper = _FakePrefill
     fake.merge_state = merge_states
+    # named by worker.attention.flashinfer_fp8_prefill, which runs only over FP8 pages (not here)
+    fake.BatchPrefillWithRaggedKVCacheWrapper = fake.merge_state_in_place = None
     monkeypatch.setitem(sys.modules, "flashinfer", fake)
-    for name in ("worker.attention.flashinfer", "worker.attention.flashinfer_cascade"):
+    for name in _MODULES:
         monkeypatch.delitem(sys.modules, name, raising=False)
     module = importlib.import_module("worker.attention.flashinfer_cascade")
     yield module
-    for name in ("worker.attention.flashinfer", "worker.attention.flashinfer_cascade"):
+    for name in _MODULES:
         sys.modules.pop(name, None)
+
+
+# the modules that import flashinfer: each test imports them afresh over its fake
+_MODULES = (
+    "worker.attention.flashinfer_fp8_prefill",
+    "worker.attention.flashinfer",
+    "worker.attention.flashinfer_cascade",
+)
 
 
 @pytest.mark.parametrize("page_size", [1, 16])

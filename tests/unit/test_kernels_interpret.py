@@ -210,3 +210,24 @@ def test_fp8_quantizing_kernels(ops, dtype):
         if dtype == torch.float32:  # bf16 inputs: the interpreter's own bf16 rounding differs too
             _same_e4m3_but_interpreter_carries(got.data, want.data)
 
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+def test_the_fused_path_hands_its_new_kv_to_a_backend_that_asks(ops, kind, tmp_path, monkeypatch):
+    """The decoder through qk_norm_rope_store (new_k written by the kernel, v read in place from
+    qkv) hands a backend that wants them the K/V the pool stored."""
+    import worker.models.decoder as decoder
+    from tests.model_fixtures import check_new_kv_handed_over, tiny_hf_model
+    from worker.models.loader import load_model
+
+    tiny_hf_model(kind, spread=0.05, vocab_size=128).save_pretrained(tmp_path)
+    fused_with_new_k = []
+    original = ops.qk_norm_rope_store
+
+    def spy(*args):
+        q = original(*args)
+        fused_with_new_k.append(q is not None and args[-1] is not None)
+        return q
+
+    monkeypatch.setattr(decoder, "qk_norm_rope_store", spy)
+    check_new_kv_handed_over(load_model(str(tmp_path)))
+    assert any(fused_with_new_k), "the fused kernel did not run with new_k"

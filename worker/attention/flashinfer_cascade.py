@@ -42,7 +42,6 @@ from worker.attention.flashinfer import (
     FlashInferMeta,
     _Lengths,
 )
-from worker.attention.xqa import XqaMeta
 from worker.forward import BatchLayout, PrefixGroups
 
 
@@ -70,7 +69,7 @@ class FlashInferCascadeBackend(FlashInferBackend):
         ]
         self._num_prefix_plans = 0
 
-    def plan(self, layout: BatchLayout) -> FlashInferMeta | XqaMeta | CascadeMeta:  # type: ignore[override]
+    def plan(self, layout: BatchLayout) -> Any:
         groups = layout.prefix_groups
         if groups is None:
             return super().plan(layout)
@@ -89,10 +88,17 @@ class FlashInferCascadeBackend(FlashInferBackend):
         rows_gpu = self._plan_prefixes(layout, groups)
         return CascadeMeta(suffix, self._prefix_wrapper, rows_gpu)
 
-    def forward(self, q: torch.Tensor, layer_id: int, meta: FlashInferMeta | CascadeMeta) -> torch.Tensor:  # type: ignore[override]
-        """q [T, q_heads, head_dim] -> the attention output, exact for both kinds of meta."""
-        if isinstance(meta, FlashInferMeta):
-            return super().forward(q, layer_id, meta)
+    def forward(
+        self,
+        q: torch.Tensor,
+        layer_id: int,
+        meta: Any,
+        new_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """q [T, q_heads, head_dim] -> the attention output, exact for every kind of meta (a
+        pass without groups runs FlashInferBackend's own, its FP8 prefill included)."""
+        if not isinstance(meta, CascadeMeta):
+            return super().forward(q, layer_id, meta, new_kv)
         paged_kv, scales = self._paged_kv[layer_id], self.kv_scales(layer_id)
         out, lse = meta.suffix.wrapper.run(q, paged_kv, out=torch.empty_like(q), return_lse=True, **scales)
         rows = meta.rows_gpu

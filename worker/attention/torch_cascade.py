@@ -100,7 +100,13 @@ class TorchCascadeBackend(TorchRefBackend):
             groups.append(_GroupPlan(rows, self.page_table[slots[members[0]], :p].long()))
         return CascadePlan(suffixes, groups)
 
-    def forward(self, q: torch.Tensor, layer_id: int, meta: list[_RequestPlan] | CascadePlan) -> torch.Tensor:  # type: ignore[override]
+    def forward(  # type: ignore[override]
+        self,
+        q: torch.Tensor,
+        layer_id: int,
+        meta: list[_RequestPlan] | CascadePlan,
+        new_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
         if not isinstance(meta, CascadePlan):
             return super().forward(q, layer_id, meta)
         num_rows, num_heads, head_dim = q.shape

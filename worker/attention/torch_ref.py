@@ -58,7 +58,13 @@ class TorchRefBackend(PagedTorchBackend):
             q_start += extend_len
         return plans
 
-    def forward(self, q: torch.Tensor, layer_id: int, meta: list[_RequestPlan]) -> torch.Tensor:
+    def forward(
+        self,
+        q: torch.Tensor,
+        layer_id: int,
+        meta: list[_RequestPlan],
+        new_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
         group = self.num_q_heads // self.kv.num_kv_heads
         out = torch.empty_like(q)
         for plan in meta:
