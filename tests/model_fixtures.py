@@ -233,6 +233,38 @@ class PagedRunner:
         return outputs
 
 
+class NewKvProbe(TorchRefBackend):
+    """TorchRefBackend that asks for each pass's own K/V (AttentionBackend.wants_new_kv, as
+    FlashInfer's FP8 prefill does) and keeps what every layer hands it, in layer order."""
+
+    def __init__(self, *args, **kw) -> None:
+        super().__init__(*args, **kw)
+        self.seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def wants_new_kv(self, meta) -> bool:
+        return True
+
+    def forward(self, q, layer_id, meta, new_kv=None):
+        assert new_kv is not None, "the model did not hand over the K/V it was asked for"
+        self.seen.append((new_kv[0].clone(), new_kv[1].clone()))
+        return super().forward(q, layer_id, meta)
+
+
+def check_new_kv_handed_over(loaded: LoadedModel) -> None:
+    """A backend that wants the pass's own K/V gets, every layer, exactly what the pool stored
+    at the pass's locations (a float32 pool: the same values); the logits do not change."""
+    requests = [(0, 0, [5, 17, 33, 2, 90, 41, 7]), (1, 0, [3, 11]), (2, 0, list(range(20, 61)))]
+    expected = PagedRunner(loaded, page_size=4).step(requests)
+    runner = PagedRunner(loaded, page_size=4)
+    cfg = loaded.config
+    runner.backend = probe = NewKvProbe(runner.kv, runner.page_table, cfg.num_q_heads, cfg.head_dim, 4)
+    torch.testing.assert_close(runner.step(requests), expected)
+    assert len(probe.seen) == cfg.num_layers
+    for layer, (k, v) in enumerate(probe.seen):
+        k_pool, v_pool = runner.kv.gather(layer, runner.last_batch.out_loc)
+        assert torch.equal(k, k_pool) and torch.equal(v, v_pool), f"layer {layer}"
+
+
 def load_grammars(model_path: str, vocab_size: int, stop_token_ids: list[int]) -> Grammars | None:
     """The grammar engine (compiling on this thread) for the model directory's tokenizer;
     None when it has none (the engine compiles in its child process: worker.engine.grammar_compiler)."""

@@ -91,10 +91,17 @@ class ForwardBatch:
     attn_meta: Any
     kv: KVPool
 
+    @property
+    def wants_new_kv(self) -> bool:
+        """Whether attention takes this pass's K/V as computed, besides the pool
+        (AttentionBackend.wants_new_kv): the model then hands them to ``backend.forward``."""
+        return self.backend.wants_new_kv(self.attn_meta)
+
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int) -> torch.Tensor:
-        """Store this pass's k/v ([T, kv_heads, head_dim]) for the layer, then attend with q."""
+        """Store this pass's k/v ([T, kv_heads, head_dim]) for the layer, then attend with q (and
+        k/v themselves when the backend wants them)."""
         self.kv.store(layer_id, self.out_loc, k, v)
-        return self.backend.forward(q, layer_id, self.attn_meta)
+        return self.backend.forward(q, layer_id, self.attn_meta, (k, v) if self.wants_new_kv else None)
 
 
 class ForwardOutput(NamedTuple):

@@ -11,7 +11,12 @@ no soft-cap, so those decode through FA2), and XQA with a window. Each group of 
 its own process, ``--jobs`` at a time (FlashInfer compiles a module on first use; its files are
 keyed by module: a prefill module by KV dtype, head_dim, window yes/no and soft-cap yes/no, a
 CUDA-core decode module likewise, an XQA module by KV dtype, page size, head_dim, q heads per KV
-head and window yes/no; no two groups share one). With ``--pack DIR`` it then writes the cache as
+head and window yes/no; no two groups build one). Prefill over FP8 pages
+(worker.attention.flashinfer_fp8_prefill) also runs the bf16 prefill module of its kind (its
+ragged part: one module serves ragged and paged runs) and FlashInfer's cascade module
+(merge_state_in_place, built by the group "merge-state"): an FP8 tensor-core group starts only
+once the groups that build those have finished (``Group.after``; asking for a group brings in
+what it waits for), so it loads them and builds only its own. With ``--pack DIR`` it then writes the cache as
 DIR/flashinfer_cache.tgz.part00, part01, ... (15 MiB each: the modules' .so files alone, in
 FlashInfer's AOT layout); ``cat`` them, in name order, into .fi_cache/flashinfer_cache.tgz,
 which scripts/device/prelude.sh unpacks into the installed package's AOT folder.
@@ -48,13 +53,15 @@ class Group(NamedTuple):
     heads: tuple[tuple[int, int], ...]
     head_dim: int = 128
     kinds: tuple[tuple[int, float], ...] = (PLAIN,)  # (sliding window, logit soft-cap) of every layer
+    after: tuple[str, ...] = ()  # groups that build modules this one loads: they run first
 
 
 # group -> one process each
 GROUPS = {
+    "merge-state": Group("bf16", "merge", None, (), ()),  # FlashInfer's cascade module alone
     "bf16-tc": Group("bf16", "fa2", True, (1, 16), HEADS),
     "bf16-cc": Group("bf16", "fa2", False, (1, 16), HEADS),
-    "fp8-tc": Group("fp8", "fa2", True, (16,), HEADS),
+    "fp8-tc": Group("fp8", "fa2", True, (16,), HEADS, after=("bf16-tc", "merge-state")),
     "fp8-cc": Group("fp8", "fa2", False, (16,), HEADS),
     "xqa-fp8-g2": Group("fp8", "xqa", None, (16,), ((16, 8), (4, 2))),
     "xqa-fp8-g4": Group("fp8", "xqa", None, (16,), ((32, 8), (8, 2))),
@@ -62,16 +69,28 @@ GROUPS = {
     "xqa-bf16-g4": Group("bf16", "xqa", None, (16,), ((32, 8),)),
     # per-layer attention options (tests/gpu/test_flashinfer_backend.py runs these same modules)
     "bf16-window-tc": Group("bf16", "fa2", True, (16,), MISTRAL_7B, kinds=(WINDOW,)),
-    "fp8-window-tc": Group("fp8", "fa2", True, (16,), MISTRAL_7B, kinds=(WINDOW,)),
+    # a windowed group attends prefixed rows whole (no merge): it loads only bf16-window-tc's module
+    "fp8-window-tc": Group("fp8", "fa2", True, (16,), MISTRAL_7B, kinds=(WINDOW,), after=("bf16-window-tc",)),
     "xqa-fp8-g4-window": Group("fp8", "xqa", None, (16,), MISTRAL_7B, kinds=(WINDOW,)),
     "bf16-d256-tc": Group("bf16", "fa2", True, (16,), GEMMA3_12B, 256, (PLAIN, WINDOW)),
     "bf16-d256-cc": Group("bf16", "fa2", False, (16,), GEMMA3_12B, 256, (PLAIN, WINDOW)),
-    "fp8-d256-tc": Group("fp8", "fa2", True, (16,), GEMMA3_12B, 256, (PLAIN, WINDOW)),
+    "fp8-d256-tc": Group(
+        "fp8", "fa2", True, (16,), GEMMA3_12B, 256, (PLAIN, WINDOW), after=("bf16-d256-tc", "merge-state")
+    ),
     "xqa-fp8-d256-g2": Group("fp8", "xqa", None, (16,), GEMMA3_12B, 256),
     "xqa-fp8-d256-g2-window": Group("fp8", "xqa", None, (16,), GEMMA3_12B, 256, (WINDOW,)),
     "bf16-d256-softcap-tc": Group("bf16", "fa2", True, (16,), GEMMA3_12B, 256, (SOFTCAP, WINDOW_SOFTCAP)),
     "bf16-d256-softcap-cc": Group("bf16", "fa2", False, (16,), GEMMA3_12B, 256, (SOFTCAP, WINDOW_SOFTCAP)),
-    "fp8-d256-softcap-tc": Group("fp8", "fa2", True, (16,), GEMMA3_12B, 256, (SOFTCAP, WINDOW_SOFTCAP)),
+    "fp8-d256-softcap-tc": Group(
+        "fp8",
+        "fa2",
+        True,
+        (16,),
+        GEMMA3_12B,
+        256,
+        (SOFTCAP, WINDOW_SOFTCAP),
+        after=("bf16-d256-softcap-tc", "merge-state"),
+    ),
 }
 
 
@@ -84,6 +103,12 @@ def warm_group(name: str) -> None:
     group = GROUPS[name]
     cache_dtype = torch.float8_e4m3fn if group.kv == "fp8" else None
     t0 = time.perf_counter()
+    if group.kernel == "merge":
+        from flashinfer import merge_state_in_place
+
+        v, s = torch.zeros(4, 2, 128, dtype=torch.bfloat16, device="cuda"), torch.zeros(4, 2, device="cuda")
+        merge_state_in_place(v, s, v.clone(), s.clone())
+        torch.cuda.synchronize()
     for window, softcap in group.kinds:
         attention = LayerAttention(sliding_window=window, logit_softcap=softcap)
         for q_heads, kv_heads in group.heads:
@@ -99,24 +124,51 @@ def warm_group(name: str) -> None:
                     )  # fmt: skip
                     shape = (layout.num_tokens, q_heads, group.head_dim)
                     q = torch.randn(shape, dtype=torch.bfloat16, device="cuda")
-                    backend.forward(q, 0, backend.plan(layout))
+                    meta = backend.plan(layout)
+                    new_kv = None
+                    if backend.wants_new_kv(meta):  # FP8 prefill: the pass's own K/V in bf16
+                        kv_shape = (layout.num_tokens, kv_heads, group.head_dim)
+                        new_kv = tuple(
+                            torch.randn(kv_shape, dtype=torch.bfloat16, device="cuda") for _ in "kv"
+                        )
+                    backend.forward(q, 0, meta, new_kv)
                     torch.cuda.synchronize()
     print(f"warm {name}: {time.perf_counter() - t0:.1f} s", flush=True)
 
 
+def with_dependencies(groups: list[str]) -> list[str]:
+    """The groups and, before each, those it waits for (Group.after), each once."""
+    ordered: list[str] = []
+
+    def add(name: str) -> None:
+        if name not in ordered:
+            for dependency in GROUPS[name].after:
+                add(dependency)
+            ordered.append(name)
+
+    for name in groups:
+        add(name)
+    return ordered
+
+
 def warm(groups: list[str], jobs: int) -> None:
     t0 = time.perf_counter()
-    pending = list(groups)
+    pending = with_dependencies(groups)
     running: list[tuple[str, subprocess.Popen]] = []
+    finished: set[str] = set()
     failed = []
     while pending or running:
-        while pending and len(running) < jobs:
-            name = pending.pop(0)
+        # NOTE: a group starts only after those it loads modules from: no module builds twice
+        for name in [n for n in pending if finished.issuperset(GROUPS[n].after)]:
+            if len(running) >= jobs:
+                break
+            pending.remove(name)
             running.append((name, subprocess.Popen([sys.executable, __file__, "--group", name])))
         time.sleep(0.5)
         for entry in list(running):
             if entry[1].poll() is not None:
                 running.remove(entry)
+                finished.add(entry[0])
                 if entry[1].returncode:
                     failed.append(entry[0])
     print(f"warm total {time.perf_counter() - t0:.1f} s" + (f"; FAILED: {failed}" if failed else ""))
@@ -141,7 +193,9 @@ def pack(out_dir: Path) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     for index, start in enumerate(range(0, len(data), PART_BYTES)):
         (out_dir / f"flashinfer_cache.tgz.part{index:02d}").write_bytes(data[start : start + PART_BYTES])
-    print(f"packed {len(libraries)} modules, {len(data) / 2**20:.1f} MiB, into {out_dir}/flashinfer_cache.tgz.part*")
+    print(
+        f"packed {len(libraries)} modules, {len(data) / 2**20:.1f} MiB, into {out_dir}/flashinfer_cache.tgz.part*"
+    )
 
 
 def main() -> None:

@@ -155,7 +155,8 @@ def test_fused_sampler_draws_what_the_torch_sampler_draws():
 
 
 def test_fused_fp8_store_matches_kv_pool_store_on_cuda():
-    """The fused qk-norm/rope/store kernel writes FP8 pages bit for bit as KVPool.store does."""
+    """The fused qk-norm/rope/store kernel writes FP8 pages bit for bit as KVPool.store does, and
+    hands back the rotated keys as computed (new_k: what the FP8 prefill attends)."""
     from worker.kernels import ops
     from worker.kvcache.pool import KVPool
     from worker.models.rope import RotaryEmbedding
@@ -173,10 +174,12 @@ def test_fused_fp8_store_matches_kv_pool_store_on_cuda():
         pool.set_scales([0.01], [0.004])
     cos, sin = rope.cos_cache, rope.sin_cache
     args = (None, None, 1e-6, fused.k_buffer(0), fused.v_buffer(0), out_loc, hq, hkv, 0.01, 0.004)
-    q = ops.qk_norm_rope_store(qkv, pos, cos, sin, *args)
+    new_k = torch.full((t, hkv, d), float("nan"), dtype=torch.bfloat16, device="cuda")
+    q = ops.qk_norm_rope_store(qkv, pos, cos, sin, *args, new_k=new_k)
     assert q is not None, "the fused kernel should take FP8 pages on CUDA"
     _, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
     k = ops.norm_rope(k.reshape(t, hkv, d), pos, cos, sin, None, 1e-6)
+    torch.testing.assert_close(new_k, k)
     ref.store(0, out_loc, k, v.reshape(t, hkv, d))
     assert torch.equal(fused.k_buffer(0).float(), ref.k_buffer(0).float())
     assert torch.equal(fused.v_buffer(0).float(), ref.v_buffer(0).float())

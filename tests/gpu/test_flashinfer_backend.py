@@ -121,6 +121,16 @@ class Case:
         )
         return Batch(layout, specs, q.to(self.device))
 
+    def new_kv(self, batch: Batch, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The pass's own K/V as the pool holds them (model dtype, [T, kv heads, dim] each, the
+        pass's rows): what an FP8 prefill (AttentionBackend.wants_new_kv) is handed here, so
+        that the oracle, which reads the pool, covers it too."""
+        locs = [
+            self.page_table[slot, cached : cached + extend].long()
+            for slot, (cached, extend) in zip(batch.layout.slots_cpu.tolist(), batch.specs, strict=True)
+        ]
+        return self.kv.gather(layer_id, torch.cat(locs))
+
     def oracle(self, batch: Batch, layer_id: int, attention: LayerAttention | None = None) -> torch.Tensor:
         """Dense causal attention in fp32, each request read from its page-table locations, as
         the layer's LayerAttention says (or ``attention``): query at position p sees keys
@@ -200,7 +210,8 @@ def check_eager(case: Case, device: str, rel_err: float | None = None, **kw) -> 
         xqa = type(meta).__name__ == "XqaMeta"
         seen.add(type(meta).__name__)
         for layer in range(NUM_LAYERS):
-            out = backend.forward(batch.q, layer, meta)
+            new_kv = case.new_kv(batch, layer) if backend.wants_new_kv(meta) else None
+            out = backend.forward(batch.q, layer, meta, new_kv)
             assert out.shape == batch.q.shape and out.dtype == torch.bfloat16
             assert_matches(out, case.oracle(batch, layer), xqa, rel_err)
     return seen

@@ -117,6 +117,7 @@ def test_qk_norm_rope_store_matches_the_unfused_path(ops, with_norm, page_size):
     q_w = 1 + 0.1 * torch.randn(d, generator=gen) if with_norm else None
     k_w = 1 + 0.1 * torch.randn(d, generator=gen) if with_norm else None
     fused, ref = (KVPool(1, 12 // page_size, page_size, hkv, d, torch.float32, "cpu") for _ in range(2))
+    new_k = torch.full((t, hkv, d), float("nan"))
     q = ops.qk_norm_rope_store(
         qkv,
         pos,
@@ -130,12 +131,14 @@ def test_qk_norm_rope_store_matches_the_unfused_path(ops, with_norm, page_size):
         out_loc,
         hq,
         hkv,
+        new_k=new_k,
     )
     q_ref, k_ref, v_ref = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
     q_ref = ops.norm_rope(q_ref.view(t, hq, d), pos, rope.cos_cache, rope.sin_cache, q_w, 1e-6)
     k_ref = ops.norm_rope(k_ref.view(t, hkv, d), pos, rope.cos_cache, rope.sin_cache, k_w, 1e-6)
     ref.store(0, out_loc, k_ref, v_ref.view(t, hkv, d))
     torch.testing.assert_close(q, q_ref)
+    torch.testing.assert_close(new_k, k_ref)  # the pass's own keys, handed back as computed
     torch.testing.assert_close(fused.k_buffer(0), ref.k_buffer(0))
     torch.testing.assert_close(fused.v_buffer(0), ref.v_buffer(0))
     # the pool's own by-location view agrees with the unfused values
@@ -162,12 +165,14 @@ def test_qk_norm_rope_store_into_fp8_pages(ops):
         pool.set_scales([0.02], [0.005])
     cos, sin = rope.cos_cache, rope.sin_cache
     args = (None, None, 1e-6, fused.k_buffer(0), fused.v_buffer(0), out_loc, hq, hkv, 0.02, 0.005)
-    q = ops.qk_norm_rope_store(qkv, pos, cos, sin, *args)
+    new_k = torch.full((t, hkv, d), float("nan"))
+    q = ops.qk_norm_rope_store(qkv, pos, cos, sin, *args, new_k=new_k)
     q_ref, k_ref, v_ref = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
     q_ref = ops.norm_rope(q_ref.view(t, hq, d), pos, cos, sin, None, 1e-6)
     k_ref = ops.norm_rope(k_ref.view(t, hkv, d), pos, cos, sin, None, 1e-6)
     ref.store(0, out_loc, k_ref, v_ref.view(t, hkv, d))
     torch.testing.assert_close(q, q_ref)
+    torch.testing.assert_close(new_k, k_ref)  # as computed: not scaled, rounded or saturated
     for got, want in ((fused.k_buffer(0), ref.k_buffer(0)), (fused.v_buffer(0), ref.v_buffer(0))):
         assert got.dtype == torch.float8_e4m3fn
         got, want = got.float(), want.float()
@@ -218,3 +223,25 @@ def test_fp8_quantizing_kernels(ops, dtype):
         torch.testing.assert_close(got.scale, want.scale, rtol=2e-2, atol=0)
         if dtype == torch.float32:  # bf16 inputs: the interpreter's own bf16 rounding differs too
             _same_e4m3_but_interpreter_carries(got.data, want.data)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+def test_the_fused_path_hands_its_new_kv_to_a_backend_that_asks(ops, kind, tmp_path, monkeypatch):
+    """The decoder through qk_norm_rope_store (new_k written by the kernel, v read in place from
+    qkv) hands a backend that wants them the K/V the pool stored."""
+    import worker.models.decoder as decoder
+    from tests.model_fixtures import check_new_kv_handed_over, tiny_hf_model
+    from worker.models.loader import load_model
+
+    tiny_hf_model(kind, spread=0.05, vocab_size=128).save_pretrained(tmp_path)
+    fused_with_new_k = []
+    original = ops.qk_norm_rope_store
+
+    def spy(*args):
+        q = original(*args)
+        fused_with_new_k.append(q is not None and args[-1] is not None)
+        return q
+
+    monkeypatch.setattr(decoder, "qk_norm_rope_store", spy)
+    check_new_kv_handed_over(load_model(str(tmp_path)))
+    assert any(fused_with_new_k), "the fused kernel did not run with new_k"

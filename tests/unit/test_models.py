@@ -12,7 +12,7 @@ import torch
 # NOTE: makes `tests.model_fixtures` importable under bare `pytest` (no pythonpath setting yet).
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
-from tests.model_fixtures import PagedRunner, tiny_hf_model  # noqa: E402
+from tests.model_fixtures import PagedRunner, check_new_kv_handed_over, tiny_hf_model  # noqa: E402
 from worker.models.config import ModelConfig  # noqa: E402
 from worker.models.loader import load_model  # noqa: E402
 
@@ -64,6 +64,12 @@ def test_prefill_logits_match_hf(hf_and_dir, page_size):
         for i, prompt in enumerate(PROMPTS):
             expected = hf(torch.tensor([prompt])).logits[0, -1]
             torch.testing.assert_close(logits[i], expected, atol=2e-5, rtol=1e-5)
+
+
+def test_the_model_hands_its_new_kv_to_a_backend_that_asks(hf_and_dir):
+    """The unfused path (CPU): ForwardBatch.attention passes the k/v it stored;
+    tests/unit/test_kernels_interpret.py checks the fused kernel's path."""
+    check_new_kv_handed_over(load_model(str(hf_and_dir[2])))
 
 
 def test_logits_into_a_given_buffer_match_hf(hf_and_dir):

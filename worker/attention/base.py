@@ -33,7 +33,9 @@ class AttentionBackend(ABC):
     Contract: ``plan`` is called once per forward pass, before the model runs, and returns
     opaque metadata; ``forward`` is then called once per layer with that metadata. The
     caller has already stored this pass's K/V at their ``out_loc`` locations in the pool
-    for that layer (ForwardBatch.attention does it), so ``forward`` only reads the pool.
+    for that layer (ForwardBatch.attention does it), so ``forward`` reads the pool; when
+    ``wants_new_kv(meta)`` it is also handed those K/V as the model computed them (``new_kv``,
+    before an FP8 pool rounded them) and attends to them from there instead.
 
     CUDA graphs (worker.engine.graph.GraphRunner) are used only when ``supports_cuda_graphs``
     is true; a backend that sets it implements the three graph hooks below, which the base
@@ -49,8 +51,24 @@ class AttentionBackend(ABC):
         """Build per-pass metadata (index tensors, FlashInfer plan) for ``layout``."""
 
     @abstractmethod
-    def forward(self, q: torch.Tensor, layer_id: int, meta: Any) -> torch.Tensor:
-        """Attend: q is [T, num_q_heads, head_dim]; returns [T, num_q_heads, head_dim]."""
+    def forward(
+        self,
+        q: torch.Tensor,
+        layer_id: int,
+        meta: Any,
+        new_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """Attend: q is [T, num_q_heads, head_dim]; returns [T, num_q_heads, head_dim].
+
+        ``new_kv``: this pass's keys and values, [T, num_kv_heads, head_dim] each in the model
+        dtype (unit last stride; rows and heads may be strided), given exactly when
+        ``wants_new_kv(meta)``; backends that do not want them ignore the argument."""
+
+    def wants_new_kv(self, meta: Any) -> bool:
+        """Whether ``forward`` with this metadata attends this pass's own keys and values from
+        its ``new_kv`` argument rather than from the pool (FlashInfer's prefill over FP8 pages
+        does: worker.attention.flashinfer_fp8_prefill). The caller then passes them."""
+        return False
 
     def init_cuda_graphs(self, batch_sizes: list[int], max_seq_len: int) -> None:
         """Allocate fixed-address metadata for decode graphs of each of ``batch_sizes``.

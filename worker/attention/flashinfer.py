@@ -6,7 +6,8 @@ Eager pass (any batch)::
 
     with torch.cuda.stream(engine_stream):        # the stream the forward pass runs on
         meta = backend.plan(layout)               # once per pass, never per layer
-        ...model forward: each layer calls backend.forward(q, layer_id, meta)
+        ...model forward: each layer calls backend.forward(q, layer_id, meta, new_kv)
+                                  # new_kv: the layer's own K/V when wants_new_kv(meta), else None
 
 CUDA-graph decode (the graph hooks of worker.attention.base.AttentionBackend, driven by
 worker.engine.graph.GraphRunner; the engine captures the sizes of
@@ -45,8 +46,11 @@ Invariants:
   GPU as they are.
 - Decode over FP8 pages runs XQA (worker.attention.xqa) where it is supported
   (``decode_kernel="auto"``): FlashInfer's FA2 templates dequantize FP8 tiles in their inner
-  loop and are compute-bound there. Prefill always runs FA2. XQA has no logit soft-cap: a
-  model that caps (Gemma 2) decodes through FA2, chosen here and logged once.
+  loop and are compute-bound there. XQA has no logit soft-cap: a model that caps (Gemma 2)
+  decodes through FA2, chosen here and logged once. Prefill over FP8 pages
+  (``fp8_prefill="split"``) attends the pass's own K/V in the model dtype and only the cached
+  prefixes from the pages (worker.attention.flashinfer_fp8_prefill; ``wants_new_kv`` says so to
+  the model); ``"paged"`` runs FA2 over the pages whole, as prefill over bf16 pages always does.
 - Layers that attend differently (sliding windows, soft-caps, scales: ModelConfig.layer_attention)
   are grouped by their plan-time options (worker.attention.plan_groups); each group has its own
   wrappers (prefill, decode, one a graph batch size), planned for every pass, and its own int
@@ -68,6 +72,7 @@ import torch
 from flashinfer import BatchDecodeWithPagedKVCacheWrapper, BatchPrefillWithPagedKVCacheWrapper
 
 from worker.attention.base import AttentionBackend
+from worker.attention.flashinfer_fp8_prefill import FP8_PREFILL_PATHS, Fp8Prefill, Fp8PrefillMeta
 from worker.attention.names import DECODE_KERNELS
 from worker.attention.plan_groups import PlanOptions, group_layers, layer_attentions
 from worker.attention.xqa import XqaDecode, XqaMeta, xqa_refusal, xqa_supported
@@ -128,6 +133,7 @@ class FlashInferBackend(AttentionBackend):
         prefill_backend: str = "fa2",
         dtype: torch.dtype | None = None,
         decode_kernel: str = "auto",
+        fp8_prefill: str = "split",
     ) -> None:
         if page_size != kv.page_size:
             raise ValueError(f"page_size {page_size} != KV pool page_size {kv.page_size}")
@@ -190,6 +196,10 @@ class FlashInferBackend(AttentionBackend):
         ]
         self._prefill, self._decode = self._prefills[0], self._decodes[0]  # layer group 0's
         self._xqa = self._xqa_decode(decode_kernel)
+        if fp8_prefill not in FP8_PREFILL_PATHS:
+            raise ValueError(f"fp8_prefill={fp8_prefill!r}: expected one of {list(FP8_PREFILL_PATHS)}")
+        split = kv.quantized and fp8_prefill == "split"
+        self._fp8_prefill = Fp8Prefill(self, prefill_backend) if split else None
         self._range_host: dict[int, torch.Tensor] = {}
         self.graph_batch_sizes: list[int] = []
         self._graph_wrappers: dict[int, tuple[Any, ...]] = {}  # batch size -> one wrapper a group
@@ -220,10 +230,12 @@ class FlashInferBackend(AttentionBackend):
 
     # ---- eager path -------------------------------------------------------------------
 
-    def plan(self, layout: BatchLayout) -> FlashInferMeta | XqaMeta:
+    def plan(self, layout: BatchLayout) -> FlashInferMeta | XqaMeta | Fp8PrefillMeta:
         """Plan one pass: the decode kernel when every request extends by one, else prefill."""
         if layout.is_decode and self._xqa is not None:
             return self._xqa.plan(*self._slots_and_lens_gpu(layout))
+        if not layout.is_decode and self._fp8_prefill is not None:
+            return self._fp8_prefill.plan(layout)
         lens = self._lengths(layout.slots_cpu, layout.seq_lens_cpu)
         indices_gpu = self._page_indices_gpu(lens)
         if layout.is_decode:
@@ -237,17 +249,30 @@ class FlashInferBackend(AttentionBackend):
             self._plan_pages(self._stage(wrapper), lens, indices_gpu, qo_indptr_cpu, causal=True)
         return FlashInferMeta(self._prefills[0], layout.num_tokens, tuple(self._prefills[1:]))
 
+    def wants_new_kv(self, meta: Any) -> bool:
+        return isinstance(meta, Fp8PrefillMeta)
+
     def decode_uses_tensor_cores(self, batch_size: int) -> bool:
         """Which decode kernel a batch of this many requests runs (module docstring)."""
         if self.use_tensor_cores is not None:
             return self.use_tensor_cores
         return self._always_tensor_cores or batch_size >= TENSOR_CORE_MIN_BATCH
 
-    def forward(self, q: torch.Tensor, layer_id: int, meta: FlashInferMeta | XqaMeta) -> torch.Tensor:
-        """q [T, q_heads, head_dim] (T == meta.num_rows) -> attention output of the same shape."""
+    def forward(
+        self,
+        q: torch.Tensor,
+        layer_id: int,
+        meta: FlashInferMeta | XqaMeta | Fp8PrefillMeta,
+        new_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """q [T, q_heads, head_dim] (T == meta.num_rows) -> attention output of the same shape;
+        ``new_kv`` is read by the FP8 prefill (wants_new_kv) and ignored otherwise."""
         if isinstance(meta, XqaMeta):
             assert self._xqa is not None
             return self._xqa.forward(q, layer_id, meta)
+        if isinstance(meta, Fp8PrefillMeta):
+            assert self._fp8_prefill is not None
+            return self._fp8_prefill.forward(q, layer_id, meta, new_kv)
         out = torch.empty_like(q)
         wrapper = meta.wrapper_of(self._group_of_layer[layer_id])
         return wrapper.run(q, self._paged_kv[layer_id], out=out, **self.kv_scales(layer_id))

@@ -97,7 +97,13 @@ class TorchRefBackend(PagedTorchBackend):
             q_start += extend_len
         return plans
 
-    def forward(self, q: torch.Tensor, layer_id: int, meta: list[_RequestPlan]) -> torch.Tensor:
+    def forward(
+        self,
+        q: torch.Tensor,
+        layer_id: int,
+        meta: list[_RequestPlan],
+        new_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
         group = self.num_q_heads // self.kv.num_kv_heads
         options = self.attention_of(layer_id)
         scale = options.scale_for(self.head_dim)

@@ -96,7 +96,13 @@ class TorchSdpaBackend(PagedTorchBackend):
             decode = _DecodePlan(rows, pages, key_masks)
         return SdpaPlan(decode, prefills)
 
-    def forward(self, q: torch.Tensor, layer_id: int, meta: SdpaPlan) -> torch.Tensor:
+    def forward(
+        self,
+        q: torch.Tensor,
+        layer_id: int,
+        meta: SdpaPlan,
+        new_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
         num_kv_heads, head_dim = self.kv.num_kv_heads, self.head_dim
         group = self.num_q_heads // num_kv_heads
         options = self.attention_of(layer_id)

@@ -274,12 +274,16 @@ def qk_norm_rope_store(
     num_kv_heads: int,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    new_k: torch.Tensor | None = None,
 ) -> torch.Tensor | None:
     """One kernel for a layer's qkv [T, (Hq + 2 Hkv) * D]: q = rope(norm(q)) returned as a
     contiguous [T, Hq, D]; rope(norm(k)) and v written to the layer's KV pages
     ([num_pages, Hkv, page_size, D], worker.kvcache.pool) at out_loc, divided by k_scale
-    and v_scale when the pages are FP8. None when it cannot run here: the caller takes the
-    unfused path."""
+    and v_scale when the pages are FP8. With ``new_k`` ([T, Hkv, D] in qkv's dtype, heads
+    contiguous) rope(norm(k)) is also written there as computed, before any FP8 rounding (the
+    pass's own keys for an attention that reads them unrounded; v needs no copy: it is
+    qkv's last Hkv * D columns). None when it cannot run here: the caller takes the unfused
+    path."""
     k = _kernels_for(qkv)
     head_dim = k_buffer.shape[-1]
     half = head_dim // 2
@@ -296,6 +300,14 @@ def qk_norm_rope_store(
         and cos_cache.is_contiguous()
         and sin_cache.is_contiguous()
         and (q_weight is None or q_weight.dtype == qkv.dtype)
+        and (
+            new_k is None
+            or (
+                new_k.shape == (qkv.shape[0], num_kv_heads, head_dim)
+                and new_k.dtype == qkv.dtype
+                and new_k.stride()[1:] == (head_dim, 1)
+            )
+        )
     )
     if not usable:
         return None
@@ -304,13 +316,15 @@ def qk_norm_rope_store(
     if rows:
         stride_page, stride_head, stride_tok = k_buffer.stride()[:3]
         k.qk_norm_rope_store_kernel[(rows,)](
-            qkv, q, k_buffer, v_buffer,
+            qkv, q, k_buffer, v_buffer, q if new_k is None else new_k,
             qkv if q_weight is None else q_weight, qkv if k_weight is None else k_weight,
             positions, out_loc, cos_cache, sin_cache,
-            qkv.stride(0), q.stride(0), stride_page, stride_head, stride_tok, k_buffer.shape[2],
+            qkv.stride(0), q.stride(0), 0 if new_k is None else new_k.stride(0),
+            stride_page, stride_head, stride_tok, k_buffer.shape[2],
             cos_cache.stride(0), eps, 1.0 / k_scale, 1.0 / v_scale,
             NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads, HAS_NORM=q_weight is not None, HALF=half,
             HEADS_PAD=triton_block(num_q_heads + num_kv_heads), KV_HEADS_PAD=triton_block(num_kv_heads),
             FP8_MAX=torch.finfo(k_buffer.dtype).max if k_buffer.dtype == torch.float8_e4m3fn else 0.0,
+            STORE_NEW_K=new_k is not None,
         )  # fmt: skip
     return q

@@ -272,6 +272,7 @@ def qk_norm_rope_store_kernel(
     q_out_ptr,
     k_cache_ptr,
     v_cache_ptr,
+    k_new_ptr,
     q_w_ptr,
     k_w_ptr,
     pos_ptr,
@@ -280,6 +281,7 @@ def qk_norm_rope_store_kernel(
     sin_ptr,
     stride_qkv_row,
     stride_q_out_row,
+    stride_k_new_row,
     stride_cache_page,
     stride_cache_head,
     stride_cache_tok,
@@ -295,11 +297,14 @@ def qk_norm_rope_store_kernel(
     HEADS_PAD: tl.constexpr,
     KV_HEADS_PAD: tl.constexpr,
     FP8_MAX: tl.constexpr,
+    STORE_NEW_K: tl.constexpr,
 ):
     """Program t, all heads of token t at once: q heads -> q_out[t]; k heads: rope(norm(k)) -> K
     and v -> V at location out_loc[t] (the pass's KV store). A location is token
     loc % page_size of page loc // page_size (strides in elements). An FP8 cache (FP8_MAX > 0)
-    gets k * k_inv_scale and v * v_inv_scale, saturated at +-FP8_MAX (worker.kvcache.pool)."""
+    gets k * k_inv_scale and v * v_inv_scale, saturated at +-FP8_MAX (worker.kvcache.pool).
+    STORE_NEW_K: rope(norm(k)) also goes to k_new[t] ([T, kv heads, head_dim], row stride
+    stride_k_new_row) in qkv's dtype, as it was before the store scaled and rounded it."""
     row = tl.program_id(0)
     heads = tl.arange(0, HEADS_PAD)[:, None]  # q heads, then k heads (qkv's order), then padding
     cols = tl.arange(0, HALF)[None, :]
@@ -332,6 +337,10 @@ def qk_norm_rope_store_kernel(
     slot = (loc // page_size) * stride_cache_page + (loc % page_size) * stride_cache_tok
     k_mask = is_k & (cols < HALF)
     k_dst = k_cache_ptr + slot + (heads - NUM_Q_HEADS) * stride_cache_head
+    if STORE_NEW_K:
+        k_new_dst = k_new_ptr + row * stride_k_new_row + (heads - NUM_Q_HEADS) * (2 * HALF)
+        tl.store(k_new_dst + cols, r1, mask=k_mask)
+        tl.store(k_new_dst + HALF + cols, r2, mask=k_mask)
     k1, k2 = r1, r2
     if FP8_MAX > 0:
         k1 = tl.clamp(r1.to(tl.float32) * k_inv_scale, -FP8_MAX, FP8_MAX)

@@ -83,13 +83,20 @@ class Attention(nn.Module):
         if self.q_norm is not None and self.k_norm is not None:
             q_w, k_w, eps = self.q_norm.weight, self.k_norm.weight, self.q_norm.eps
         kv, layer = batch.kv, self.layer_id
+        # The backend may attend this pass's own K/V as computed (FP8 pool prefill): the kernel
+        # then also leaves rope(norm(k)) in new_k; v is read in place from qkv.
+        new_k = qkv.new_empty(qkv.shape[0], self.num_kv_heads, self.head_dim) if batch.wants_new_kv else None
         # CUDA: one kernel does qk-norm, rope and this pass's K/V store at out_loc.
         fused_q = qk_norm_rope_store(
             qkv, positions, cos, sin, q_w, k_w, eps, kv.k_buffer(layer), kv.v_buffer(layer), batch.out_loc,
-            self.num_q_heads, self.num_kv_heads, kv.k_scale[layer], kv.v_scale[layer],
+            self.num_q_heads, self.num_kv_heads, kv.k_scale[layer], kv.v_scale[layer], new_k,
         )  # fmt: skip
         if fused_q is not None:
-            out = batch.backend.forward(fused_q, layer, batch.attn_meta)
+            new_kv = None
+            if new_k is not None:
+                v_new = qkv[:, self.q_size + self.kv_size :].view(-1, self.num_kv_heads, self.head_dim)
+                new_kv = (new_k, v_new)
+            out = batch.backend.forward(fused_q, layer, batch.attn_meta, new_kv)
         else:
             q, k, v = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
             q = norm_rope(q.view(-1, self.num_q_heads, self.head_dim), positions, cos, sin, q_w, eps)
