@@ -229,7 +229,7 @@ def test_fp8_quantizing_kernels(ops, dtype):
 def test_the_fused_path_hands_its_new_kv_to_a_backend_that_asks(ops, kind, tmp_path, monkeypatch):
     """The decoder through qk_norm_rope_store (new_k written by the kernel, v read in place from
     qkv) hands a backend that wants them the K/V the pool stored."""
-    import worker.models.decoder as decoder
+    import worker.models.layers as layers
     from tests.model_fixtures import check_new_kv_handed_over, tiny_hf_model
     from worker.models.loader import load_model
 
@@ -242,6 +242,6 @@ def test_the_fused_path_hands_its_new_kv_to_a_backend_that_asks(ops, kind, tmp_p
         fused_with_new_k.append(q is not None and args[-1] is not None)
         return q
 
-    monkeypatch.setattr(decoder, "qk_norm_rope_store", spy)
+    monkeypatch.setattr(layers, "qk_norm_rope_store", spy)
     check_new_kv_handed_over(load_model(str(tmp_path)))
     assert any(fused_with_new_k), "the fused kernel did not run with new_k"
