@@ -25,7 +25,10 @@ from tests.tp_harness import assert_left_cleanly, greedy, run_workload  # noqa: 
 from worker.scheduler.config import RunConfig  # noqa: E402
 from worker.scheduler.messages import GenerateRequest  # noqa: E402
 
-pytestmark = pytest.mark.gpu
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two visible GPUs (nvidia-h200-x2)"),
+]
 BF16_LOGPROB_GAP = 0.05
 
 

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
@@ -25,7 +26,10 @@ from tests.integration.tp_kill import (  # noqa: E402
 from tests.model_fixtures import tp_gpu_model_dir  # noqa: E402,F401  (a fixture)
 from wire.schema import Job, SamplingParams  # noqa: E402
 
-pytestmark = pytest.mark.gpu
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two visible GPUs (nvidia-h200-x2)"),
+]
 
 
 @pytest.mark.timeout(280)
