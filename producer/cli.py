@@ -340,6 +340,7 @@ def enqueue_file(
     once only (a pipe) stops before the batch that holds such an id."""
     from producer.client import ContentChanged, EnqueueStopped
     from producer.digest import changed_line
+    from producer.insert import QueueLost
     from producer.jsonl import InputFile
     from producer.outfile import write_rejected
     from wire.redis_errors import classify, describe
@@ -377,7 +378,7 @@ def enqueue_file(
         maybe = f" (and up to {stop.uncertain} more whose reply was lost)" if stop.uncertain else ""
         then = (
             "run the same command again"
-            if classify(stop.cause) == "transient"
+            if classify(stop.cause) == "transient" or isinstance(stop.cause, QueueLost)
             else "fix that, then run it again"
         )
         fail(
