@@ -280,6 +280,21 @@ def open_client(url: str, queue: str, **options: Any) -> Client:
         fail(f"--redis-url {redact(url)!r}: {exc}", exits.USAGE)
 
 
+def holds_no_known_id(client: Client, source: Path, mapping: ColumnMapping) -> bool:
+    """True when a JSONL file (native columns) names no id the queue holds a digest for: then
+    no row can have changed (producer.idscan), and the full check's pass over the file is not
+    needed. False when it names one, or when this cannot tell."""
+    from producer.datasets import file_format
+    from producer.idscan import Unreadable, named_ids
+
+    if mapping.given or file_format(source) != "jsonl":
+        return False
+    try:
+        return not client.knows_any(named_ids(source))
+    except (Unreadable, OSError):
+        return False
+
+
 @app.command()
 def enqueue(
     input_path: InputArgument,
@@ -357,7 +372,7 @@ def enqueue_file(
     try:
         with expected_errors(url):
             once = not source.is_file()
-            if not rerun_changed and not once:
+            if not rerun_changed and not once and not holds_no_known_id(client, source, mapping):
                 first_pass = queued_rows(source, mapping, scanned, errors_file, say=False)
                 changed = client.find_changed(first_pass)
                 if changed:
