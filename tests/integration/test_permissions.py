@@ -19,6 +19,7 @@ import pytest
 import redis
 
 from tests.integration.procs import FAKE_GENERATOR, REPO_ROOT, radixq, start_worker
+from tests.jobs_stream import total_len
 from tests.waiting import LIVENESS_S, wait_until
 from wire import exits
 from wire.keys import QueueKeys
@@ -162,7 +163,7 @@ def test_each_command_runs_with_exactly_its_rule(
 
 # one permission each command needs, taken away: (command, permission, how to run it)
 LACKING = [
-    ("enqueue", "+xadd", ("enqueue", "{source}")),
+    ("enqueue", "+rpush", ("enqueue", "{source}")),  # its last write: the batch writes nothing
     ("collect", "+xread", ("collect", "-o", "{out}", "--no-wait")),
     ("status", "+time", ("status",)),
     ("dlq", "+xrange", ("dlq", "list")),
@@ -195,7 +196,8 @@ def test_a_rule_without_one_permission_stops_with_one_line_naming_it(
         line = one_error_line(proc.stderr)
         assert "no permissions to run the" in line and f"radixq needs: {permission} " in line, line
         assert PASSWORD not in line
-    assert admin.hlen(KEYS.enqueued) == 5  # the enqueue denied its XADD wrote nothing of its batch
+    # the enqueue denied its RPUSH wrote nothing of its batch: no record, no entry
+    assert admin.hlen(KEYS.enqueued) == total_len(admin) == 5
 
     set_user(admin, "rq-lacking", [p for p in rules["worker"] if p != "+xreadgroup"])
     log = tmp_path / "w.log"
