@@ -17,7 +17,7 @@ add it once.
 A batch is all or nothing: the script checks the epoch and decides every fate before its
 first write; Redis refuses a script at ``maxmemory`` only at its first write (never half-way);
 and on Redis 7 it checks every write against the user's ACL (``redis.acl_check_cmd``) before
-the first one. It writes nothing when the queue's epoch is not the producer's (Redis lost the
+the first one (an older Redis stops a script at a denied command, keeping what it wrote). It writes nothing when the queue's epoch is not the producer's (Redis lost the
 queue since the enqueue began: QueueLost), nor, with ``stop_on_changed``, when a row is changed.
 """
 
@@ -193,7 +193,8 @@ class QueueLost(redis.RedisError):
 
 
 class Row(NamedTuple):
-    """One row of a batch as the script takes it: its ARGV fields, in order."""
+    """One row of a batch as the script takes it: ``where`` in the batch's packed argument, the
+    other fields as the row's own arguments, in this order."""
 
     id: str
     digest: str
