@@ -283,6 +283,21 @@ def open_client(url: str, queue: str, **options: Any) -> Client:
         fail(f"--redis-url {redact(url)!r}: {exc}", exits.USAGE)
 
 
+def holds_no_known_id(client: Client, source: Path, mapping: ColumnMapping) -> bool:
+    """True when a JSONL file (native columns) names no id the queue holds a digest for: then
+    no row can have changed (producer.idscan), and the full check's pass over the file is not
+    needed. False when it names one, or when this cannot tell."""
+    from producer.datasets import file_format
+    from producer.idscan import Unreadable, named_ids
+
+    if mapping.given or file_format(source) != "jsonl":
+        return False
+    try:
+        return not client.knows_any(named_ids(source))
+    except (Unreadable, OSError):
+        return False
+
+
 @app.command()
 def enqueue(
     input_path: InputArgument,
@@ -350,6 +365,7 @@ def enqueue_file(
     once only (a pipe) stops before the batch that holds such an id."""
     from producer.client import ContentChanged, EnqueueStopped
     from producer.digest import changed_line
+    from producer.insert import QueueLost
     from producer.jsonl import InputFile
     from producer.outfile import write_rejected
     from wire.enqueues import finish_enqueue
@@ -367,7 +383,7 @@ def enqueue_file(
     try:
         with expected_errors(url):
             once = not source.is_file()
-            if not rerun_changed and not once:
+            if not rerun_changed and not once and not holds_no_known_id(client, source, mapping):
                 first_pass = queued_rows(source, mapping, scanned, errors_file, say=False)
                 changed = client.find_changed(first_pass)
                 if changed:
@@ -393,7 +409,7 @@ def enqueue_file(
         maybe = f" (and up to {stop.uncertain} more whose reply was lost)" if stop.uncertain else ""
         then = (
             "run the same command again"
-            if classify(stop.cause) == "transient"
+            if classify(stop.cause) == "transient" or isinstance(stop.cause, QueueLost)
             else "fix that, then run it again"
         )
         fail(

@@ -2,28 +2,27 @@
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgspec
 import redis
 
+from producer.batch import Batch, batches, place_away
 from producer.cancel import CancelReport, cancel_jobs
-from producer.digest import changed_ids, changed_line, job_digest, stored_digests
+from producer.digest import changed_ids, changed_line, stored_digests
+from producer.insert import REJECTED_ROW, Insert, Outcome
 from producer.tags import check_tag, tag_ahead
 from wire.cluster import together
 from wire.epoch import create_epoch
 from wire.keys import (
     DEFAULT_QUEUE,
-    ENTRY_REJECTED,
     FIELD_ATTEMPTS,
-    FIELD_ENTRY,
     FIELD_ID,
     FIELD_JOB,
     FIELD_KEY,
     FIELD_REASON,
-    FIELD_RESULT,
     META_EPOCH,
     META_PARTITIONS,
     META_PREFIX_CHARS,
@@ -39,7 +38,7 @@ from wire.routing import (
     prefix_key,
     read_routing,
 )
-from wire.schema import Job, JobError, Result, decode_job, encode, encode_job
+from wire.schema import Job, JobError, Result, decode_job
 from wire.status import QueueStatus, now_ms, read_status
 from wire.streams import connect, ensure_groups
 
@@ -58,9 +57,10 @@ class EnqueueStopped(Exception):
     """Enqueue stopped before the last job: Redis stayed unavailable past the retry timeout
     (``waited_s`` > 0) or answered with an error retrying cannot fix.
 
-    ``report`` lists what went in: every batch is one MULTI/EXEC, all or nothing, so exactly
-    those ids are in Redis - except up to ``uncertain`` ids of a batch whose EXEC reply was lost
-    with the connection (they may be in; enqueueing again skips them if they are).
+    ``report`` lists what went in: every batch is one script, all or nothing (producer.insert),
+    so exactly those ids are in Redis - except up to ``uncertain`` ids of a batch whose reply was
+    lost with the connection (they may be in; enqueueing again skips them if they are). A
+    ``cause`` that is QueueLost: Redis lost the queue while it was being enqueued.
     """
 
     def __init__(self, report: EnqueueReport, cause: redis.RedisError, uncertain: int, waited_s: float):
@@ -119,35 +119,6 @@ def queue_known(client: redis.Redis, keys: QueueKeys) -> bool:
     return bool(epoch or order or jobs or results)
 
 
-def _add_finished(pipe: Any, keys: QueueKeys, result: Result) -> None:
-    """Queue the commands that record a result written at enqueue (no job runs for it)."""
-    pipe.xadd(keys.results, {FIELD_ID: result.id, FIELD_ENTRY: ENTRY_REJECTED, FIELD_RESULT: encode(result)})
-    pipe.hset(keys.done, result.id, ENTRY_REJECTED)
-    if result.error is not None:
-        pipe.hset(keys.failed, result.id, result.error.code)
-
-
-def _fate(
-    job_id: str,
-    mark: bytes | None,
-    stored: bytes | None,
-    digest: str,
-    done: bytes | None,
-    rerun_changed: bool,
-    uncertain: dict[str, str],
-) -> str:
-    """What one job of an enqueue batch comes to (an EnqueueReport field): ``enqueued`` (a new
-    id), ``skipped`` (there with the same content, or from before digests were kept),
-    ``changed`` (there with other content: kept), ``rerun`` (changed and done: run again)."""
-    if mark is None:
-        return "enqueued"
-    if stored is None:
-        return "skipped"
-    if stored.decode() == digest:
-        return uncertain.get(job_id, "skipped")  # ours, when an earlier attempt's reply was lost
-    return "rerun" if rerun_changed and done is not None else "changed"
-
-
 class Client:
     """A handle on one named queue.
 
@@ -175,6 +146,11 @@ class Client:
         self.wanted_routing = (check_partitions(partitions), prefix_chars)
         self.routing = (1, prefix_chars)  # the queue's, once known (_prepare)
         self.backoff = Backoff(url_of(client), give_up_s=retry_timeout_s, say=say)
+        self.insert = Insert(client, self.keys)
+        self.epoch = ""  # the queue's, once known (_prepare): every batch is written under it
+        # a batch's fates are kept past the longest its retries can take (producer.insert)
+        self.keep_batch_ms = int((retry_timeout_s + 60) * 1000)
+        self.uncertain = 0  # rows of the batch whose script reply was lost, until a retry answers
 
     @classmethod
     def from_url(cls, url: str, queue: str = DEFAULT_QUEUE, **options: Any) -> Client:
@@ -194,8 +170,9 @@ class Client:
         keep_ids: bool = True,
         tag: str | None = None,
     ) -> EnqueueReport:
-        """Add the jobs whose ids are new, in batches of one MULTI/EXEC each, taking one batch
-        at a time from ``jobs`` (an iterator is read as it goes: memory holds one batch, unless
+        """Add the jobs whose ids are new, in batches of one script each (producer.insert: all
+        or nothing; a batch of large jobs is cut at MAX_BATCH_BYTES), taking one batch at a time
+        from ``jobs`` (an iterator is read as it goes: memory holds one batch, unless
         ``refuse_changed`` asks for the check below, which reads them all first).
 
         A Result in ``jobs`` is a row rejected before it could be a job (an ``invalid_job``
@@ -220,7 +197,7 @@ class Client:
         if tag is not None:
             check_tag(tag)
         report = EnqueueReport([], [])
-        uncertain: dict[str, str] = {}
+        self.uncertain = 0
         try:
             if refuse_changed and not rerun_changed:
                 jobs = list(jobs)
@@ -235,17 +212,17 @@ class Client:
             for job in jobs:
                 batch.append(job)
                 if len(batch) == batch_size:
-                    self._enqueue_batch(batch, report, uncertain, rerun_changed, keep_ids, stop_on_changed)
+                    self._enqueue_batch(batch, report, rerun_changed, keep_ids, stop_on_changed)
                     batch = []
             if batch:
-                self._enqueue_batch(batch, report, uncertain, rerun_changed, keep_ids, stop_on_changed)
+                self._enqueue_batch(batch, report, rerun_changed, keep_ids, stop_on_changed)
         except ContentChanged as exc:
             exc.report = report
             raise
         except RedisUnavailable as exc:
-            raise EnqueueStopped(report, exc.cause, len(uncertain), exc.waited_s) from exc
+            raise EnqueueStopped(report, exc.cause, self.uncertain, exc.waited_s) from exc
         except redis.RedisError as exc:
-            raise EnqueueStopped(report, exc, len(uncertain), 0.0) from exc
+            raise EnqueueStopped(report, exc, self.uncertain, 0.0) from exc
         return report
 
     def cancel(self, ids: Iterable[str] | None = None, *, tag: str | None = None) -> CancelReport:
@@ -283,8 +260,29 @@ class Client:
             raise EnqueueStopped(EnqueueReport([], []), exc, 0, 0.0) from exc
         return changed
 
+    def knows_any(self, ids: Iterable[str], batch_size: int = 10_000) -> bool:
+        """Whether the queue holds a digest (producer.digest) for any of ``ids``, read batch by
+        batch as they come (stopping at the first batch that has one); writes nothing."""
+        batch: list[str] = []
+
+        def known() -> bool:
+            found = self.backoff.call(lambda: stored_digests(self.redis, self.keys, batch))
+            batch.clear()
+            return bool(found)
+
+        try:
+            for job_id in ids:
+                batch.append(job_id)
+                if len(batch) == batch_size and known():
+                    return True
+            return bool(batch) and known()
+        except RedisUnavailable as exc:
+            raise EnqueueStopped(EnqueueReport([], []), exc.cause, 0, exc.waited_s) from exc
+        except redis.RedisError as exc:
+            raise EnqueueStopped(EnqueueReport([], []), exc, 0, 0.0) from exc
+
     def _prepare(self) -> None:
-        create_epoch(self.redis, self.keys)
+        self.epoch = create_epoch(self.redis, self.keys)
         partitions, chars = self.wanted_routing
         with self.redis.pipeline(transaction=False) as pipe:
             pipe.hsetnx(self.keys.meta, META_PARTITIONS, partitions)
@@ -304,122 +302,45 @@ class Client:
             stream = self.keys.jobs
         return stream, {FIELD_ID: job.id, FIELD_JOB: data, FIELD_KEY: key}
 
-    def _place_ahead(
-        self, pipe: Any, jobs: list[Job | Result], fates: list[str], enqueued_at_ms: int, placed: set[str]
-    ) -> set[str]:
-        """On a cluster: the new jobs whose partition has another slot than the queue's get their
-        digest (at once, on the watching connection) and their entry (``placed``: once per
-        batch, whatever the retries) before the MULTI that records them; returns their ids.
-
-        NOTE: entry first, records after: a crash in between leaves an entry whose id is not
-        enqueued yet (enqueued again by the retry: the job may run twice, collect writes it
-        once), never an enqueued id without an entry."""
-        ahead = [
-            job
-            for job, fate in zip(jobs, fates, strict=True)
-            if fate == "enqueued"
-            and isinstance(job, Job)
-            and not together(self.redis, [self._fields(job, b"")[0], self.keys.enqueued])
-        ]
-        if not ahead:
-            return set()
-        pipe.hset(self.keys.digests, mapping={job.id: job_digest(job) for job in ahead})
-        with self.redis.pipeline(transaction=False) as batch:
-            for job in ahead:
-                if job.id not in placed:
-                    data = encode_job(msgspec.structs.replace(job, enqueued_at_ms=enqueued_at_ms))
-                    batch.xadd(*self._fields(job, data))
-            batch.execute()
-        placed.update(job.id for job in ahead)
-        return {job.id for job in ahead}
-
     def _enqueue_batch(
         self,
         jobs: list[Job | Result],
         report: EnqueueReport,
-        uncertain: dict[str, str],
         rerun_changed: bool,
         keep_ids: bool,
         stop_on_changed: bool = False,
     ) -> None:
-        # WATCH the id hash so that two producers racing on the same ids cannot both add them:
-        # the check and the XADDs commit together or retry. ``uncertain`` holds the ids of an
-        # attempt whose EXEC reply was lost (id -> what it was to be): found with their new
-        # content on the retry, they are ours.
-        keys = self.keys
-        uncertain.clear()
-        digests = [job_digest(job) for job in jobs]
-        placed: set[str] = set()  # ids given their entry ahead of the MULTI (a cluster), any attempt
+        """One batch of ``enqueue``: its rows made once (producer.batch), then written by the
+        insert script (producer.insert), all or nothing, with no WATCH: producers enqueueing at
+        once never make each other retry. Each script call has a token of its own, so a retry
+        after a lost reply learns what the first try did."""
+        for batch in batches(self.redis, self.keys, self.routing, jobs, now_ms()):
+            token = secrets.token_hex(8)
+            enqueued_at_ms = now_ms()
 
-        def attempt() -> list[str]:
-            with self.redis.pipeline(transaction=True) as pipe:
-                while True:
-                    try:
-                        pipe.watch(keys.enqueued)
-                        ids = [job.id for job in jobs]
-                        seen: list[Any] = pipe.hmget(keys.enqueued, ids)
-                        stored: list[Any] = pipe.hmget(keys.digests, ids)
-                        marks: list[Any] = pipe.hmget(keys.done, ids)
-                        fates = [
-                            _fate(job.id, mark, old, digest, done, rerun_changed, uncertain)
-                            for job, mark, old, digest, done in zip(
-                                jobs, seen, stored, digests, marks, strict=True
-                            )
-                        ]
-                        if stop_on_changed and "changed" in fates:
-                            pipe.unwatch()
-                            raise ContentChanged(
-                                [job.id for job, fate in zip(jobs, fates, strict=True) if fate == "changed"]
-                            )
-                        enqueued_at_ms = now_ms()
-                        new = [
-                            job
-                            for job, fate in zip(jobs, fates, strict=True)
-                            if fate in ("enqueued", "rerun")
-                        ]
-                        ahead = self._place_ahead(pipe, jobs, fates, enqueued_at_ms, placed)
-                        pipe.multi()
-                        for job, fate in zip(jobs, fates, strict=True):
-                            if fate == "rerun":
-                                pipe.hdel(keys.done, job.id)
-                                pipe.hdel(keys.failed, job.id)
-                            if fate not in ("enqueued", "rerun"):
-                                continue
-                            if isinstance(job, Result):
-                                _add_finished(pipe, keys, job)
-                                continue
-                            if job.id in ahead:
-                                continue
-                            data = encode_job(msgspec.structs.replace(job, enqueued_at_ms=enqueued_at_ms))
-                            stream, fields = self._fields(job, data, atomic=True)
-                            pipe.xadd(stream, fields)
-                        if new:
-                            pipe.hset(keys.digests, mapping={job.id: job_digest(job) for job in new})
-                        fresh = [job for job, fate in zip(jobs, fates, strict=True) if fate == "enqueued"]
-                        if fresh:
-                            pipe.hset(keys.enqueued, mapping={job.id: enqueued_at_ms for job in fresh})
-                            pipe.rpush(keys.order, *[job.id for job in fresh])
-                        try:
-                            pipe.execute()
-                        except (redis.ConnectionError, redis.TimeoutError):
-                            uncertain.update(
-                                (job.id, fate)
-                                for job, fate in zip(jobs, fates, strict=True)
-                                if fate in ("enqueued", "rerun")
-                            )
-                            raise
-                        return fates
-                    except redis.WatchError:
-                        continue
+            def attempt(batch: Batch = batch, token: str = token, at_ms: int = enqueued_at_ms) -> Outcome:
+                rows = place_away(self.redis, self.keys, batch)
+                try:
+                    return self.insert(
+                        self.epoch, token, rows, batch.streams, at_ms,
+                        keep_ms=self.keep_batch_ms, rerun_changed=rerun_changed, stop_on_changed=stop_on_changed,
+                    )  # fmt: skip
+                except (redis.ConnectionError, redis.TimeoutError):
+                    self.uncertain = len(rows)
+                    raise
 
-        fates = self.backoff.call(attempt)
-        for job, fate in zip(jobs, fates, strict=True):
-            if fate in ("changed", "rerun") or keep_ids:
-                getattr(report, fate).append(job.id)
-            if isinstance(job, Job):
-                report.jobs_enqueued += fate == "enqueued"
-                report.jobs_skipped += fate == "skipped"
-        uncertain.clear()
+            outcome = self.backoff.call(attempt)
+            self.uncertain = 0
+            if not outcome.written:
+                raise ContentChanged(
+                    [row.id for row, fate in zip(batch.rows, outcome.fates, strict=True) if fate == "changed"]
+                )
+            for row, fate in zip(batch.rows, outcome.fates, strict=True):
+                if fate in ("changed", "rerun") or keep_ids:
+                    getattr(report, fate).append(row.id)
+                if row.where != REJECTED_ROW:
+                    report.jobs_enqueued += fate == "enqueued"
+                    report.jobs_skipped += fate == "skipped"
 
     def order(self) -> list[str]:
         """All job ids in enqueue order."""

@@ -13,6 +13,7 @@ digest ``rejected``: running it again only matters once it is a valid job.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from typing import Any
 
@@ -23,6 +24,7 @@ from wire.schema import Job, Result
 
 REJECTED = "rejected"
 _NOT_CONTENT = frozenset({"enqueued_at_ms", "v", "prefix_key"})
+_NO_DEFAULT = object()  # a field without a default: always in the content
 
 
 def job_digest(row: Job | Result) -> str:
@@ -35,16 +37,48 @@ def job_digest(row: Job | Result) -> str:
 
 def _content(value: msgspec.Struct) -> dict[str, Any]:
     record: dict[str, Any] = {}
-    for field in msgspec.structs.fields(value):
+    for name, default in _content_fields(type(value)):
+        item = getattr(value, name)
+        if default is not _NO_DEFAULT and item == default:
+            continue
+        record[name] = _nested(item) if isinstance(item, msgspec.Struct) else msgspec.to_builtins(item)
+    return record
+
+
+# Nested structs seen lately (their id -> the struct, its content as sorted JSON): the jobs of
+# a file mostly share one SamplingParams object (producer.jsonl validates each one once).
+_NESTED_MAX = 256
+_nested_seen: dict[int, tuple[msgspec.Struct, msgspec.Raw]] = {}
+
+
+def _nested(value: msgspec.Struct) -> msgspec.Raw:
+    seen = _nested_seen.get(id(value))
+    if seen is not None and seen[0] is value:  # NOTE: the struct is held, so its id is not reused
+        return seen[1]
+    raw = msgspec.Raw(msgspec.json.encode(_content(value), order="sorted"))
+    if len(_nested_seen) >= _NESTED_MAX:
+        _nested_seen.clear()
+    _nested_seen[id(value)] = (value, raw)
+    return raw
+
+
+@functools.cache
+def _content_fields(kind: type[msgspec.Struct]) -> tuple[tuple[str, Any], ...]:
+    """(name, default value) of each content field of a Struct type, read once per type
+    (``msgspec.structs.fields`` evaluates the type annotations on every call); a default
+    factory is called here once: its value is only compared with, never handed out."""
+    fields: list[tuple[str, Any]] = []
+    for field in msgspec.structs.fields(kind):
         if field.name in _NOT_CONTENT:
             continue
-        item = getattr(value, field.name)
-        if field.default is not msgspec.NODEFAULT and item == field.default:
-            continue
-        if field.default_factory is not msgspec.NODEFAULT and item == field.default_factory():
-            continue
-        record[field.name] = _content(item) if isinstance(item, msgspec.Struct) else msgspec.to_builtins(item)
-    return record
+        if field.default is not msgspec.NODEFAULT:
+            default = field.default
+        elif field.default_factory is not msgspec.NODEFAULT:
+            default = field.default_factory()
+        else:
+            default = _NO_DEFAULT
+        fields.append((field.name, default))
+    return tuple(fields)
 
 
 def changed_ids(rows: list[Job | Result], known: dict[str, str]) -> list[str]:

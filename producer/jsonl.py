@@ -218,15 +218,37 @@ def _job(raw: dict[str, Any], text: str, line_no: int) -> tuple[Job, list[str]]:
         fields["id"] = derive_id(text, line_no)
     job_id = fields["id"] if isinstance(fields["id"], str) else None
     sampling = {key: fields.pop(key) for key in list(fields) if key in SAMPLING_FIELDS}
+    key = _sampling_key(sampling)
+    known = _sampling_seen.get(key) if key is not None else None
     try:
-        job = msgspec.convert({**fields, "sampling": sampling}, Job)
+        job = msgspec.convert({**fields, "sampling": known if known is not None else sampling}, Job)
     except msgspec.ValidationError as exc:
         error = validation_error(exc, job_id)
         raise JobError(
             error.field.removeprefix("sampling."), error.value, error.reason, error.job_id
         ) from None
     encode_job(job)  # the size limit, on the encoded form
+    if key is not None and known is None:
+        if len(_sampling_seen) >= _SAMPLING_SEEN_MAX:
+            _sampling_seen.clear()
+        _sampling_seen[key] = job.sampling
     return job, ignored
+
+
+# Sampling fields seen on valid lines -> their SamplingParams, validated once: the lines of a
+# file mostly share them. The key holds each value's type (1, 1.0 and true are equal in Python
+# but not as a field's value); a line with a list or object among them is not kept.
+_SAMPLING_SEEN_MAX = 256
+_sampling_seen: dict[tuple[tuple[str, type, Any], ...], SamplingParams] = {}
+
+
+def _sampling_key(sampling: dict[str, Any]) -> tuple[tuple[str, type, Any], ...] | None:
+    key = tuple((name, type(value), value) for name, value in sampling.items())
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
 
 
 def _native_fields(raw: dict[str, Any]) -> dict[str, Any]:

@@ -124,6 +124,11 @@ class QueueKeys:
         dead-letter row of such a job with its new result."""
         return self._key("requeued")
 
+    def batch(self, token: str) -> str:
+        """The fates of one enqueue batch (producer.insert), kept a few minutes under the token
+        its producer drew for it: a retry after a lost reply learns what the first try did."""
+        return self._key(f"batch:{token}")
+
     @property
     def cancelled(self) -> str:
         """Counter: results ``radixq cancel`` wrote (producer.cancel). A worker reads it at each

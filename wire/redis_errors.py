@@ -121,7 +121,7 @@ def describe(exc: BaseException, url: str) -> str:
     ) or any(word in text for word in ("NOAUTH", "WRONGPASS")):
         hint = "check the password in --redis-url (redis://user:password@host:port/db)"
     elif isinstance(exc, redis.exceptions.NoPermissionError) or "NOPERM" in text or _SCRIPT_DENIED in text:
-        hint = "the Redis user lacks a permission radixq needs (streams, hashes, lists on radixq:* keys)"
+        hint = _permission_hint(text)
     elif "certificate verify failed" in text or "CERTIFICATE_VERIFY_FAILED" in text:
         hint = "the server's TLS certificate was not trusted (ssl_ca_certs=... in the rediss:// URL)"
     elif isinstance(exc, redis.exceptions.OutOfMemoryError) or text.startswith("OOM"):
@@ -133,3 +133,19 @@ def describe(exc: BaseException, url: str) -> str:
     else:
         hint = ""
     return f"redis at {where}: {text}" + (f"; {hint}" if hint else "")
+
+
+_DENIED_COMMAND = re.compile(r"run the '([^']+)' command")
+
+
+def _permission_hint(text: str) -> str:
+    """What an ACL denial lacks: the command Redis named (as an ACL rule adds it), or radixq's
+    key pattern; docs/permissions.md has each radixq command's rule."""
+    named = _DENIED_COMMAND.search(text)
+    if named is not None:
+        lacks = f": +{named.group(1).lower()}"
+    elif "key" in text:
+        lacks = ": its key pattern must cover radixq's keys (~radixq:*)"
+    else:
+        lacks = ""
+    return f"the Redis user lacks a permission radixq needs{lacks} (docs/permissions.md)"

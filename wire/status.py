@@ -251,6 +251,8 @@ class _Partition(NamedTuple):
 def _partition_status(client: redis.Redis, keys: QueueKeys, stream: str) -> _Partition:
     try:
         groups: Any = client.xinfo_groups(stream)
+    except redis.exceptions.NoPermissionError:
+        raise  # NOTE: an ACL denial is not an empty partition
     except redis.ResponseError:  # no stream yet
         groups = []
     group = next((g for g in groups if _text(g["name"]) == keys.group), None)

@@ -4,6 +4,7 @@ old result. The queue is fakeredis; the oracle is what the test enqueued and com
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -87,3 +88,29 @@ def test_changed_ids_are_kept_reported_or_run_again_and_their_rows_replaced(
     rows = {row["id"]: row for row in map(json.loads, out.read_text().splitlines())}
     assert rows["a"]["choices"][0]["text"] == "new a" and rows["a"]["job_digest"] == job_digest(edited[0])
     assert rows["b"]["choices"][0]["text"] == "old b"
+
+
+def reference_digest(content: dict[str, object]) -> str:
+    """The digest by its definition, from the standard library: SHA-256 of the content as
+    sorted, compact JSON (UTF-8), its first 16 hex digits."""
+    text = json.dumps(content, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def test_digests_stay_what_enqueued_queues_and_written_rows_hold() -> None:
+    lines = [
+        '{"id": "a", "prompt": "Grüße", "max_tokens": 32, "temperature": 0.7, "metadata": {"row": 1}}',
+        '{"id": "b", "prompt": "Hi", "temperature": 0.7, "max_tokens": 32}',  # the same sampling, shared
+        '{"id": "c", "messages": [{"role": "user", "content": "x"}], "stop": ["\\n"], "seed": 3}',
+    ]
+    a, b, c = (parse_line(line, n) for n, line in enumerate(lines, 1))
+    sampling = {"max_tokens": 32, "temperature": 0.7}
+    assert job_digest(a) == reference_digest(
+        {"id": "a", "prompt": "Grüße", "metadata": {"row": 1}, "sampling": sampling}
+    )
+    assert job_digest(b) == reference_digest({"id": "b", "prompt": "Hi", "sampling": sampling})
+    assert job_digest(c) == reference_digest(
+        {"id": "c", "messages": [{"role": "user", "content": "x"}], "sampling": {"stop": ["\n"], "seed": 3}}
+    )
+    other = Job(id="b", prompt="Hi", sampling=SamplingParams(max_tokens=32, temperature=0.5))
+    assert job_digest(other) == reference_digest({"id": "b", "prompt": "Hi", "sampling": {"max_tokens": 32, "temperature": 0.5}})

@@ -289,3 +289,17 @@ def test_every_accepted_line_round_trips_and_its_result_encodes(tmp_path: Path) 
     result = Result(id=job.id, metadata=job.metadata)
     assert decode_result(encode(result)) == result
     assert json.loads(output_line(result))["metadata"] == job.metadata
+
+
+def test_sampling_seen_before_is_checked_as_the_line_gives_it() -> None:
+    # NOTE: lines share their SamplingParams (validated once); 1, 1.0 and true are equal in Python
+    assert parse_line('{"id": "a", "prompt": "x", "n": 1, "ignore_eos": true}', 1).sampling == SamplingParams(
+        ignore_eos=True
+    )
+    with pytest.raises(JobError, match="n"):
+        parse_line('{"id": "b", "prompt": "x", "n": true, "ignore_eos": true}', 2)
+    with pytest.raises(JobError, match="ignore_eos"):
+        parse_line('{"id": "c", "prompt": "x", "n": 1, "ignore_eos": 1}', 3)
+    first = parse_line('{"id": "d", "prompt": "x", "temperature": 0.5}', 4)
+    again = parse_line('{"id": "e", "prompt": "y", "temperature": 0.5}', 5)
+    assert again.sampling == first.sampling == SamplingParams(temperature=0.5)

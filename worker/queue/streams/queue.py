@@ -276,6 +276,8 @@ class RedisJobQueue:
         for stream in self._streams():
             try:
                 info: Any = self.redis.xinfo_stream(stream)
+            except redis.exceptions.NoPermissionError:
+                raise  # NOTE: an ACL denial is not a missing stream
             except redis.ResponseError:  # no such key
                 continue
             newest = max(newest, entry_key(info["last-generated-id"].decode()))
