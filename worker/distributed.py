@@ -131,7 +131,7 @@ def close_tp(
             left = [f"{_LEAVING}/left/{r}" for r in range(1, me.size)]
             _within(deadline, lambda: store.wait(left, _remaining(deadline)))
         else:
-            _within(deadline, lambda: store.set(f"{_LEAVING}/left/{me.rank}", b"1"))
+            _within(deadline, lambda: store.set(f"{_LEAVING}/left/{me.rank}", "1"))
         return LEFT_DESTROYED
     if said:
         why = f"its destroy failed or did not end within {teardown_s:.0f} s"

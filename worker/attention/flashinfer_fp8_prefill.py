@@ -109,7 +109,9 @@ class Fp8Prefill:
         if rows is None:
             return Fp8PrefillMeta(layout.num_tokens, ragged, (), self._whole, None, None)
         rows_indptr_cpu = b._indptr_host(rows.extend_lens_cpu)
-        pages: dict[bool, Any] = {}  # whole rows or prefix only -> (lengths, page indices)
+        pages: dict[
+            bool, tuple[Any, torch.Tensor]
+        ] = {}  # whole rows or prefix only -> (lengths, page indices)
         staging = self._num_prefix_plans % 2
         self._num_prefix_plans += 1
         for group, wrapper in enumerate(self._prefix):
@@ -118,7 +120,8 @@ class Fp8Prefill:
                 lens = b._lengths(rows.slots_cpu, rows.seq_lens_cpu if whole else rows.cached_lens_cpu)
                 pages[whole] = (lens, b._page_indices_gpu(lens))
             wrapper._pin_memory_int_workspace_buffer = self._prefix_staging[group][staging]
-            b._plan_pages(wrapper, *pages[whole], rows_indptr_cpu, causal=whole)
+            lens, indices_gpu = pages[whole]
+            b._plan_pages(wrapper, lens, indices_gpu, rows_indptr_cpu, causal=whole)
         rows_gpu = None
         if rows.rows_cpu is not None:
             rows_gpu = b._host(rows.rows_cpu).to(b.device, non_blocking=True)
@@ -165,7 +168,11 @@ class Fp8Prefill:
         if rows is None:
             return meta.ragged[group].run(q, k, v, out=out)
         span, rows_gpu = rows.span, meta.rows_gpu
-        q_rows = q[span[0] : span[1]] if span is not None else q.index_select(0, rows_gpu)
+        if span is not None:
+            q_rows = q[span[0] : span[1]]
+        else:
+            assert rows_gpu is not None, "rows to merge: a span or a gather"
+            q_rows = q.index_select(0, rows_gpu)
         out_rows, lse_rows = meta.prefix[group].run(
             q_rows,
             b._paged_kv[layer_id],
@@ -180,10 +187,12 @@ class Fp8Prefill:
             if span is not None:
                 merge_state_in_place(out[span[0] : span[1]], lse[span[0] : span[1]], out_rows, lse_rows)
                 return out
+            assert rows_gpu is not None
             merge_state_in_place(
                 out_rows, lse_rows, out.index_select(0, rows_gpu), lse.index_select(0, rows_gpu)
             )
         if span is not None:
             out[span[0] : span[1]].copy_(out_rows)
             return out
+        assert rows_gpu is not None
         return out.index_copy_(0, rows_gpu, out_rows)
