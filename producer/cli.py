@@ -53,7 +53,7 @@ PartitionsOption = Annotated[
         min=NO_ROUTING,
         max=MAX_PARTITIONS,
         help=f"Partition streams of a new queue (default {DEFAULT_PARTITIONS}): jobs sharing a prefix go to "
-        "one worker, which owns their partition (README Routing); 0: no routing, one stream.",
+        "one worker, which owns their partition (docs/guide.md, Routing); 0: no routing, one stream.",
     ),
 ]
 NoRoutingOption = Annotated[
@@ -510,7 +510,7 @@ def collect(
     ] = 0.0,
 ) -> None:
     """Write each job's result exactly once, in enqueue order, error rows included. With
-    --wait, progress goes to stderr (README: "Progress, status and metrics"). Ctrl-C or
+    --wait, progress goes to stderr (docs/guide.md, Progress). Ctrl-C or
     SIGTERM: what was read is kept (written in order, the rest in OUT.spill for the next collect).
 
     Exit 0: every job has a row and none is an error; 1: some jobs failed, have no result,
@@ -700,7 +700,7 @@ def status(
     ] = False,
 ) -> None:
     """Queued, in flight (per consumer, alive or dead), done, failed and dead-lettered jobs,
-    rate, ETA and queue lag (README: "Progress, status and metrics" explains every field).
+    rate, ETA and queue lag (docs/operations.md, Status, explains every field).
 
     Exit 0, or 2: unknown queue, Redis unavailable or refusing."""
     url = resolve_redis_url(redis_url)

@@ -103,7 +103,7 @@ class InputFile:
     def notes(self) -> list[str]:
         """One line per ignored OpenAI request field, for the enqueue summary."""
         return [
-            f"body.{name} on {count} line{'s' * (count != 1)}: accepted and ignored (README: OpenAI conformance)"
+            f"body.{name} on {count} line{'s' * (count != 1)}: accepted and ignored (docs/guide.md: OpenAI request fields)"
             for name, count in sorted(self.ignored.items())
         ]
 

@@ -10,7 +10,7 @@ FIELDS holds every body field of the two endpoints and what radixq does with it:
   the value is one that means the field's default (``tools: []``, ``echo: false``).
 
 A null value means the field's default, for every field. A field in no row is rejected too.
-The README's conformance table is rendered from FIELDS (``conformance_table``).
+The conformance table of docs/guide.md is rendered from FIELDS (``conformance_table``).
 """
 
 from __future__ import annotations
@@ -305,7 +305,7 @@ def _completion_prompt(prompt: Any) -> dict[str, Any]:
 
 
 def conformance_table() -> str:
-    """The README's table: every request body field, per endpoint, and what radixq does."""
+    """The guide's table: every request body field, per endpoint, and what radixq does."""
     rows = [
         "| field | chat | completions | note |",
         "| --- | --- | --- | --- |",

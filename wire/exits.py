@@ -1,4 +1,4 @@
-"""Exit codes of every radixq command (documented in the README)."""
+"""Exit codes of every radixq command (documented in docs/guide.md, Exit codes)."""
 
 from __future__ import annotations
 

@@ -63,7 +63,7 @@ _VERSION_REASON = f"unsupported schema version (this is {SCHEMA_VERSION})"
 
 
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """How to sample one job's completion(s). Defaults follow vLLM/SGLang; bounds: README."""
+    """How to sample one job's completion(s). Defaults follow vLLM/SGLang; bounds: docs/guide.md."""
 
     max_tokens: int = 128
     temperature: float = 1.0

@@ -1,5 +1,5 @@
 """What a queue holds right now: counts, rate, ETA, queue lag, consumers and worker heartbeats
-(README "Progress, status and metrics" explains each field); ``exposition`` renders it for Prometheus."""
+(docs/operations.md, Status, explains each field); ``exposition`` renders it for Prometheus."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The ``radixq worker`` command and the worker-side option types ``run`` shares (registered by
 radixq.cli, the composition root).
 
-Nothing heavy is imported here at module level: the backend (and with it torch) loads only
+Nothing heavy is imported here at module level: the generator (and with it torch) loads only
 when a worker starts.
 """
 
@@ -132,7 +132,7 @@ def run_worker(config: Path | None, flags: dict[str, Any]) -> None:
     """Consume jobs until SIGINT/SIGTERM, then drain (within the drain timeout) and exit 0.
 
     Settings come from --config's \\[worker], \\[queue] and \\[engine] tables, then RADIXQ_*
-    environment variables, then these flags (README: "Worker settings").
+    environment variables, then these flags (docs/configuration.md).
     Exit codes: 0 after a drain; 1 when the engine could not be kept running; 2 for usage,
     configuration or Redis connection errors (wrong password, ACL, TLS)."""
     import redis

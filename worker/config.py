@@ -14,8 +14,8 @@ A CPU worker gets CPU-sized engine limits (``CPU_DEFAULTS``) for the settings no
 Each setting is declared once, as a field of its table's dataclass (worker.options: type,
 default, choices, check, help). Every setting has the environment variable ``RADIXQ_`` + its
 key in capitals (a few also answer to another name, declared with the field); this module is
-the only place that reads them. ``settings_table()`` renders the README's table of every
-setting, and worker.cli the flags of ``radixq worker``, from the same declarations.
+the only place that reads them. ``settings_table()`` renders the table of every setting in
+docs/configuration.md, and worker.cli the flags of ``radixq worker``, from the same declarations.
 """
 
 from __future__ import annotations
@@ -257,7 +257,7 @@ def _build(cls: type, given: dict[str, Any], table: str, values: dict[str, tuple
 
 
 def settings_table() -> str:
-    """The README's table of every setting (markdown)."""
+    """The table of every setting (markdown), as docs/configuration.md holds it."""
     rows = ["| setting | environment | default | meaning |", "| --- | --- | --- | --- |"]
     for s in settings():
         default = s.spec.shown_default
@@ -276,9 +276,12 @@ def settings_table() -> str:
     return "\n".join(rows)
 
 
-def write_readme_table(path: str | Path) -> bool:
-    """Replace the table of settings in the README at ``path`` by ``settings_table()``; True
-    when that changed the file."""
+SETTINGS_PAGE = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
+
+
+def write_settings_table(path: str | Path = SETTINGS_PAGE) -> bool:
+    """Replace the table of settings in the page at ``path`` (docs/configuration.md) by
+    ``settings_table()``; True when that changed the file."""
     text = Path(path).read_text()
     start = text.index(settings_table().splitlines()[0])
     end = text.find("\n\n", start)
@@ -288,8 +291,9 @@ def write_readme_table(path: str | Path) -> bool:
     return new != text
 
 
-if __name__ == "__main__":  # python -m worker.config [README.md]: print the table, or rewrite it there
+# python -m worker.config [docs/configuration.md]: print the table, or rewrite it in that page
+if __name__ == "__main__":
     if len(sys.argv) > 1:
-        print("updated" if write_readme_table(sys.argv[1]) else "unchanged", sys.argv[1])
+        print("updated" if write_settings_table(sys.argv[1]) else "unchanged", sys.argv[1])
     else:
         print(settings_table())

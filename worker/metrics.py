@@ -6,7 +6,7 @@ Every metric carries ``queue`` and ``model`` labels (the model: the worker's fir
 else the model it runs), as vLLM's carry ``model_name``; Prometheus adds ``instance`` (one per
 worker port). The server starts before the model loads (``serve_registry``: a port that is
 taken stops the worker at once), the metrics are registered once the model is known.
-README "Progress, status and metrics" lists them; examples/grafana-dashboard.json charts them.
+docs/operations.md (Metrics) lists them; examples/grafana-dashboard.json charts them.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 ``option(default, help, ...)`` carries its type (the annotation), default, allowed choices,
 check and help. Everything else is read from there: the TOML loader and the ``RADIXQ_<KEY>``
 environment variables (worker.config), the ``radixq worker`` flags (worker.cli) and the
-README's table of settings (``worker.config.settings_table``, checked by a test).
+table of settings in docs/configuration.md (``worker.config.settings_table``, checked by a test).
 
 Torch-free: the choices are name lists their owners declare in torch-free modules
 (worker.attention.names, worker.kvcache.names, worker.models.names, worker.scheduler.names).
@@ -24,7 +24,7 @@ _SPEC = "radixq.option"
 
 @dataclass(frozen=True)
 class Spec:
-    """What the loader, the CLI and the README know about one setting besides its type and default."""
+    """What the loader, the CLI and the settings table know about one setting besides its type and default."""
 
     help: str
     choices: tuple[str, ...] = ()  # allowed values (from the owner's name list); () any
@@ -33,7 +33,7 @@ class Spec:
     repeat: bool = False  # a flag given once per value; the setting is the values joined by ","
     env: tuple[str, ...] = ()  # other environment variables read after RADIXQ_<KEY>
     deprecated_env: tuple[str, ...] = ()  # older variables still read, with a warning
-    shown_default: str | None = None  # the README's default when the field's would mislead
+    shown_default: str | None = None  # the table's default when the field's would mislead
 
 
 def option(

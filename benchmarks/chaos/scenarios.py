@@ -35,7 +35,7 @@ class Scenario:
 SCENARIOS = [
     Scenario(
         "kill9-chaos",
-        "3 fake-backend workers (8 jobs at a time, 50 ms each, --min-idle-s 2); every 1-2 s one of "
+        "3 fake-generator workers (8 jobs at a time, 50 ms each, --min-idle-s 2); every 1-2 s one of "
         "those holding jobs is kill -9'd and a new one started, until `collect` has every result",
         queue_faults.kill9_chaos,
     ),

@@ -1,5 +1,5 @@
 """The edges a real deployment hits at the command line (issue 21): every error one `error:`
-line with the README's exit code, a bad row that row's `invalid_job` row, and an enqueue that
+line with the exit code docs/guide.md gives, a bad row that row's `invalid_job` row, and an enqueue that
 streams. CLI subprocesses against a private redis-server."""
 
 from __future__ import annotations

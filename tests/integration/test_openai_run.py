@@ -80,7 +80,7 @@ def test_openai_batch_file_end_to_end(tmp_path: Path) -> None:
 
 
 def test_served_names_unknown_models_and_openai_ranges(tmp_path: Path) -> None:
-    """Issue 17, item 5, as the README's conformance table says: with --served-model-name the
+    """Issue 17, item 5, as the guide's conformance table says: with --served-model-name the
     reply names the served name (the first one for a request naming none) and another name
     gets model_not_served; without served names an unknown name runs on the workers' model,
     which the reply names, with a note; a temperature past OpenAI's 2 rejects its line. Every

@@ -1,7 +1,8 @@
 """Least privilege (docs/permissions.md): a real redis-server with exactly the users that page's
 table lists, every radixq command run by its own user (a worker killed holding jobs, so the
-other reclaims and dead-letters them, which `dlq` then requeues); then one permission taken
-from each rule, and the command stops with one line that names it (exit 2).
+other reclaims and dead-letters them, which `dlq` then requeues; `cancel` in each of its three
+scopes while a worker holds some of the jobs, which it aborts); then one permission taken from
+each rule, and the command stops with one line that names it (exit 2).
 
 The table is read from the page itself, so a change to a row (collect's, say) is tested as
 written."""
@@ -19,7 +20,7 @@ import pytest
 import redis
 
 from tests.integration.procs import FAKE_GENERATOR, REPO_ROOT, radixq, start_worker
-from tests.jobs_stream import total_len
+from tests.jobs_stream import pending_count, total_len
 from tests.waiting import LIVENESS_S, wait_until
 from wire import exits
 from wire.keys import QueueKeys
@@ -28,7 +29,7 @@ pytestmark = pytest.mark.integration
 KEYS = QueueKeys()
 PAGE = REPO_ROOT / "docs" / "permissions.md"
 PASSWORD = "least-privilege"
-COMMANDS = ("enqueue", "worker", "collect", "status", "dlq", "run")
+COMMANDS = ("enqueue", "worker", "collect", "status", "dlq", "cancel", "run")
 
 
 def page_rules() -> dict[str, list[str]]:
@@ -92,8 +93,8 @@ def running(proc: subprocess.Popen[bytes], condition: Callable[[], bool], what: 
     assert proc.poll() is None, log.read_text()[-3000:]
 
 
-def write_jobs(path: Path, prefix: str, count: int) -> list[str]:
-    ids = [f"{prefix}{i:03d}" for i in range(count)]
+def write_jobs(path: Path, prefix: str, count: int, start: int = 0) -> list[str]:
+    ids = [f"{prefix}{i:03d}" for i in range(start, start + count)]
     with path.open("w") as out:
         for i, job_id in enumerate(ids):
             out.write(
@@ -161,12 +162,53 @@ def test_each_command_runs_with_exactly_its_rule(
     assert [json.loads(line)["id"] for line in ran.read_text().splitlines()] == run_ids
 
 
+def test_cancel_runs_with_exactly_its_rule(users: tuple[redis.Redis, dict[str, str]], tmp_path: Path) -> None:
+    """`cancel --ids`, `--tag` and the whole queue, each by the cancel user, while a worker (its
+    own user) holds some of the jobs: every job ends as one `cancelled` row, and the worker
+    aborts those it holds (it reads the cancel counter and the done marks with its rule)."""
+    admin, urls = users
+    keys = QueueKeys("cq")
+    tagged, untagged = tmp_path / "tagged.jsonl", tmp_path / "untagged.jsonl"
+    ids = write_jobs(tagged, "c", 6) + write_jobs(untagged, "c", 6, start=6)
+    for source, tag in ((tagged, ["--tag", "batch-1"]), (untagged, [])):
+        enqueued = radixq("enqueue", str(source), "-q", "cq", *tag, "--redis-url", urls["enqueue"])
+        assert enqueued.returncode == exits.OK, enqueued.stderr
+    log = tmp_path / "w.log"
+    worker = start_worker(
+        urls["worker"], "w", log, "-q", "cq", "--heartbeat-s", "0.2",
+        RADIXQ_FAKE_SLOW_IDS=",".join(ids), RADIXQ_FAKE_SLOW_S="600", RADIXQ_FAKE_CAPACITY="2",
+    )  # fmt: skip
+    try:
+        running(worker, lambda: pending_count(admin, keys) > 0, "the worker holding jobs", log)
+        chosen = tmp_path / "ids.txt"
+        chosen.write_text(f"{ids[0]}\n{ids[6]}\nnever-enqueued\n")
+        by_ids = radixq("cancel", "-q", "cq", "--ids", str(chosen), "--redis-url", urls["cancel"])
+        assert by_ids.returncode == exits.JOBS_FAILED and "never-enqueued" in by_ids.stderr, by_ids.stderr
+        assert "cancelled 2 jobs of 3" in by_ids.stdout, by_ids.stdout
+        by_tag = radixq("cancel", "-q", "cq", "--tag", "batch-1", "--redis-url", urls["cancel"])
+        assert by_tag.returncode == exits.OK and "cancelled 5 jobs of 6" in by_tag.stdout, by_tag.stderr
+        whole = radixq("cancel", "-q", "cq", "--redis-url", urls["cancel"])
+        assert whole.returncode == exits.OK and "cancelled 5 jobs of 12" in whole.stdout, whole.stderr
+        running(worker, lambda: pending_count(admin, keys) == 0, "the held jobs aborted", log)
+        assert "aborting" in log.read_text()
+    finally:
+        worker.terminate()
+        assert worker.wait(timeout=LIVENESS_S) == exits.OK, log.read_text()[-3000:]
+    out = tmp_path / "cancelled.jsonl"
+    collected = radixq("collect", "-o", str(out), "-q", "cq", "--redis-url", urls["collect"], "--quiet")
+    assert collected.returncode == exits.JOBS_FAILED, collected.stderr
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [row["id"] for row in rows] == ids
+    assert {row["error"]["code"] for row in rows} == {"cancelled"}
+
+
 # one permission each command needs, taken away: (command, permission, how to run it)
 LACKING = [
     ("enqueue", "+rpush", ("enqueue", "{source}")),  # its last write: the batch writes nothing
     ("collect", "+xread", ("collect", "-o", "{out}", "--no-wait")),
     ("status", "+time", ("status",)),
     ("dlq", "+xrange", ("dlq", "list")),
+    ("cancel", "+sadd", ("cancel", "--ids", "{ids}")),  # its first step: nothing cancelled yet
 ]
 
 
@@ -188,9 +230,11 @@ def test_a_rule_without_one_permission_stops_with_one_line_naming_it(
     lacking_url = urls["enqueue"].replace("rq-enqueue", "rq-lacking")
     other = tmp_path / "other.jsonl"
     write_jobs(other, "o", 5)
+    ids = tmp_path / "ids.txt"
+    ids.write_text("p000\n")
     for command, permission, args in LACKING:
         set_user(admin, "rq-lacking", [p for p in rules[command] if p != permission])
-        filled = [arg.format(source=other, out=tmp_path / "out.jsonl") for arg in args]
+        filled = [arg.format(source=other, out=tmp_path / "out.jsonl", ids=ids) for arg in args]
         proc = radixq(*filled, "--redis-url", lacking_url)  # NOTE: a denial is not retried
         assert proc.returncode == exits.USAGE, (command, proc.stdout, proc.stderr)
         line = one_error_line(proc.stderr)
@@ -198,6 +242,7 @@ def test_a_rule_without_one_permission_stops_with_one_line_naming_it(
         assert PASSWORD not in line
     # the enqueue denied its RPUSH wrote nothing of its batch: no record, no entry
     assert admin.hlen(KEYS.enqueued) == total_len(admin) == 5
+    assert admin.hlen(KEYS.done) == 0  # the cancel denied its SADD cancelled nothing
 
     set_user(admin, "rq-lacking", [p for p in rules["worker"] if p != "+xreadgroup"])
     log = tmp_path / "w.log"

@@ -1,4 +1,4 @@
-"""The compose files do what the README says, checked where the schema cannot: profiles, GPU
+"""The compose files do what the README and docs/operations.md say, checked where the schema cannot: profiles, GPU
 assignments, references to files and volumes, commands the images can run (no Docker engine
 here; tests/unit/test_compose_schema.py validates the same projects against the schema)."""
 
@@ -62,7 +62,7 @@ def setting(service: dict[str, Any], dotted: str) -> Any:
 
 
 def projects(tmp_path: Path) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
-    """Every way the README starts the stack: (merged project, services `up` starts)."""
+    """Every way the docs start the stack: (merged project, services `up` starts)."""
     gpus = generate_gpu_override(tmp_path, "2")
     base = load_project(BASE_FILE)
     with_gpus = load_project(BASE_FILE, gpus)
@@ -302,20 +302,22 @@ def test_prometheus_scrapes_every_worker_on_its_metrics_port(tmp_path: Path, how
     assert f"--config.file={config.target}" in prometheus["command"]
 
 
-def first_compose_block() -> list[str]:
-    """The command lines of the README's first code block that runs `docker compose`."""
-    blocks = re.findall(r"```(?:sh|bash)?\n(.*?)```", (REPO_ROOT / "README.md").read_text(), re.S)
-    block = next(b for b in blocks if "docker compose" in b)
+def first_compose_block(page: str) -> list[str]:
+    """The command lines of the first code block of ``page`` that runs `docker compose`."""
+    fences = re.findall(r"^```(\w*)\n(.*?)^```", (REPO_ROOT / page).read_text(), re.S | re.M)
+    block = next(b for lang, b in fences if lang in ("", "sh", "bash") and "docker compose" in b)
     return [line.split("  #")[0].strip() for line in block.splitlines() if line.strip()]
 
 
-def test_the_readmes_first_compose_command_starts_one_worker_per_gpu(tmp_path: Path) -> None:
-    """Issue 17, item 10: the first `docker compose` command the README gives, with the steps
-    of its line before it, starts a pool: one worker per GPU, each reserving its own GPU, all
-    scraped by Prometheus; the project it starts is valid against the Compose schema."""
+@pytest.mark.parametrize("page", ["README.md", "docs/operations.md"])
+def test_the_first_compose_command_of_the_docs_starts_one_worker_per_gpu(page: str, tmp_path: Path) -> None:
+    """Issue 17, item 10: the first `docker compose` command the README (and the operations
+    page) gives, with the steps of its line before it, starts a pool: one worker per GPU, each
+    reserving its own GPU, all scraped by Prometheus; the project it starts is valid against
+    the Compose schema."""
     from tests.unit.test_compose_schema import errors
 
-    first = next(line for line in first_compose_block() if "docker compose" in line)
+    first = next(line for line in first_compose_block(page) if "docker compose" in line)
     steps = [step.strip() for step in first.split("&&")]
     generate = next(step for step in steps if step.startswith("python3 docker/gpu-services.py"))
     count = int(generate.split()[2])

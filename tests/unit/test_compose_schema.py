@@ -1,4 +1,4 @@
-"""Every compose file, alone where it stands alone and merged as the README runs it, is valid
+"""Every compose file, alone where it stands alone and merged as the docs run it, is valid
 against the Compose Specification's JSON schema (vendored in tests/data/compose-spec with its
 licence), validated as compose-go's loader does: after interpolation and merging. (The schema
 leaves durations to Compose's Go parser: tests/unit/test_compose.py checks them.)"""

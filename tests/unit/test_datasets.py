@@ -238,7 +238,7 @@ def test_a_csv_cell_that_is_not_utf8_rejects_its_row_only(tmp_path: Path) -> Non
 
 
 def test_an_empty_or_blank_template_value_rejects_its_row(tmp_path: Path) -> None:
-    """README "Running a dataset job": a row with an empty `question` is an invalid_job row,
+    """docs/guide.md "Running a dataset job": a row with an empty `question` is an invalid_job row,
     whether the cell is missing, null, "" or only spaces."""
     path = tmp_path / "rows.jsonl"
     rows = [{"q": "fine"}, {"q": ""}, {"q": "   "}, {"q": None}, {}]
@@ -260,7 +260,7 @@ def test_an_empty_or_blank_template_value_rejects_its_row(tmp_path: Path) -> Non
 
 
 def test_the_cli_template_reads_shell_escapes() -> None:
-    """A shell's double quotes keep \\n as two characters; the README's
+    """A shell's double quotes keep \\n as two characters; the guide's
     --template "Topic: {topic}\\nQ: {question}\\nA:" means newlines."""
     from producer.cli import column_mapping
 

@@ -64,11 +64,11 @@ def test_the_triggers_read_every_partition_stream_of_the_workers_queue() -> None
     assert sorted(term.strip() for term in formula.split("+")) == sorted(names)  # a sum, each once
 
 
-def test_the_readme_maps_the_trigger_to_the_codes_names() -> None:
-    readme = (REPO_ROOT / "README.md").read_text()
+def test_the_docs_map_the_trigger_to_the_codes_names() -> None:
+    page = (REPO_ROOT / "docs" / "operations.md").read_text()  # "How the KEDA trigger maps to the queue"
     keys = QueueKeys("Q")
     for name in (keys.partition(0), keys.partition(1), keys.partition(15), GROUP):
-        assert f"`{name}`" in readme
+        assert f"`{name}`" in page
 
 
 def test_the_triggers_reach_the_workers_redis() -> None:

@@ -1,5 +1,5 @@
 """One worker configuration: defaults < TOML file < RADIXQ_* environment < flags, every setting
-named in errors with where its value came from, and the README's table true."""
+named in errors with where its value came from, and the table of docs/configuration.md true."""
 
 from __future__ import annotations
 
@@ -9,7 +9,15 @@ from pathlib import Path
 import pytest
 
 from tests.integration.procs import radixq, subprocess_env
-from worker.config import CPU_DEFAULTS, ConfigError, load_worker_config, settings, settings_table
+from worker.config import (
+    CPU_DEFAULTS,
+    SETTINGS_PAGE,
+    ConfigError,
+    load_worker_config,
+    settings,
+    settings_table,
+    write_settings_table,
+)
 from worker.engine.config import EngineConfig
 from worker.models.registry import DEFAULT_MODEL
 
@@ -88,16 +96,26 @@ def test_bundled_configs_load() -> None:
         assert load_worker_config(path, {}, {}).engine.model, path
 
 
-def test_every_setting_has_an_environment_name_and_the_readme_table_is_current() -> None:
+def test_every_setting_has_an_environment_name_and_the_settings_page_is_current() -> None:
     names = [name for s in settings() for name in s.env]
     assert len(names) == len(set(names))  # no two settings share a variable
-    readme = (REPO_ROOT / "README.md").read_text()
-    assert settings_table() in readme, (
-        "the README's settings table is stale: python -m worker.config README.md"
+    assert SETTINGS_PAGE == REPO_ROOT / "docs" / "configuration.md"
+    page = SETTINGS_PAGE.read_text()
+    assert settings_table() in page, (
+        "docs/configuration.md's settings table is stale: python -m worker.config docs/configuration.md"
     )
     # once: a table pasted twice (its header and first row repeated) reads as a broken table
-    assert readme.count(settings_table().splitlines()[0]) == 1
-    assert readme.count(settings_table().splitlines()[2]) == 1
+    assert page.count(settings_table().splitlines()[0]) == 1
+    assert page.count(settings_table().splitlines()[2]) == 1
+
+
+def test_the_generator_rewrites_a_stale_table_in_place(tmp_path: Path) -> None:
+    stale = settings_table().replace("| queue to consume |", "| an old help text |")
+    page = tmp_path / "configuration.md"
+    page.write_text(f"# Configuration\n\n{stale}\n\n## After\n\ntext\n")
+    assert write_settings_table(page) is True
+    assert page.read_text() == f"# Configuration\n\n{settings_table()}\n\n## After\n\ntext\n"
+    assert write_settings_table(page) is False
 
 
 def test_worker_with_a_bad_setting_exits_2_with_one_line() -> None:

@@ -1,7 +1,7 @@
 """EngineConfig: the options the engine reads (model, device, KV pool, kernels, graphs,
 tensor parallelism), built once at the edge and frozen; the scheduler's own are
 worker.scheduler.config.SchedulerConfig. Each field is declared once, with its help, choices and
-check (worker.options): the TOML loader, the environment, the flags and the README read it here."""
+check (worker.options): the TOML loader, the environment, the flags and docs/configuration.md read it here."""
 
 from __future__ import annotations
 
@@ -99,7 +99,7 @@ class EngineConfig:
         1,
         "processes (GPUs) one model is split over, one per rank on `cuda:0..N-1` of the worker's "
         "`CUDA_VISIBLE_DEVICES` (`--gpus`); rank 0 schedules, the others follow its batches; structured "
-        "output is refused with N > 1. When it pays over a pool of TP=1 workers: README, Tensor parallelism",
+        "output is refused with N > 1. When it pays over a pool of TP=1 workers: docs/engine.md, Tensor parallelism",
         flags=("--tensor-parallel-size", "--tp"),
         check=_AT_LEAST_1,
     )

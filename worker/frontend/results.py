@@ -58,7 +58,7 @@ def build_result(
 ) -> Result:
     """The Result of one job from the scheduler's answer (choices, or the error it reported).
     On the queue path the consumer fills the envelope (metadata, model, worker, timings:
-    worker.queue.consumer.envelope); ``timings`` carries only the engine's first token there."""
+    worker.queue.held.envelope); ``timings`` carries only the engine's first token there."""
     error = None
     if finished.error_code is not None:
         error = ErrorInfo(code=finished.error_code, message=finished.error_message or finished.error_code)
