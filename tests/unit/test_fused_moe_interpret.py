@@ -1,7 +1,8 @@
 """worker.kernels.fused_moe: the Triton kernels, run by triton's CPU interpreter on tiny shapes,
 against the expert loop (worker.kernels.moe.experts_loop: bf16, float32 and FP8 experts) under
-every tile configuration the rule picks from (the large-token tiles forced on small shapes), and
-the expert layout the align kernels build against its definition."""
+every tile configuration the rule picks from (the large-token tiles forced on small shapes), the
+expert layout the align kernels build against its definition, and the fused router (softmax,
+top-k) against tests/unit/test_moe.py's float64 routing."""
 
 from __future__ import annotations
 
@@ -28,8 +29,9 @@ except ImportError:
 finally:
     os.environ.pop("TRITON_INTERPRET")
 
-from worker.kernels.fused_moe import align_entries, fused_moe, max_sorted_rows  # noqa: E402
-from worker.kernels.moe import experts_loop  # noqa: E402
+from tests.unit.test_moe import oracle_route  # noqa: E402
+from worker.kernels.fused_moe import align_entries, fused_moe, fused_route, max_sorted_rows  # noqa: E402
+from worker.kernels.moe import experts_loop, route  # noqa: E402
 from worker.kernels.moe_tiles import MoeTiles, moe_tiles, rule_tiles  # noqa: E402
 from worker.models.fp8 import quantize_channels  # noqa: E402
 
@@ -180,6 +182,32 @@ def test_tiles_follow_rows_per_expert():
         assert tiles.shared_bytes(fp8) <= H200_SHARED_BYTES, tiles
     with pytest.raises(ValueError, match="power of two"):
         MoeTiles(block_m=24, gate_up_n=16, down_n=16, block_k=16)
+
+
+@pytest.mark.parametrize(("num_experts", "top_k"), [(8, 2), (6, 3), (128, 8)])
+@pytest.mark.parametrize("renormalize", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_route_is_softmax_then_top_k(
+    num_experts: int, top_k: int, renormalize: bool, dtype: torch.dtype
+):
+    gen = torch.Generator().manual_seed(num_experts)
+    logits = (torch.randn(37, num_experts, generator=gen) * 2).to(dtype)
+    weights, ids = fused_route(logits, top_k, renormalize)
+    want_weights, want_ids = oracle_route(logits.float(), top_k, renormalize)
+    assert weights.dtype == torch.float32 and ids.dtype == torch.int32 and ids.shape == (37, top_k)
+    assert torch.equal(ids.long(), want_ids)
+    torch.testing.assert_close(weights.double(), want_weights, atol=1e-6, rtol=1e-6)
+    dispatched = route(logits, top_k, renormalize)  # route takes the kernel where Triton runs
+    assert torch.equal(dispatched[0], weights) and torch.equal(dispatched[1], ids)
+
+
+def test_fused_route_breaks_ties_toward_the_lowest_expert():
+    logits = torch.zeros(3, 8)
+    logits[1, 5] = logits[1, 6] = 1.0  # two equal leaders, then six equal ones
+    weights, ids = fused_route(logits, 3, renormalize=False)
+    assert ids.tolist() == [[0, 1, 2], [5, 6, 0], [0, 1, 2]]
+    torch.testing.assert_close(weights[0], torch.full((3,), 1 / 8))
+    assert fused_route(logits[:0], 3, renormalize=True)[1].shape == (0, 3)
 
 
 def test_bad_arguments_name_what_is_wrong():

@@ -1,5 +1,7 @@
 """The fused Mixture-of-Experts kernel: routed tokens through their experts' gated MLPs.
 
+    fused_route(router_logits [T, E], top_k, renormalize) -> (topk_weights, topk_ids)
+        worker.kernels.moe.route's values in one kernel (softmax, top-k, renormalization)
     fused_moe(x, w13, w2, topk_weights, topk_ids, *, w13_scale=None, w2_scale=None) -> [T, H]
 
     x             [T, H]      model dtype (bf16 on the GPU)
@@ -92,6 +94,26 @@ def align_entries(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> Exp
         BLOCK_M=block_m, BLOCKS_PER_PROGRAM=blocks_per_program, **common,
     )  # fmt: skip
     return ExpertLayout(sorted_rows, block_expert, block_m)
+
+
+def fused_route(
+    router_logits: torch.Tensor, top_k: int, renormalize: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(topk_weights float32 [T, k], topk_ids int32 [T, k]) of logits [T, E] (unit last stride):
+    one kernel where the torch route launches six (cast, softmax, top-k, sum, divide, id cast)."""
+    num_tokens, num_experts = router_logits.shape
+    if router_logits.stride(-1) != 1 or not 0 < top_k <= num_experts:
+        raise ValueError(
+            f"fused_route: logits {tuple(router_logits.shape)} with unit last stride, top_k in [1, E]"
+        )
+    weights = torch.empty((num_tokens, top_k), dtype=torch.float32, device=router_logits.device)
+    ids = torch.empty((num_tokens, top_k), dtype=torch.int32, device=router_logits.device)
+    if num_tokens:
+        _kernels().moe_route_kernel[(num_tokens,)](
+            router_logits, weights, ids, router_logits.stride(0), NUM_EXPERTS=num_experts,
+            EXPERTS_PAD=triton_block(num_experts), TOP_K=top_k, K_PAD=triton_block(top_k), RENORMALIZE=renormalize,
+        )  # fmt: skip
+    return weights, ids
 
 
 def fused_moe(

@@ -1,5 +1,5 @@
 """Triton kernels behind worker.kernels.fused_moe (imported lazily, on CUDA or under
-TRITON_INTERPRET=1).
+TRITON_INTERPRET=1): the router's softmax and top-k in one kernel, then the layer's.
 
 Entries are the flattened (token, slot) pairs of ``topk_ids`` [T, k]: entry ``r`` is token
 ``r // k``'s slot ``r % k``. The align kernels (count, scan, place) lay the entries out by
@@ -250,3 +250,35 @@ def moe_sum_kernel(
         part = tl.load(parts_ptr + (token * TOP_K + j) * stride_parts + cols, mask=cols < width, other=0.0)
         acc += part.to(tl.float32)
     tl.store(out_ptr + token * stride_out + cols, acc.to(out_ptr.dtype.element_ty), mask=in_row)
+
+
+@triton.jit
+def moe_route_kernel(
+    logits_ptr, weights_ptr, ids_ptr, stride_logits,
+    NUM_EXPERTS: tl.constexpr, EXPERTS_PAD: tl.constexpr, TOP_K: tl.constexpr, K_PAD: tl.constexpr,
+    RENORMALIZE: tl.constexpr,
+):  # fmt: skip
+    """Token t: the softmax of its router logits in float32, its TOP_K largest probabilities in
+    descending order (the lowest expert first among equal ones), divided by their sum when
+    RENORMALIZE, into weights[t] (float32), and their experts into ids[t] (int32)."""
+    token = tl.program_id(0).to(tl.int64)
+    experts = tl.arange(0, EXPERTS_PAD)
+    real = experts < NUM_EXPERTS
+    logits = tl.load(logits_ptr + token * stride_logits + experts, mask=real, other=float("-inf"))
+    logits = logits.to(tl.float32)
+    probs = tl.exp(logits - tl.max(logits, axis=0))
+    probs = probs / tl.sum(probs, axis=0)
+    left = tl.where(real, probs, -1.0)  # probabilities not chosen yet (padding never is)
+    slots = tl.arange(0, K_PAD)
+    chosen = tl.zeros((K_PAD,), dtype=tl.float32)
+    chosen_ids = tl.zeros((K_PAD,), dtype=tl.int32)
+    for j in tl.static_range(TOP_K):
+        best = tl.max(left, axis=0)
+        pick = tl.min(tl.where(left == best, experts, EXPERTS_PAD), axis=0)
+        chosen = tl.where(slots == j, best, chosen)
+        chosen_ids = tl.where(slots == j, pick, chosen_ids)
+        left = tl.where(experts == pick, -1.0, left)
+    if RENORMALIZE:
+        chosen = chosen / tl.sum(chosen, axis=0)  # slots past TOP_K hold 0
+    tl.store(weights_ptr + token * TOP_K + slots, chosen, mask=slots < TOP_K)
+    tl.store(ids_ptr + token * TOP_K + slots, chosen_ids, mask=slots < TOP_K)
