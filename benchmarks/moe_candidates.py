@@ -2,11 +2,14 @@
 and the timing itself.
 
     triton      worker.kernels.fused_moe (bf16; FP8 per-channel weights, per-token activations)
+    triton-fast the same with ``fast_fp8`` (FP8 only: both sums in the FP8 tensor core's
+                accumulator, the faster and less exact variant; the price of exactness)
     flashinfer  flashinfer.fused_moe.cutlass_fused_moe 0.6.6 (bf16; FP8 per-tensor scales, the
                 only FP8 scheme it takes on sm90: weights per expert, activations static,
                 calibrated on this input; the input's quantization is inside the timed call)
     loop        a torch loop over experts in the model dtype (F.linear; FP8: torch._scaled_mm
-                with row-wise scales, as worker.models.fp8.Fp8Linear), the baseline
+                with row-wise scales, as worker.models.fp8.Fp8Linear), the speed baseline
+                (every candidate's error is measured against worker.kernels.moe.experts_loop)
 
 Inputs are drawn from seeds only, so the driver and a child process (flashinfer runs in one)
 build the same ones.
@@ -25,9 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from tests.moe_oracle import quantize_experts, uniform_routing  # noqa: E402
+from tests.moe_oracle import uniform_routing  # noqa: E402
 from worker.kernels import ops  # noqa: E402
-from worker.models.fp8 import emulated_fp8_matmul  # noqa: E402
+from worker.models.fp8 import emulated_fp8_matmul, quantize_channels  # noqa: E402
 
 E4M3_MAX = 448.0
 
@@ -71,7 +74,7 @@ class Layer:
         w2 = (torch.randn(e, h, i, device=device, generator=gen) / i**0.5).bfloat16()
         if not fp8:
             return cls(shape, False, w13, w2)
-        (w13_q, w13_scale), (w2_q, w2_scale) = quantize_experts(w13), quantize_experts(w2)
+        (w13_q, w13_scale), (w2_q, w2_scale) = quantize_channels(w13), quantize_channels(w2)
         return cls(shape, True, w13_q, w2_q, w13_scale, w2_scale, master=(w13, w2))
 
 
@@ -94,13 +97,28 @@ class Inputs:
         return int(torch.unique(self.topk_ids).numel())
 
 
-def prepare_triton(layer: Layer, inputs: Inputs, tiles: object = None) -> Callable[[], torch.Tensor]:
+def prepare_triton(
+    layer: Layer, inputs: Inputs, tiles: object = None, fast_fp8: bool = False
+) -> Callable[[], torch.Tensor]:
     from worker.kernels.fused_moe import fused_moe
 
     scales = dict(w13_scale=layer.w13_scale, w2_scale=layer.w2_scale) if layer.fp8 else {}
     return lambda: fused_moe(
-        inputs.x, layer.w13, layer.w2, inputs.topk_weights, inputs.topk_ids, tiles=tiles, **scales
-    )
+        inputs.x, layer.w13, layer.w2, inputs.topk_weights, inputs.topk_ids, tiles=tiles, fast_fp8=fast_fp8,
+        **scales,
+    )  # fmt: skip
+
+
+def prepare_triton_fast(layer: Layer, inputs: Inputs, tiles: object = None) -> Callable[[], torch.Tensor]:
+    return prepare_triton(layer, inputs, tiles, fast_fp8=True)
+
+
+def oracle(layer: Layer, inputs: Inputs) -> torch.Tensor:
+    """The layer by worker.kernels.moe.experts_loop: what every candidate's error is measured against."""
+    from worker.kernels.moe import experts_loop
+
+    scales = dict(w13_scale=layer.w13_scale, w2_scale=layer.w2_scale) if layer.fp8 else {}
+    return experts_loop(inputs.x, layer.w13, layer.w2, inputs.topk_weights, inputs.topk_ids, **scales)
 
 
 def _expert_linear(layer: Layer, h: torch.Tensor, expert: int, down: bool) -> torch.Tensor:
@@ -187,8 +205,16 @@ def _per_tensor(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (w.float() / scale[:, None, None]).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), scale
 
 
-PREPARE = {"triton": prepare_triton, "flashinfer": prepare_flashinfer, "loop": prepare_loop}
-GRAPHED = {"triton": True, "flashinfer": True, "loop": False}  # the loop syncs on the host
+PREPARE = {
+    "triton": prepare_triton, "triton-fast": prepare_triton_fast, "flashinfer": prepare_flashinfer, "loop": prepare_loop,
+}  # fmt: skip
+GRAPHED = {
+    "triton": True,
+    "triton-fast": True,
+    "flashinfer": True,
+    "loop": False,
+}  # the loop syncs on the host
+FP8_ONLY = {"triton-fast"}  # candidates that differ from another only on FP8 experts
 
 
 def time_call(call: Callable[[], torch.Tensor], reps: int, graphed: bool) -> tuple[float, str]:

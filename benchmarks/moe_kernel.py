@@ -2,11 +2,13 @@
 configs/*.json) at 64, 1,024 and 8,192 tokens, bf16 and FP8 experts, uniform random routing
 (k distinct experts per token), dummy weights.
 
-Candidates (benchmarks/moe_candidates.py): ``triton`` (worker.kernels.fused_moe), ``flashinfer``
-(cutlass_fused_moe; in a child process, since its first call JIT-builds for minutes and may
-fail: the child gets what is left of ``--budget-s`` and its result, or why there is none, is
-reported), ``loop`` (torch loop over experts, the baseline and the reference each candidate's
-error is measured against).
+Candidates (benchmarks/moe_candidates.py): ``triton`` (worker.kernels.fused_moe),
+``triton-fast`` (the same with ``fast_fp8``: FP8 cells only), ``flashinfer`` (cutlass_fused_moe;
+in a child process, since its first call JIT-builds for minutes and may fail: the child gets
+what is left of ``--budget-s`` and its result, or why there is none, is reported), ``loop``
+(torch loop over experts, FP8 through torch._scaled_mm: the speed baseline). Every candidate's
+error, the loop's included, is measured against worker.kernels.moe.experts_loop (float32 sums,
+FP8 products exact).
 
 Per cell: median of ``--reps`` calls between CUDA events after 3 warm-up calls, replayed from
 a CUDA graph where the call captures (the loop syncs on the host, so it runs eagerly);
@@ -35,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 from model_shape import ModelShape  # noqa: E402
-from moe_candidates import GRAPHED, PREPARE, ExpertShape, Inputs, Layer, time_call, torch_loop  # noqa: E402
+from moe_candidates import FP8_ONLY, GRAPHED, PREPARE, ExpertShape, Inputs, Layer, oracle, time_call  # noqa: E402
 
 from tests.moe_oracle import relative_error  # noqa: E402
 
@@ -80,10 +82,12 @@ def bench(args: argparse.Namespace, candidates: list[str], deadline: float, emit
                               "status": "skipped: --budget-s spent"})  # fmt: skip
                     continue
                 inputs = Inputs.random(shape, tokens, seed=tokens)
-                reference = torch_loop(layer, inputs)
+                reference = oracle(layer, inputs)
                 for candidate in candidates:
-                    if candidate == "triton" and args.sweep:
-                        sweep(args, model, layer, inputs, reference, emit)
+                    if candidate in FP8_ONLY and not layer.fp8:
+                        continue
+                    if candidate.startswith("triton") and args.sweep:
+                        sweep(args, model, layer, inputs, reference, emit, candidate)
                     else:
                         emit(measure(args, model, layer, inputs, reference, candidate))
                 del inputs, reference
@@ -92,20 +96,26 @@ def bench(args: argparse.Namespace, candidates: list[str], deadline: float, emit
 
 
 def sweep(
-    args: argparse.Namespace, model: str, layer: Layer, inputs: Inputs, reference: torch.Tensor, emit
+    args: argparse.Namespace,
+    model: str,
+    layer: Layer,
+    inputs: Inputs,
+    reference: torch.Tensor,
+    emit,
+    candidate: str = "triton",
 ) -> None:
-    """The Triton kernel under each tile configuration of moe_tiles.sweep_tiles; the best last."""
+    """A Triton candidate under each tile configuration of moe_tiles.sweep_tiles; the best last."""
     from worker.kernels.moe_tiles import sweep_tiles
 
     rows = []
     for tiles in sweep_tiles(layer.fp8):
-        row = {**measure(args, model, layer, inputs, reference, "triton", tiles), "tiles": repr(tiles)}
+        row = {**measure(args, model, layer, inputs, reference, candidate, tiles), "tiles": repr(tiles)}
         rows.append(row)
         took = f"{row['time_us']:,.1f} us" if row["status"] == "ok" else row["status"]
-        print(f"sweep {model} {row['dtype']} {row['tokens']} tokens, {tiles}: {took}", flush=True)
+        print(f"sweep {candidate} {model} {row['dtype']} {row['tokens']} tokens, {tiles}: {took}", flush=True)
     ok = [r for r in rows if r["status"] == "ok"]
     best = min(ok, key=lambda r: r["time_us"]) if ok else rows[0]
-    emit({**best, "candidate": "triton (best tiles)"})
+    emit({**best, "candidate": f"{candidate} (best tiles)"})
 
 
 def run_flashinfer(args: argparse.Namespace, seconds: float) -> list[dict]:
@@ -166,7 +176,7 @@ def print_table(rows: list[dict]) -> None:
     loop_us = {(r["model"], r["dtype"], r["tokens"]): r["time_us"] for r in rows
                if r.get("candidate") == "loop" and r.get("status") == "ok"}  # fmt: skip
     print(
-        "\n| model | experts | tokens | kernel | mode | time (us) | TFLOP/s | weight TB/s | active experts | vs loop | error vs loop |"
+        "\n| model | experts | tokens | kernel | mode | time (us) | TFLOP/s | weight TB/s | active experts | vs loop | error vs experts_loop |"
     )
     print("| --- | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
@@ -191,7 +201,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--models", default=",".join(MODELS), help="configs/NAME.json with MoE layers")
     parser.add_argument("--dtypes", default="bf16,fp8")
     parser.add_argument("--tokens", default="64,1024,8192")
-    parser.add_argument("--candidates", default="triton,loop,flashinfer")
+    parser.add_argument("--candidates", default="triton,triton-fast,loop,flashinfer")
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--budget-s", type=float, default=170.0, help="cells past it are skipped")
     parser.add_argument("--sweep", action="store_true", help="time the Triton kernel under every sweep tile")

@@ -1,7 +1,9 @@
 """The fused MoE kernel (worker.kernels.fused_moe) on CUDA at the published expert shapes of
-Qwen3-30B-A3B and Mixtral-8x7B, bf16 and FP8 experts, against the float32 expert loop of
-tests/moe_oracle.py (activations quantized per row for FP8): max |error| / max |reference|
-<= 1e-2; and under CUDA-graph capture and replay with new routing in the same buffers."""
+Qwen3-30B-A3B and Mixtral-8x7B, bf16 and FP8 experts, against the expert loop
+(worker.kernels.moe.experts_loop: float32 sums, FP8 products exact in float32, activations
+quantized per row): max |error| / max |reference| <= 1e-2 at every token bucket and under
+every tile configuration of the rule; and under CUDA-graph capture and replay with new routing
+in the same buffers."""
 
 from __future__ import annotations
 
@@ -13,7 +15,10 @@ import torch
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
-from tests.moe_oracle import moe_reference, quantize_experts, relative_error, uniform_routing  # noqa: E402
+from tests.moe_oracle import relative_error, uniform_routing  # noqa: E402
+from worker.kernels.moe import experts_loop  # noqa: E402
+from worker.kernels.moe_tiles import MoeTiles, rule_tiles  # noqa: E402
+from worker.models.fp8 import quantize_channels  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -34,22 +39,23 @@ def layer(request):
     gen = torch.Generator(device="cuda").manual_seed(0)
     w13 = (torch.randn(num_experts, 2 * inter, hidden, device="cuda", generator=gen) / hidden**0.5).bfloat16()
     w2 = (torch.randn(num_experts, hidden, inter, device="cuda", generator=gen) / inter**0.5).bfloat16()
-    fp8 = (*quantize_experts(w13), *quantize_experts(w2))  # w13_q, w13_scale, w2_q, w2_scale
+    fp8 = (*quantize_channels(w13), *quantize_channels(w2))  # w13_q, w13_scale, w2_q, w2_scale
     yield request.param, SHAPES[request.param], (w13, w2), fp8
     del w13, w2, fp8
     torch.cuda.empty_cache()
 
 
-def run(weights, fp8: bool, x, topk_weights, topk_ids):
+def run(weights, fp8: bool, x, topk_weights, topk_ids, tiles: MoeTiles | None = None):
     """(fused_moe's output, the loop's) for one call."""
     from worker.kernels.fused_moe import fused_moe
 
     if fp8:
-        w13_q, w13_scale, w2_q, w2_scale = weights
-        got = fused_moe(x, w13_q, w2_q, topk_weights, topk_ids, w13_scale=w13_scale, w2_scale=w2_scale)
-        return got, moe_reference(x, w13_q, w2_q, topk_weights, topk_ids, w13_scale, w2_scale)
-    w13, w2 = weights
-    return fused_moe(x, w13, w2, topk_weights, topk_ids), moe_reference(x, w13, w2, topk_weights, topk_ids)
+        w13, w13_scale, w2, w2_scale = weights
+        scales = dict(w13_scale=w13_scale, w2_scale=w2_scale)
+    else:
+        (w13, w2), scales = weights, {}
+    got = fused_moe(x, w13, w2, topk_weights, topk_ids, tiles=tiles, **scales)
+    return got, experts_loop(x, w13, w2, topk_weights, topk_ids, **scales)
 
 
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
@@ -63,6 +69,25 @@ def test_matches_the_expert_loop(layer, fp8: bool, num_tokens: int):
     assert got.dtype == torch.bfloat16 and got.shape == x.shape
     error = relative_error(got, want)
     assert error <= 1e-2, f"{name} {num_tokens} tokens {'fp8' if fp8 else 'bf16'}: relative error {error:.2e}"
+
+
+RULE_TILES = [(fp8, tiles) for fp8 in (False, True) for tiles in rule_tiles(fp8)]
+
+
+@pytest.mark.parametrize(
+    ("fp8", "tiles"), RULE_TILES, ids=[f"{'fp8' if f else 'bf16'}-m{t.block_m}" for f, t in RULE_TILES]
+)
+def test_every_rule_tile_at_512_tokens(layer, fp8: bool, tiles: MoeTiles):
+    """Each tile of moe_tiles' rule forced on the same 512 tokens: the small tiles run on mma.sync,
+    those of 64 rows and more on wgmma (FP8: the path whose accumulation the kernel must keep
+    exact), whatever the token count would pick."""
+    name, (num_experts, top_k, hidden, _), bf16_weights, fp8_weights = layer
+    gen = torch.Generator().manual_seed(512)
+    x = torch.randn(512, hidden, generator=gen).bfloat16().cuda()
+    topk_weights, topk_ids = uniform_routing(512, num_experts, top_k, gen, device="cuda")
+    got, want = run(fp8_weights if fp8 else bf16_weights, fp8, x, topk_weights, topk_ids, tiles)
+    error = relative_error(got, want)
+    assert error <= 1e-2, f"{name} {'fp8' if fp8 else 'bf16'} {tiles}: relative error {error:.2e}"
 
 
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
@@ -106,7 +131,4 @@ def test_cuda_graph_replays_new_routing(layer, fp8: bool):
         torch.cuda.synchronize()
         eager = fused_moe(x, w13, w2, topk_weights, topk_ids, **scales)
         assert torch.equal(out, eager), f"seed {seed}: the replay differs from an eager call"
-        reference = moe_reference(
-            x, w13, w2, topk_weights, topk_ids, scales.get("w13_scale"), scales.get("w2_scale")
-        )
-        assert relative_error(out, reference) <= 1e-2
+        assert relative_error(out, experts_loop(x, w13, w2, topk_weights, topk_ids, **scales)) <= 1e-2

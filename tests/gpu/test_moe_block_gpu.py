@@ -1,6 +1,7 @@
 """The MoE routing and the expert loop on CUDA (worker.kernels.moe): both capture in a CUDA
 graph (route has no host sync; the loop switches to every_expert while capturing) and the
-replay equals the eager loop; the engine's ``triton = false`` path for MoE models."""
+replay equals the eager loop; the engine's ``triton = false`` path for MoE models; the fused
+router kernel against torch's softmax and top-k, eager and replayed."""
 
 from __future__ import annotations
 
@@ -44,3 +45,25 @@ def test_route_and_loop_capture_in_a_cuda_graph(fp8: bool) -> None:
         graph.replay()
         torch.cuda.synchronize()
     torch.testing.assert_close(captured, eager, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize(("num_experts", "top_k"), [(8, 2), (128, 8)])
+def test_fused_route_matches_torch_and_replays_in_a_graph(num_experts: int, top_k: int) -> None:
+    """route with Triton on (worker.kernels.fused_moe.fused_route, one kernel) against route with
+    it off (torch softmax and top-k) on float32 logits (no ties), then captured once and
+    replayed on new logits in the same buffer: the eager values."""
+    gen = torch.Generator(device="cuda").manual_seed(num_experts)
+    logits = torch.randn(1024, num_experts, device="cuda", generator=gen) * 2
+    with triton_scope(False):
+        want_weights, want_ids = route(logits, top_k, True)
+    weights, ids = route(logits, top_k, True)
+    assert torch.equal(ids, want_ids)
+    torch.testing.assert_close(weights, want_weights, atol=1e-6, rtol=1e-5)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = route(logits, top_k, True)
+    logits.copy_(torch.randn(1024, num_experts, device="cuda", generator=gen))
+    graph.replay()
+    torch.cuda.synchronize()
+    eager = route(logits, top_k, True)
+    assert torch.equal(captured[1], eager[1]) and torch.equal(captured[0], eager[0])

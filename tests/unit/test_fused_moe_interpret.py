@@ -1,6 +1,8 @@
 """worker.kernels.fused_moe: the Triton kernels, run by triton's CPU interpreter on tiny shapes,
-against the float32 expert loop of tests/moe_oracle.py (bf16, float32 and FP8 experts), and the
-expert layout the align kernels build against its definition."""
+against the expert loop (worker.kernels.moe.experts_loop: bf16, float32 and FP8 experts) under
+every tile configuration the rule picks from (the large-token tiles forced on small shapes), the
+expert layout the align kernels build against its definition, and the fused router (softmax,
+top-k) against tests/unit/test_moe.py's float64 routing."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import os
 import pytest
 import torch
 
-from tests.moe_oracle import moe_reference, quantize_experts, relative_error, uniform_routing
+from tests.moe_oracle import relative_error, uniform_routing
 
 if torch.cuda.is_available():
     pytest.skip("on CUDA the kernels run natively: tests/gpu/test_fused_moe_gpu.py", allow_module_level=True)
@@ -27,12 +29,18 @@ except ImportError:
 finally:
     os.environ.pop("TRITON_INTERPRET")
 
-from worker.kernels.fused_moe import align_entries, fused_moe, max_sorted_rows  # noqa: E402
-from worker.kernels.moe_tiles import MoeTiles, moe_tiles  # noqa: E402
+from tests.unit.test_moe import oracle_route  # noqa: E402
+from worker.kernels.fused_moe import align_entries, fused_moe, fused_route, max_sorted_rows  # noqa: E402
+from worker.kernels.moe import experts_loop, route  # noqa: E402
+from worker.kernels.moe_tiles import MoeTiles, moe_tiles, rule_tiles  # noqa: E402
+from worker.models.fp8 import quantize_channels  # noqa: E402
 
 # Tiny tiles: H=48 and I=40 are not multiples of 32, so the masked K loop and the wrapped last
 # column block both run; block_m 16 pads every expert's run.
 TILES = MoeTiles(block_m=16, gate_up_n=16, down_n=32, block_k=32)
+# every tile the rule can pick: (fp8, tiles)
+RULE_TILES = [(fp8, tiles) for fp8 in (False, True) for tiles in rule_tiles(fp8)]
+H200_SHARED_BYTES = 227 * 2**10  # the most shared memory one block may use on sm90
 
 
 @pytest.fixture(autouse=True)
@@ -56,7 +64,7 @@ def test_matches_the_expert_loop(dtype: torch.dtype, num_tokens: int):
     x = torch.randn(num_tokens, 48, generator=gen).to(dtype)
     weights, ids = uniform_routing(num_tokens, 6, 2, gen)
     got = fused_moe(x, w13, w2, weights, ids, tiles=TILES)
-    want = moe_reference(x, w13, w2, weights, ids)
+    want = experts_loop(x, w13, w2, weights, ids)
     assert got.dtype == dtype and got.shape == x.shape
     # NOTE: triton's interpreter rounds float32 to bf16 by truncation (torch: to nearest), and
     # the layer rounds six times: bf16 agrees to a few 1e-2 here, to 1e-2 on the GPU.
@@ -67,27 +75,50 @@ def test_fp8_experts_match_the_quantized_loop():
     """The FP8 path's layout, scales and GEMMs, given its per-row quantizer.
 
     NOTE: triton's interpreter converts to e4m3 by its own rounding (not torch's round to
-    nearest even), so here the loop quantizes with the same interpreted kernel
-    (ops.quantize_fp8_rows) and the model dtype is float32 (no bf16 roundings, which it
-    truncates); the quantizer itself, and the whole FP8 layer against the plain loop in bf16,
-    are checked on the GPU (tests/gpu/test_fused_moe_gpu.py)."""
-    from worker.kernels.ops import quantize_fp8_rows
-
-    def interpreted(h: torch.Tensor) -> torch.Tensor:
-        rows = quantize_fp8_rows(h)
-        return rows.data.float() * rows.scale[:, None]
-
+    nearest even); the loop, run while TRITON_INTERPRET is set, quantizes with the same
+    interpreted kernels (worker.kernels.ops), and the model dtype is float32 (no bf16
+    roundings, which the interpreter truncates); the quantizer itself, and the whole FP8 layer
+    in bf16, are checked on the GPU (tests/gpu/test_fused_moe_gpu.py)."""
     w13, w2, gen = experts(5, 64, 48, torch.float32, seed=3)
-    w13_q, w13_scale = quantize_experts(w13)
-    w2_q, w2_scale = quantize_experts(w2)
+    (w13_q, w13_scale), (w2_q, w2_scale) = quantize_channels(w13), quantize_channels(w2)
     x = torch.randn(9, 64, generator=gen)
     weights, ids = uniform_routing(9, 5, 3, gen)
-    got = fused_moe(x, w13_q, w2_q, weights, ids, w13_scale=w13_scale, w2_scale=w2_scale, tiles=TILES)
-    want = moe_reference(x, w13_q, w2_q, weights, ids, w13_scale, w2_scale, quantize=interpreted)
+    scales = dict(w13_scale=w13_scale, w2_scale=w2_scale)
+    got = fused_moe(x, w13_q, w2_q, weights, ids, tiles=TILES, **scales)
+    want = experts_loop(x, w13_q, w2_q, weights, ids, **scales)
     assert relative_error(got, want) < 1e-3
-    # the loop without activation quantization is further off: the kernel quantizes as it should
-    plain = moe_reference(x, w13_q, w2_q, weights, ids, w13_scale, w2_scale, quantize=lambda h: h)
+    # the same experts without activation quantization are further off: the kernel quantizes
+    plain = experts_loop(
+        x, w13_q.float() * w13_scale[..., None], w2_q.float() * w2_scale[..., None], weights, ids
+    )
     assert relative_error(got, plain) > 10 * relative_error(got, want)
+    # the tensor-core accumulation variant computes the same values where sums are exact
+    fast = fused_moe(x, w13_q, w2_q, weights, ids, tiles=TILES, fast_fp8=True, **scales)
+    assert relative_error(fast, want) < 1e-3
+
+
+@pytest.mark.parametrize(
+    ("fp8", "tiles"), RULE_TILES, ids=[f"{'fp8' if f else 'bf16'}-{t.block_m}" for f, t in RULE_TILES]
+)
+def test_every_rule_tile_matches_the_loop(fp8: bool, tiles: MoeTiles):
+    """The decode and prefill tiles forced on a small layer: H=300 and I=200 make several K
+    steps (the last one masked) and column blocks (the last one wrapped) for each. bf16 tiles
+    (float32 model dtype, see the FP8 test's NOTE): 520 entries over 4 experts need several
+    blocks per expert even at block_m 128, and more row blocks than one GROUP_M sweep (a partial
+    last group). FP8 tiles (the same indexing, plus scales and the fp16 conversion): 48 entries,
+    since the interpreter runs each quantized row as a program of its own."""
+    tokens = 24 if fp8 else 260
+    w13, w2, gen = experts(4, 300, 200, torch.float32, seed=17)
+    x = torch.randn(tokens, 300, generator=gen)
+    weights, ids = uniform_routing(tokens, 4, 2, gen)
+    scales: dict[str, torch.Tensor] = {}
+    if fp8:
+        (w13, scales["w13_scale"]), (w2, scales["w2_scale"]) = quantize_channels(w13), quantize_channels(w2)
+    else:
+        assert align_entries(ids, 4, tiles.block_m).num_blocks > tiles.group_m
+        assert int(torch.bincount(ids.reshape(-1).long()).max()) > tiles.block_m  # a run of several blocks
+    got = fused_moe(x, w13, w2, weights, ids, tiles=tiles, **scales)
+    assert relative_error(got, experts_loop(x, w13, w2, weights, ids, **scales)) < (1e-3 if fp8 else 1e-5)
 
 
 def test_skewed_routing_and_dropped_slots():
@@ -100,7 +131,9 @@ def test_skewed_routing_and_dropped_slots():
     ids[10, 0] = 4
     weights = torch.rand(37, 2, generator=gen)
     got = fused_moe(x, w13, w2, weights, ids, tiles=TILES)
-    assert relative_error(got, moe_reference(x, w13, w2, weights, ids)) < 1e-5
+    dropped = (ids < 0) | (ids >= 4)  # the loop's routing: weight 0 on some valid expert instead
+    want = experts_loop(x, w13, w2, weights.masked_fill(dropped, 0.0), ids.clamp(0, 3))
+    assert relative_error(got, want) < 1e-5
     only_first = fused_moe(x[3:4], w13, w2, weights[3:4, :1], ids[3:4, :1], tiles=TILES)
     torch.testing.assert_close(got[3], only_first[0], atol=1e-6, rtol=1e-5)
 
@@ -141,8 +174,40 @@ def test_tiles_follow_rows_per_expert():
     assert moe_tiles(128, 2048, 768, 64 * 8, fp8=False).block_m == 16
     assert moe_tiles(128, 2048, 768, 8192 * 8, fp8=False).block_m == 128
     assert moe_tiles(8, 4096, 14336, 64 * 2, fp8=True).block_m == 32  # 16 rows per expert
+    # FP8 decode at 1,024 x 8 over 128 experts (64 rows each): block_m 64 (moe_tiles' rule)
+    assert moe_tiles(128, 2048, 768, 1024 * 8, fp8=True).block_m == 64
+    assert moe_tiles(128, 2048, 768, 1024 * 8, fp8=False).block_m == 128
+    assert moe_tiles(128, 2048, 768, 4096 * 8, fp8=True).block_m == 128
+    for fp8, tiles in RULE_TILES:
+        assert tiles.shared_bytes(fp8) <= H200_SHARED_BYTES, tiles
     with pytest.raises(ValueError, match="power of two"):
         MoeTiles(block_m=24, gate_up_n=16, down_n=16, block_k=16)
+
+
+@pytest.mark.parametrize(("num_experts", "top_k"), [(8, 2), (6, 3), (128, 8)])
+@pytest.mark.parametrize("renormalize", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_route_is_softmax_then_top_k(
+    num_experts: int, top_k: int, renormalize: bool, dtype: torch.dtype
+):
+    gen = torch.Generator().manual_seed(num_experts)
+    logits = (torch.randn(37, num_experts, generator=gen) * 2).to(dtype)
+    weights, ids = fused_route(logits, top_k, renormalize)
+    want_weights, want_ids = oracle_route(logits.float(), top_k, renormalize)
+    assert weights.dtype == torch.float32 and ids.dtype == torch.int32 and ids.shape == (37, top_k)
+    assert torch.equal(ids.long(), want_ids)
+    torch.testing.assert_close(weights.double(), want_weights, atol=1e-6, rtol=1e-6)
+    dispatched = route(logits, top_k, renormalize)  # route takes the kernel where Triton runs
+    assert torch.equal(dispatched[0], weights) and torch.equal(dispatched[1], ids)
+
+
+def test_fused_route_breaks_ties_toward_the_lowest_expert():
+    logits = torch.zeros(3, 8)
+    logits[1, 5] = logits[1, 6] = 1.0  # two equal leaders, then six equal ones
+    weights, ids = fused_route(logits, 3, renormalize=False)
+    assert ids.tolist() == [[0, 1, 2], [5, 6, 0], [0, 1, 2]]
+    torch.testing.assert_close(weights[0], torch.full((3,), 1 / 8))
+    assert fused_route(logits[:0], 3, renormalize=True)[1].shape == (0, 3)
 
 
 def test_bad_arguments_name_what_is_wrong():
@@ -153,8 +218,8 @@ def test_bad_arguments_name_what_is_wrong():
         fused_moe(x, w13, w2.transpose(1, 2).contiguous(), weights, ids)
     with pytest.raises(ValueError, match="topk_weights must be float32"):
         fused_moe(x, w13, w2, weights.double(), ids)
-    w13_q, _ = quantize_experts(w13)
-    w2_q, _ = quantize_experts(w2)
+    w13_q, _ = quantize_channels(w13)
+    w2_q, _ = quantize_channels(w2)
     with pytest.raises(ValueError, match="FP8 experts need w13_scale"):
         fused_moe(x, w13_q, w2_q, weights, ids)
     assert fused_moe(x[:0], w13, w2, weights[:0], ids[:0]).shape == (0, 32)

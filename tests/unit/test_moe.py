@@ -29,7 +29,7 @@ def weights(
 
 def oracle_route(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
     probs = torch.softmax(logits.double(), dim=-1)
-    order = probs.argsort(dim=-1, descending=True)[:, :top_k]
+    order = probs.argsort(dim=-1, descending=True, stable=True)[:, :top_k]  # ties: the lowest expert first
     chosen = probs.gather(1, order)
     return (chosen / chosen.sum(-1, keepdim=True) if renormalize else chosen), order
 

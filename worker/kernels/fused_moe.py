@@ -1,5 +1,7 @@
 """The fused Mixture-of-Experts kernel: routed tokens through their experts' gated MLPs.
 
+    fused_route(router_logits [T, E], top_k, renormalize) -> (topk_weights, topk_ids)
+        worker.kernels.moe.route's values in one kernel (softmax, top-k, renormalization)
     fused_moe(x, w13, w2, topk_weights, topk_ids, *, w13_scale=None, w2_scale=None) -> [T, H]
 
     x             [T, H]      model dtype (bf16 on the GPU)
@@ -11,8 +13,11 @@
 
 FP8 (w13 and w2 in float8_e4m3fn): ``w13_scale`` [E, 2I] and ``w2_scale`` [E, H] float32, one
 scale per output channel (as worker.models.fp8.Fp8Linear); the activations are quantized per
-row before each GEMM (``max|row| / 448``, worker.kernels.ops.quantize_fp8_rows), products
-accumulate in float32.
+row before each GEMM (``max|row| / 448``, worker.kernels.ops.quantize_fp8_rows). The gate/up
+GEMM multiplies the e4m3 values in fp16 (exact products, float32 sums), the down GEMM in e4m3
+with its sum moved to float32 every K tile: within bf16 rounding of the float32 expert loop
+(moe_triton's module docstring says why the gate/up GEMM must be exact). ``fast_fp8`` keeps
+both sums in the FP8 tensor core's ~13-bit accumulator instead (faster prefill, 3e-2 off).
 
 Steps (worker.kernels.moe_triton draws the layout): the align kernels sort the T*k entries by
 expert into runs padded to the tile's ``block_m``, inside buffers sized by a static bound, on the
@@ -91,6 +96,26 @@ def align_entries(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> Exp
     return ExpertLayout(sorted_rows, block_expert, block_m)
 
 
+def fused_route(
+    router_logits: torch.Tensor, top_k: int, renormalize: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(topk_weights float32 [T, k], topk_ids int32 [T, k]) of logits [T, E] (unit last stride):
+    one kernel where the torch route launches six (cast, softmax, top-k, sum, divide, id cast)."""
+    num_tokens, num_experts = router_logits.shape
+    if router_logits.stride(-1) != 1 or not 0 < top_k <= num_experts:
+        raise ValueError(
+            f"fused_route: logits {tuple(router_logits.shape)} with unit last stride, top_k in [1, E]"
+        )
+    weights = torch.empty((num_tokens, top_k), dtype=torch.float32, device=router_logits.device)
+    ids = torch.empty((num_tokens, top_k), dtype=torch.int32, device=router_logits.device)
+    if num_tokens:
+        _kernels().moe_route_kernel[(num_tokens,)](
+            router_logits, weights, ids, router_logits.stride(0), NUM_EXPERTS=num_experts,
+            EXPERTS_PAD=triton_block(num_experts), TOP_K=top_k, K_PAD=triton_block(top_k), RENORMALIZE=renormalize,
+        )  # fmt: skip
+    return weights, ids
+
+
 def fused_moe(
     x: torch.Tensor,
     w13: torch.Tensor,
@@ -101,9 +126,11 @@ def fused_moe(
     w13_scale: torch.Tensor | None = None,
     w2_scale: torch.Tensor | None = None,
     tiles: MoeTiles | None = None,
+    fast_fp8: bool = False,
 ) -> torch.Tensor:
     """The routed experts' output [T, H] in x's dtype (module docstring); ``tiles`` overrides
-    the launch configuration worker.kernels.moe_tiles picks."""
+    the launch configuration worker.kernels.moe_tiles picks; ``fast_fp8`` (FP8 experts only)
+    accumulates in the FP8 tensor core (benchmarks/moe_kernel.py's ``triton-fast``)."""
     num_tokens, hidden, num_experts, inter, top_k, fp8 = _check(
         x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale
     )
@@ -131,7 +158,7 @@ def fused_moe(
         a, a_scale, w13, w13_scale if fp8 else w13, act, layout.sorted_rows, layout.block_expert,
         num_entries, hidden, inter, a.stride(0), w13.stride(0), w13.stride(1),
         w13_scale.stride(0) if w13_scale is not None else 0, act.stride(0), layout.num_blocks, n_blocks,
-        TOP_K=top_k, FP8=fp8, DOT_F32=dot_f32, EVEN_K=hidden % tiles.block_k == 0,
+        TOP_K=top_k, FP8=fp8, FAST_FP8=fast_fp8, DOT_F32=dot_f32, EVEN_K=hidden % tiles.block_k == 0,
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.gate_up_n, BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m, **launch,
     )  # fmt: skip
     if fp8:
@@ -145,7 +172,7 @@ def fused_moe(
         b, b_scale, w2, w2_scale if fp8 else w2, weights, parts, layout.sorted_rows, layout.block_expert,
         num_entries, inter, hidden, b.stride(0), w2.stride(0), w2.stride(1),
         w2_scale.stride(0) if w2_scale is not None else 0, parts.stride(0), layout.num_blocks, n_blocks,
-        FP8=fp8, DOT_F32=dot_f32, EVEN_K=inter % tiles.block_k == 0,
+        FP8=fp8, FAST_FP8=fast_fp8, DOT_F32=dot_f32, EVEN_K=inter % tiles.block_k == 0,
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.down_n, BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m, **launch,
     )  # fmt: skip
     block = min(_SUM_BLOCK, triton_block(hidden))

@@ -1,7 +1,8 @@
 """Mixture-of-Experts: top-k routing and the experts' gated MLPs (SiLU), on stacked weights.
 
     route(router_logits [T, E], top_k, renormalize)
-        -> (topk_weights float32 [T, k], topk_ids int32 [T, k])
+        -> (topk_weights float32 [T, k], topk_ids int32 [T, k]); one kernel on CUDA with Triton
+        on (worker.kernels.fused_moe.fused_route), torch elsewhere
     experts_loop(x [T, H], w13 [E, 2I, H], w2 [E, H, I], topk_weights, topk_ids,
                  *, w13_scale=None, w2_scale=None) -> [T, H] in x's dtype
     moe_experts(...)   the same contract: worker.kernels.fused_moe.fused_moe (the grouped-GEMM
@@ -31,7 +32,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from worker.kernels.ops import Fp8Rows, _triton, quantize_fp8_rows, silu_and_mul
+from worker.kernels.ops import Fp8Rows, _kernels_for, _triton, quantize_fp8_rows, silu_and_mul
 
 log = logging.getLogger(__name__)
 _WARNED: list[bool] = []
@@ -40,6 +41,10 @@ _WARNED: list[bool] = []
 def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax over the experts in float32, the top-k probabilities (divided by their sum
     when ``renormalize``) and their expert ids."""
+    if _kernels_for(router_logits) is not None and router_logits.dim() == 2 and router_logits.stride(-1) == 1:
+        from worker.kernels.fused_moe import fused_route
+
+        return fused_route(router_logits, top_k, renormalize)
     probs = torch.softmax(router_logits.float(), dim=-1)
     weights, ids = torch.topk(probs, top_k, dim=-1)
     if renormalize:

@@ -4,9 +4,13 @@ and tokens-per-expert bucket.
 The bucket is the expected rows per expert, ``T * k / E`` under uniform routing: decode with
 few rows per expert is bound by reading the selected experts' weights (small ``block_m``, many
 programs in flight), prefill by FLOPs (the largest tiles). The rule below follows the Hopper
-tables vLLM ships for its Triton fused MoE (E=128/N=768 and E=8/N=14336 on the H200), restated
-by rows per expert; ``TUNED`` holds what the benchmark sweep
+tables vLLM ships for its Triton fused MoE (E=128/N=768 and E=8/N=14336 on the H100/H200),
+restated by rows per expert; ``TUNED`` holds what the benchmark sweep
 (``benchmarks/moe_kernel.py --sweep``) measured best per shape, where it differs.
+
+FP8 tiles of 64 rows or more (wgmma) multiply gate/up in fp16 (fused_moe's module docstring)
+and hold those operands twice in shared memory: the e4m3 pipeline stages and one fp16 copy of
+the converted tile.
 """
 
 from __future__ import annotations
@@ -34,9 +38,12 @@ class MoeTiles:
 
     def shared_bytes(self, fp8: bool) -> int:
         """Shared memory of the software pipeline: ``num_stages`` copies of the larger GEMM's
-        operand tiles (gate/up reads two weight tiles per step)."""
+        operand tiles (gate/up reads two weight tiles per step), and for FP8 one fp16 copy of
+        the gate/up tiles it converts (at most; small tiles convert in registers)."""
         per_k = max(self.block_m + 2 * self.gate_up_n, self.block_m + self.down_n)
-        return self.num_stages * per_k * self.block_k * (1 if fp8 else 2)
+        if not fp8:
+            return self.num_stages * per_k * self.block_k * 2
+        return self.num_stages * per_k * self.block_k + (self.block_m + 2 * self.gate_up_n) * self.block_k * 2
 
     def __post_init__(self) -> None:
         for name in ("block_m", "gate_up_n", "down_n", "block_k"):
@@ -45,25 +52,43 @@ class MoeTiles:
                 raise ValueError(f"MoeTiles.{name}={value}: must be a power of two >= 16")
 
 
-# (rows per expert at most, bf16 tiles, FP8 tiles): FP8 takes twice the block_k (the same
-# bytes per stage).
-_RULE: tuple[tuple[float, MoeTiles, MoeTiles], ...] = (
-    (8, MoeTiles(16, 64, 128, 128, 1, 4, 3), MoeTiles(16, 64, 128, 256, 1, 4, 3)),
-    (16, MoeTiles(32, 64, 128, 128, 8, 4, 3), MoeTiles(32, 64, 128, 256, 8, 4, 3)),
-    (32, MoeTiles(64, 64, 128, 64, 8, 4, 3), MoeTiles(64, 64, 128, 128, 8, 4, 3)),
-    (float("inf"), MoeTiles(128, 128, 256, 64, 8, 8, 4), MoeTiles(128, 128, 256, 128, 8, 8, 3)),
-)
+# fp8 -> ((rows per expert at most, tiles), ...), ascending. FP8 takes twice the block_k of
+# the bf16 tile where block_m < 64 (mma.sync: the same bytes per stage) and the bf16 tiles
+# from 64 rows (wgmma multiplies gate/up in fp16 there: the bf16 GEMM with e4m3 loads, whose
+# two-byte stages are known to fit; 61 KB at block_m 64, three programs per SM). Its block_m
+# 64 bucket reaches 64 rows per expert (bf16: 32): decode at 1,024 x k=8 over 128 experts has
+# 64 +- 8 rows per expert, padded to 1.5 blocks of 64 on average instead of one block of 128,
+# a quarter less work for the fp16 gate/up GEMM (vLLM's H100 FP8 table for E=128/N=768 also
+# picks M=64 at 512 and 1,024 tokens).
+_RULE: dict[bool, tuple[tuple[float, MoeTiles], ...]] = {
+    False: (
+        (8, MoeTiles(16, 64, 128, 128, 1, 4, 3)),
+        (16, MoeTiles(32, 64, 128, 128, 8, 4, 3)),
+        (32, MoeTiles(64, 64, 128, 64, 8, 4, 3)),
+        (float("inf"), MoeTiles(128, 128, 256, 64, 8, 8, 4)),
+    ),
+    True: (
+        (8, MoeTiles(16, 64, 128, 256, 1, 4, 3)),
+        (16, MoeTiles(32, 64, 128, 256, 8, 4, 3)),
+        (64, MoeTiles(64, 64, 128, 64, 8, 4, 3)),
+        (float("inf"), MoeTiles(128, 128, 256, 64, 8, 8, 4)),
+    ),
+}
 
 # (E, hidden, intermediate, fp8) -> ((rows per expert at most, tiles), ...), ascending.
 TUNED: dict[tuple[int, int, int, bool], tuple[tuple[float, MoeTiles], ...]] = {}
+
+
+def rule_tiles(fp8: bool) -> list[MoeTiles]:
+    """Every tile the rule may pick for these experts, smallest bucket first."""
+    return [tiles for _, tiles in _RULE[fp8]]
 
 
 def sweep_tiles(fp8: bool, shared_limit: int = 200 * 2**10) -> list[MoeTiles]:
     """What ``benchmarks/moe_kernel.py --sweep`` times: the rule's tiles, each also with the
     other warp count and with half and twice its column blocks, where they fit in shared memory."""
     found: dict[MoeTiles, None] = {}
-    for _, bf16_tiles, fp8_tiles in _RULE:
-        t = fp8_tiles if fp8 else bf16_tiles
+    for t in rule_tiles(fp8):
         for variant in (
             t,
             replace(t, num_warps=12 - t.num_warps),
@@ -82,7 +107,7 @@ def moe_tiles(num_experts: int, hidden: int, inter: int, num_entries: int, fp8: 
     for bound, tiles in TUNED.get((num_experts, hidden, inter, fp8), ()):
         if rows_per_expert <= bound:
             return tiles
-    for bound, bf16_tiles, fp8_tiles in _RULE:
+    for bound, tiles in _RULE[fp8]:
         if rows_per_expert <= bound:
-            return fp8_tiles if fp8 else bf16_tiles
+            return tiles
     raise AssertionError("the rule's last bucket is unbounded")

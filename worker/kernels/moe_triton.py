@@ -1,5 +1,5 @@
 """Triton kernels behind worker.kernels.fused_moe (imported lazily, on CUDA or under
-TRITON_INTERPRET=1).
+TRITON_INTERPRET=1): the router's softmax and top-k in one kernel, then the layer's.
 
 Entries are the flattened (token, slot) pairs of ``topk_ids`` [T, k]: entry ``r`` is token
 ``r // k``'s slot ``r % k``. The align kernels (count, scan, place) lay the entries out by
@@ -15,6 +15,22 @@ reading their expert from ``block_expert``; programs of unused blocks return at 
 grid may be sized by a static upper bound (CUDA-graph capturable, no host sync). Arguments that
 change with the number of tokens are not specialised on (``do_not_specialize``): a new batch
 size never compiles a kernel again in the middle of a run.
+
+FP8 products (``FAST_FP8`` off, the default): Hopper's FP8 tensor cores (wgmma, which Triton
+uses for tiles of 64 rows or more) keep about 13 bits of mantissa in their accumulator and
+truncate, and Triton on sm90 never moves a float8 ``tl.dot``'s sum out of it by default
+(``max_num_imprecise_acc`` 2**30); tiles under 64 rows use mma.sync, which has no FP8 form on
+sm90 and multiplies in fp16 instead. The gate/up GEMM therefore converts its e4m3 operands to
+fp16 (exact: every e4m3 value is an fp16 value) and accumulates their exact products in
+float32 on every tile: its output is rounded to bf16 and quantized per row again, where sums
+off by even 1e-4 move some rows' maximum across a bf16 rounding step, and with it the e4m3
+scale of every element of those rows. The down GEMM keeps e4m3 operands and adds each BLOCK_K step's product into a
+float32 accumulator (``acc += dot``, which Triton does not fold into the dot for float8
+operands): its output is not quantized again, and one promotion per 64-256 products keeps
+it within 2e-4 of the exact sum even at K = 14,336 (without: 1e-2). ``FAST_FP8`` multiplies
+both in e4m3 with the whole K loop in the tensor core's accumulator (vLLM's per-channel
+path): faster where FLOPs bound, 3e-2 off the exact loop from 1,024 tokens. (Figures: the CPU
+model of that accumulator in benchmarks/fp8_accumulation.py.)
 """
 
 from __future__ import annotations
@@ -112,13 +128,15 @@ def moe_gate_up_kernel(
     x_ptr, x_scale_ptr, w_ptr, w_scale_ptr, out_ptr, sorted_ptr, block_expert_ptr,
     num_entries, hidden, inter, stride_x, stride_we, stride_wn, stride_se, stride_out,
     num_m_blocks, num_n_blocks,
-    TOP_K: tl.constexpr, FP8: tl.constexpr, DOT_F32: tl.constexpr, EVEN_K: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    TOP_K: tl.constexpr, FP8: tl.constexpr, FAST_FP8: tl.constexpr, DOT_F32: tl.constexpr,
+    EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
 ):  # fmt: skip
     """out[r, n] = silu(x[r // k] . gate_e[n]) * (x[r // k] . up_e[n]) for the sorted rows r of a
     block of expert e, where w[e] = [gate (inter rows); up (inter rows)] of [hidden] each. Gate
     and up are rounded to the output dtype before the SiLU-mul, as two linear layers would be.
-    FP8: x is e4m3 with one scale per token, w e4m3 with one scale per output row."""
+    FP8: x is e4m3 with one scale per token, w e4m3 with one scale per output row, multiplied
+    in fp16 unless FAST_FP8 (module docstring)."""
     expert, rows, valid, pid_n = _block(
         sorted_ptr, block_expert_ptr, num_entries, num_m_blocks, num_n_blocks, BLOCK_M, GROUP_M
     )
@@ -145,6 +163,8 @@ def moe_gate_up_kernel(
             up = tl.load(up_ptrs, mask=in_k[:, None], other=0.0)
         if DOT_F32:
             a, gate, up = a.to(tl.float32), gate.to(tl.float32), up.to(tl.float32)
+        elif FP8 and not FAST_FP8:
+            a, gate, up = a.to(tl.float16), gate.to(tl.float16), up.to(tl.float16)
         acc_gate = tl.dot(a, gate, acc_gate)
         acc_up = tl.dot(a, up, acc_up)
         a_ptrs += BLOCK_K
@@ -168,13 +188,14 @@ def moe_down_kernel(
     a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, topk_weights_ptr, out_ptr, sorted_ptr, block_expert_ptr,
     num_entries, inter, hidden, stride_a, stride_we, stride_wn, stride_se, stride_out,
     num_m_blocks, num_n_blocks,
-    FP8: tl.constexpr, DOT_F32: tl.constexpr, EVEN_K: tl.constexpr,
+    FP8: tl.constexpr, FAST_FP8: tl.constexpr, DOT_F32: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
     """out[r, n] = topk_weights[r] * (a[r] . w_e[n]) for the sorted rows r of a block of expert e
     (a [entries, inter], w[e] [hidden, inter]); the product is rounded to the output dtype before
-    the routing weight, as the expert's down projection would be. FP8 as in moe_gate_up_kernel,
-    with a quantized per entry."""
+    the routing weight, as the expert's down projection would be. FP8: scales as in
+    moe_gate_up_kernel with a quantized per entry, e4m3 products moved to the float32
+    accumulator every BLOCK_K unless FAST_FP8 (module docstring)."""
     expert, rows, valid, pid_n = _block(
         sorted_ptr, block_expert_ptr, num_entries, num_m_blocks, num_n_blocks, BLOCK_M, GROUP_M
     )
@@ -197,7 +218,10 @@ def moe_down_kernel(
             w = tl.load(w_ptrs, mask=in_k[:, None], other=0.0)
         if DOT_F32:
             a, w = a.to(tl.float32), w.to(tl.float32)
-        acc = tl.dot(a, w, acc)
+        if FP8 and not FAST_FP8:
+            acc += tl.dot(a, w)  # NOTE: not tl.dot(a, w, acc): that sum would stay in the tensor core
+        else:
+            acc = tl.dot(a, w, acc)
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
     if FP8:
@@ -226,3 +250,35 @@ def moe_sum_kernel(
         part = tl.load(parts_ptr + (token * TOP_K + j) * stride_parts + cols, mask=cols < width, other=0.0)
         acc += part.to(tl.float32)
     tl.store(out_ptr + token * stride_out + cols, acc.to(out_ptr.dtype.element_ty), mask=in_row)
+
+
+@triton.jit
+def moe_route_kernel(
+    logits_ptr, weights_ptr, ids_ptr, stride_logits,
+    NUM_EXPERTS: tl.constexpr, EXPERTS_PAD: tl.constexpr, TOP_K: tl.constexpr, K_PAD: tl.constexpr,
+    RENORMALIZE: tl.constexpr,
+):  # fmt: skip
+    """Token t: the softmax of its router logits in float32, its TOP_K largest probabilities in
+    descending order (the lowest expert first among equal ones), divided by their sum when
+    RENORMALIZE, into weights[t] (float32), and their experts into ids[t] (int32)."""
+    token = tl.program_id(0).to(tl.int64)
+    experts = tl.arange(0, EXPERTS_PAD)
+    real = experts < NUM_EXPERTS
+    logits = tl.load(logits_ptr + token * stride_logits + experts, mask=real, other=float("-inf"))
+    logits = logits.to(tl.float32)
+    probs = tl.exp(logits - tl.max(logits, axis=0))
+    probs = probs / tl.sum(probs, axis=0)
+    left = tl.where(real, probs, -1.0)  # probabilities not chosen yet (padding never is)
+    slots = tl.arange(0, K_PAD)
+    chosen = tl.zeros((K_PAD,), dtype=tl.float32)
+    chosen_ids = tl.zeros((K_PAD,), dtype=tl.int32)
+    for j in tl.static_range(TOP_K):
+        best = tl.max(left, axis=0)
+        pick = tl.min(tl.where(left == best, experts, EXPERTS_PAD), axis=0)
+        chosen = tl.where(slots == j, best, chosen)
+        chosen_ids = tl.where(slots == j, pick, chosen_ids)
+        left = tl.where(experts == pick, -1.0, left)
+    if RENORMALIZE:
+        chosen = chosen / tl.sum(chosen, axis=0)  # slots past TOP_K hold 0
+    tl.store(weights_ptr + token * TOP_K + slots, chosen, mask=slots < TOP_K)
+    tl.store(ids_ptr + token * TOP_K + slots, chosen_ids, mask=slots < TOP_K)
