@@ -68,6 +68,9 @@ def serve(
     poll_s: Annotated[
         float, typer.Option("--poll-s", min=0.05, help="How often a batch's collector looks for results.")
     ] = 0.5,
+    sample_s: Annotated[
+        int, typer.Option("--sample-s", help="The dashboard's throughput plot: seconds between samples.")
+    ] = 10,
     log_level: Annotated[str, typer.Option("--log-level", help="debug, info, warning, error.")] = "info",
 ) -> None:
     """Serve the OpenAI Batch API (/v1/files, /v1/batches, /v1/models) and a live dashboard (/)
@@ -78,7 +81,7 @@ def serve(
         config = ServeConfig(
             redis_url=resolve_redis_url(redis_url), queue=queue, host=host, port=port, api_keys=keys,
             data_dir=data_dir, files_url=files_url, max_file_bytes=max_file_bytes,
-            completion_window_s=completion_window_s, poll_s=poll_s,
+            completion_window_s=completion_window_s, poll_s=poll_s, sample_s=sample_s,
         )  # fmt: skip
     except ValueError as exc:
         fail(str(exc), exits.USAGE)

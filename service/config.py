@@ -61,6 +61,7 @@ class ServeConfig:
     poll_s: float = 0.5  # how often a batch's collector looks for new results
     supervise_s: float = 1.0  # how often the supervisor looks for batches nobody collects
     retry_timeout_s: float = 60.0  # one Redis outage, before a batch's collect gives up a round
+    sample_s: int = 10  # the throughput plot's sampling period
 
     def __post_init__(self) -> None:
         if not self.api_keys and not is_loopback(self.host):
@@ -74,6 +75,8 @@ class ServeConfig:
             raise ValueError(f"--max-file-bytes {self.max_file_bytes}: must be > 0")
         if self.completion_window_s is not None and self.completion_window_s <= 0:
             raise ValueError(f"--completion-window-s {self.completion_window_s}: must be > 0")
+        if not 1 <= self.sample_s <= 600:
+            raise ValueError(f"--sample-s {self.sample_s}: must be in [1, 600]")
         if any(len(key) < 8 for key in self.api_keys):
             raise ValueError("an API key has at least 8 characters")
 

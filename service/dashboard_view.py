@@ -101,7 +101,8 @@ def read_view(client: redis.Redis, keys: QueueKeys, records: Records) -> View:
 
 
 def _plot(samples: list[tuple[int, int, int]]) -> tuple[str, float]:
-    """SVG polyline points of the completion rate between samples, over the last hour."""
+    """SVG polyline points of the completion rate between samples, over the last hour (or since
+    the first sample), and its peak."""
     rates: list[tuple[int, float]] = []
     for (t0, done0, _), (t1, done1, _) in zip(samples, samples[1:], strict=False):
         if t1 > t0:
@@ -109,11 +110,12 @@ def _plot(samples: list[tuple[int, int, int]]) -> tuple[str, float]:
     if len(rates) < 2:
         return "", 0.0
     end_ms = rates[-1][0]
-    start_ms = end_ms - 3_600_000
+    start_ms = max(end_ms - 3_600_000, rates[0][0])  # NOTE: a queue younger than the hour fills the width
+    span_ms = max(1, end_ms - start_ms)
     peak = max(rate for _, rate in rates) or 1.0
     points: list[Any] = []
     for at_ms, rate in rates:
-        x = (at_ms - start_ms) * PLOT_W / 3_600_000
+        x = (at_ms - start_ms) * PLOT_W / span_ms
         y = PLOT_H - rate * (PLOT_H - 10) / peak
         points.append(f"{x:.1f},{y:.1f}")
     return " ".join(points), peak

@@ -4,7 +4,7 @@ throughput is sampled.
 Each look (``supervise_s``) starts a driver thread (service.driver) for each active batch this
 process does not drive already; a driver that finds the batch's lock held by another service
 ends at once, and the next look tries again, so when that service dies its batches are taken
-over within a look. Every SAMPLE_S the queue's done and failed counts go into the throughput
+over within a look. Every ``sample_s`` the queue's done and failed counts go into the throughput
 stream (wire.keys ``throughput``) under the period's start as entry id: with two services the
 second one's sample for a period is refused by Redis, and the stream is trimmed to an hour.
 """
@@ -25,7 +25,7 @@ from wire.keys import META_FORGOTTEN, META_FORGOTTEN_FAILED, QueueKeys
 from wire.status import now_ms
 
 log = logging.getLogger("radixq.serve")
-SAMPLE_S = 10
+SAMPLE_S = 10  # the default sampling period (ServeConfig.sample_s)
 KEEP_MS = 3_600_000
 
 
@@ -39,7 +39,10 @@ def sample_throughput(client: redis.Redis, keys: QueueKeys, at_ms: int, period_s
         done, failed, (forgotten, forgotten_failed) = pipe.execute()
     period_ms = period_s * 1000
     entry = f"{at_ms - at_ms % period_ms}-1"
-    fields: dict[Any, Any] = {"done": done + int(forgotten or 0), "failed": failed + int(forgotten_failed or 0)}
+    fields: dict[Any, Any] = {
+        "done": done + int(forgotten or 0),
+        "failed": failed + int(forgotten_failed or 0),
+    }
     try:
         client.xadd(keys.throughput, fields, id=entry, minid=str(at_ms - KEEP_MS), approximate=False)
     except redis.ResponseError as exc:
@@ -87,7 +90,7 @@ class Supervisor:
                 log.warning("supervisor: Redis error, will look again: %s", exc)
             except Exception:  # NOTE: the loop outlives one bad look; it is logged
                 log.exception("supervisor: look failed")
-            self.stopping.wait(self.config.supervise_s)
+            self.stopping.wait(min(self.config.supervise_s, self.config.sample_s))
 
     def look(self) -> None:
         """Start a driver for each active batch without one here; sample when a period starts."""
@@ -101,10 +104,10 @@ class Supervisor:
                 )
                 self.drivers[batch_id] = thread
                 thread.start()
-        at_ms = now_ms()
+        at_ms, period_s = now_ms(), self.config.sample_s
         if at_ms >= self._next_sample_ms:
-            sample_throughput(self.redis, self.keys, at_ms)
-            self._next_sample_ms = at_ms - at_ms % (SAMPLE_S * 1000) + SAMPLE_S * 1000
+            sample_throughput(self.redis, self.keys, at_ms, period_s)
+            self._next_sample_ms = at_ms - at_ms % (period_s * 1000) + period_s * 1000
 
     def _drive(self, batch_id: str) -> None:
         try:
