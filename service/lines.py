@@ -12,8 +12,9 @@ kinds of trouble, told apart:
   in the error file, as every other line gets its row.
 
 Memory is bounded whatever the file's size: one line at a time, and 8 bytes per line for the
-duplicate check (a 64-bit hash of each custom_id, sorted at the end; a repeated hash is
-confirmed on the stored bytes, ``duplicate``, before it is reported).
+duplicate check (a 64-bit hash of each custom_id, kept in 256 arrays by its top byte and sorted
+one array at a time at the end, so the sort holds 1/256 of them as Python ints; a repeated hash
+is confirmed on the stored bytes, ``duplicate``, before it is reported).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ BATCH_PREFIX_CHARS = 32
 MAX_CUSTOM_ID_CHARS = MAX_ID_CHARS - BATCH_PREFIX_CHARS
 MAX_MODELS = 64  # distinct models a file record keeps (more: the check at create is skipped)
 _BOM = b"\xef\xbb\xbf"
+_BUCKETS = 256  # by a hash's top byte
 
 
 def _id_hash(custom_id: str) -> int:
@@ -55,7 +57,7 @@ class LineCheck:
         self.first_error: str | None = None  # the first invalid request, said in the upload's log
         self._line_no = 0
         self._buffer = bytearray()
-        self._hashes = array("Q")
+        self._hashes = [array("Q") for _ in range(_BUCKETS)]
 
     def feed(self, chunk: bytes) -> None:
         """Check the lines ``chunk`` completes; ApiError (400) on a line that cannot be a request."""
@@ -81,8 +83,10 @@ class LineCheck:
             self._buffer.clear()
         if self.lines == 0:
             raise bad_request("the file holds no request lines", param="file", code="empty_file")
-        ordered = sorted(self._hashes)
-        repeated = {a for a, b in zip(ordered, ordered[1:], strict=False) if a == b}
+        repeated: set[int] = set()
+        for bucket in self._hashes:
+            ordered = sorted(bucket)
+            repeated.update(a for a, b in zip(ordered, ordered[1:], strict=False) if a == b)
         if repeated and stored is not None:
             found = duplicate(stored, repeated)
             if found is not None:
@@ -107,7 +111,8 @@ class LineCheck:
         request = _request(text, line_no)
         self.lines += 1
         custom_id = request["custom_id"]
-        self._hashes.append(_id_hash(custom_id))
+        hashed = _id_hash(custom_id)
+        self._hashes[hashed >> 56].append(hashed)
         self.urls.add(request["url"])
         body = request.get("body")
         model = body.get("model") if isinstance(body, dict) else None
