@@ -1,6 +1,6 @@
 # radixq CPU image (runs on any host): the CLI, the worker with torch's CPU build, the bundled
-# model, radixq serve (the serve extra). docker-compose.yml's CPU workers (profile cpu) and producer run it; the GPU image is
-# docker/Dockerfile.gpu.
+# model, `radixq serve` (the serve extra). docker-compose.yml's CPU workers (profile cpu),
+# producer and api run it; the GPU image is docker/Dockerfile.gpu.
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
