@@ -31,9 +31,11 @@ from pathlib import Path
 import msgspec
 import redis
 
+from producer.cancel import CancelLost
 from producer.client import Client, ContentChanged, EnqueueStopped
 from producer.collector import Collector
 from producer.jsonl import InputFile, Rejected, iter_jobs
+from producer.outfile import OutputFileError
 from producer.outlock import OutputBusy, output_lock
 from producer.progress import Progress
 from producer.spill import spill_path
@@ -116,7 +118,12 @@ class BatchDriver:
             log.warning("batch %s: enqueue stopped (%s); will try again", self.batch_id, exc.cause)
             return
         self.records.move(self.batch_id, frozenset({"validating"}), lambda r: _started(r, len(ids)))
-        self._collect(ids)
+        try:
+            self._collect(ids)
+        except CancelLost as exc:
+            self._fail("queue_lost", str(exc))
+        except OutputFileError as exc:  # NOTE: the rows file was changed by hand: it cannot be trusted
+            self._fail("rows_file_damaged", str(exc))
 
     def _enqueue(self, record: BatchRecord) -> list[str]:
         """Put every line of the input on the queue (tagged); the batch's job ids in input order."""
