@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -11,12 +12,14 @@ from typing import Any
 
 import httpx
 import openai
+import redis
 
 from producer.local_redis import free_port
 from tests.integration.procs import REPO_ROOT, STARTED, subprocess_env
 from tests.waiting import wait_until
 
 API_KEY = "sk-radixq-test-key"
+PERMISSIONS_PAGE = REPO_ROOT / "docs" / "permissions.md"
 CHAT = "/v1/chat/completions"
 FINAL = ("completed", "failed", "expired", "cancelled")
 
@@ -38,6 +41,18 @@ class Service:
         except OSError:
             return None
         return int(text.split()[1]) if text.startswith("pid ") else None
+
+
+def least_privilege(redis_url: str) -> str:
+    """A URL of ``redis_url``'s server as a user with exactly the serve row of
+    docs/permissions.md (on radixq's keys only)."""
+    (row,) = [line for line in PERMISSIONS_PAGE.read_text().splitlines() if line.startswith("| serve |")]
+    rule = re.split(r"(?<!\\)\|", row)[2].strip().strip("`").replace("\\|", "|").split()
+    admin = redis.Redis.from_url(redis_url)
+    admin.execute_command("ACL", "SETUSER", "rq-serve", "reset", "on", ">serve-password", "~radixq:*",
+                          "resetchannels", "-@all", *rule)  # fmt: skip
+    admin.close()
+    return redis_url.replace("redis://", "redis://rq-serve:serve-password@")
 
 
 def start_service(

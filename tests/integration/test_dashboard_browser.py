@@ -19,7 +19,15 @@ import pytest
 
 from producer.client import Client
 from tests.integration.procs import start_worker
-from tests.integration.serve_procs import API_KEY, CHAT, chat_body, request_line, start_service, stop
+from tests.integration.serve_procs import (
+    API_KEY,
+    CHAT,
+    chat_body,
+    least_privilege,
+    request_line,
+    start_service,
+    stop,
+)
 from tests.waiting import wait_until
 from wire.keys import QueueKeys
 from wire.schema import Job
@@ -79,7 +87,9 @@ def test_the_dashboard_in_chromium(redis_url: str, tmp_path: Path, browser: obje
 
     driver = browser  # a selenium WebDriver
     dead_letter_one(redis_url, tmp_path)
-    service = start_service(redis_url, tmp_path / "data", tmp_path / "serve.log", "--sample-s", "1")
+    service = start_service(
+        least_privilege(redis_url), tmp_path / "data", tmp_path / "serve.log", "--sample-s", "1"
+    )
     client = service.client()
     start_worker(
         redis_url, "gpu-0", tmp_path / "w.log", RADIXQ_FAKE_LATENCY_S="0.1", RADIXQ_FAKE_CAPACITY="2"
@@ -147,12 +157,13 @@ def test_the_dashboard_in_chromium(redis_url: str, tmp_path: Path, browser: obje
 
 def settled(read: Callable[[], T], otherwise: T) -> T:
     """``read()`` of the page, or ``otherwise`` when the live part was replaced under it (the
-    page refreshes it every few hundred ms: an element found a moment ago may be gone)."""
-    from selenium.common.exceptions import StaleElementReferenceException
+    page refreshes it every few hundred ms: an element found a moment ago may be gone) or the
+    page is loading (after a form's redirect)."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 
     try:
         return read()
-    except StaleElementReferenceException:
+    except (StaleElementReferenceException, NoSuchElementException):
         return otherwise
 
 

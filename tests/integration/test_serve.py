@@ -6,7 +6,8 @@ Checked: the whole flow for a 200-line file with valid and invalid lines (every 
 validates strictly with the package's own ChatCompletion and the batch with its Batch; the
 custom_ids of the output and error files are the input's, each once; a model no worker announced
 at create time fails as model_not_found when it runs); cancel mid-batch; the completion window
-passing mid-batch (expired).
+passing mid-batch (expired). The service runs as a Redis user with exactly the serve row of
+docs/permissions.md.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from tests.integration.procs import start_worker
 from tests.integration.serve_procs import (
     CHAT,
     chat_body,
+    least_privilege,
     request_line,
     rows,
     start_service,
@@ -78,7 +80,7 @@ def test_a_200_line_batch_through_the_openai_client(redis_url: str, tmp_path: Pa
             expected[custom_id] = "ok"
     source = tmp_path / "batch.jsonl"
     source.write_text("\n".join(lines) + "\n")
-    service = start_service(redis_url, tmp_path / "data", tmp_path / "serve.log")
+    service = start_service(least_privilege(redis_url), tmp_path / "data", tmp_path / "serve.log")
     client = service.client()
     try:
         uploaded = client.files.create(file=source.open("rb"), purpose="batch")
@@ -125,7 +127,7 @@ def test_cancel_mid_batch_keeps_what_finished(redis_url: str, tmp_path: Path) ->
     in the output file as they were, every other row is a batch_cancelled error, none twice."""
     source = tmp_path / "batch.jsonl"
     ids = write_batch(source, 120)
-    service = start_service(redis_url, tmp_path / "data", tmp_path / "serve.log")
+    service = start_service(least_privilege(redis_url), tmp_path / "data", tmp_path / "serve.log")
     client = service.client()
     start_worker(redis_url, "slow", tmp_path / "w.log", RADIXQ_FAKE_LATENCY_S="0.1", RADIXQ_FAKE_CAPACITY="2")
     try:
@@ -154,7 +156,7 @@ def test_the_completion_window_passing_expires_the_batch(redis_url: str, tmp_pat
     source = tmp_path / "batch.jsonl"
     ids = write_batch(source, 80)
     service = start_service(
-        redis_url, tmp_path / "data", tmp_path / "serve.log", "--completion-window-s", "3"
+        least_privilege(redis_url), tmp_path / "data", tmp_path / "serve.log", "--completion-window-s", "3"
     )
     client = service.client()
     start_worker(redis_url, "slow", tmp_path / "w.log", RADIXQ_FAKE_LATENCY_S="0.2", RADIXQ_FAKE_CAPACITY="2")
