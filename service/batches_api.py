@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -51,6 +52,10 @@ async def create_batch(request: Request) -> Response:
     ctx = Context.of(request)
     ctx.auth.check_api(request)
     body = await _json(request)
+    return await run_in_threadpool(_create_batch, ctx, body)  # NOTE: Redis calls stay off the event loop
+
+
+def _create_batch(ctx: Context, body: dict[str, Any]) -> Response:
     file_id = body.get("input_file_id")
     if not isinstance(file_id, str) or not file_id:
         raise bad_request("input_file_id is required", param="input_file_id")

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
@@ -92,17 +93,17 @@ async def dead_letter_action(request: Request) -> Response:
     form = await request.form()
     if not ctx.auth.csrf_ok(session, str(form.get("csrf", ""))):
         raise ApiError(403, "the form's CSRF token is missing or wrong: reload the page")
-    queue = Client(ctx.redis, ctx.config.queue)
     action = request.path_params["action"]
     if action not in ("requeue", "discard"):
         raise ApiError(404, f"no dead-letter action {action!r}")
+    queue = Client(ctx.redis, ctx.config.queue)
     if action == "requeue":
         job_id = str(form.get("job_id", ""))
-        requeued = queue.requeue_dead([job_id])
+        requeued = await run_in_threadpool(queue.requeue_dead, [job_id])
         ctx.log.info("dashboard: requeued dead letter %s (%d)", job_id, len(requeued))
     else:
         entry_id = request.path_params["entry_id"]
-        removed = queue.discard_dead([entry_id])
+        removed = await run_in_threadpool(queue.discard_dead, [entry_id])
         ctx.log.info("dashboard: discarded dead letter entry %s (%d)", entry_id, removed)
     return RedirectResponse("/", status_code=303)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
@@ -78,7 +79,7 @@ async def create_file(request: Request) -> Response:
         models=[] if check.too_many_models else sorted(check.models),
         urls=sorted(check.urls),
     )
-    ctx.records.put_file(record)
+    await run_in_threadpool(ctx.records.put_file, record)  # NOTE: Redis calls stay off the event loop
     if check.invalid:
         ctx.log.info("file %s: %d of %d requests will get invalid_job rows (first: %s)",
                      file_id, check.invalid, check.lines, check.first_error)  # fmt: skip
