@@ -71,6 +71,15 @@ def serve(
     sample_s: Annotated[
         int, typer.Option("--sample-s", help="The dashboard's throughput plot: seconds between samples.")
     ] = 10,
+    trim_results: Annotated[
+        bool,
+        typer.Option(
+            "--trim-results",
+            envvar="RADIXQ_SERVE_TRIM_RESULTS",
+            help="Trim the queue's results stream whenever no batch is active: for a queue only the "
+            "service uses (a plain collect on it would find results gone).",
+        ),
+    ] = False,
     log_level: Annotated[str, typer.Option("--log-level", help="debug, info, warning, error.")] = "info",
 ) -> None:
     """Serve the OpenAI Batch API (/v1/files, /v1/batches, /v1/models) and a live dashboard (/)
@@ -81,7 +90,7 @@ def serve(
         config = ServeConfig(
             redis_url=resolve_redis_url(redis_url), queue=queue, host=host, port=port, api_keys=keys,
             data_dir=data_dir, files_url=files_url, max_file_bytes=max_file_bytes,
-            completion_window_s=completion_window_s, poll_s=poll_s, sample_s=sample_s,
+            completion_window_s=completion_window_s, poll_s=poll_s, sample_s=sample_s, trim_results=trim_results,
         )  # fmt: skip
     except ValueError as exc:
         fail(str(exc), exits.USAGE)

@@ -62,6 +62,7 @@ class ServeConfig:
     supervise_s: float = 1.0  # how often the supervisor looks for batches nobody collects
     retry_timeout_s: float = 60.0  # one Redis outage, before a batch's collect gives up a round
     sample_s: int = 10  # the throughput plot's sampling period
+    trim_results: bool = False  # trim the results stream whenever no batch is active (a queue of its own)
 
     def __post_init__(self) -> None:
         if not self.api_keys and not is_loopback(self.host):

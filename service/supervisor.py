@@ -7,6 +7,8 @@ ends at once, and the next look tries again, so when that service dies its batch
 over within a look. Every ``sample_s`` the queue's done and failed counts go into the throughput
 stream (wire.keys ``throughput``) under the period's start as entry id: with two services the
 second one's sample for a period is refused by Redis, and the stream is trimmed to an hour.
+With ``trim_results``, at each sample, when no batch is active, the results stream is trimmed
+(``release_results``): every result in it is in some batch's files by then.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from service.config import ServeConfig
 from service.driver import BatchDriver
 from service.records import Records
 from service.storage import Storage
-from wire.keys import META_FORGOTTEN, META_FORGOTTEN_FAILED, QueueKeys
+from wire.keys import META_FORGOTTEN, META_FORGOTTEN_FAILED, META_RESULTS_TRIMMED, QueueKeys
 from wire.status import now_ms
 
 log = logging.getLogger("radixq.serve")
@@ -50,6 +52,34 @@ def sample_throughput(client: redis.Redis, keys: QueueKeys, at_ms: int, period_s
             return False
         raise
     return True
+
+
+# KEYS: the active batches, the results stream, meta. With no batch active, every result in the
+# stream is in some batch's files: trim them all, and record the bound for collects (as
+# producer.trim does). One script: a batch created meanwhile is either seen active or has no
+# result before the bound. Returns the entries trimmed.
+_RELEASE = f"""
+if redis.call('SCARD', KEYS[1]) > 0 then return 0 end
+local last = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
+if #last == 0 then return 0 end
+local ms, seq = string.match(last[1][1], '(%d+)-(%d+)')
+local bound = ms .. '-' .. (tonumber(seq) + 1)
+local trimmed = redis.call('XTRIM', KEYS[2], 'MINID', bound)
+local before = redis.call('HGET', KEYS[3], '{META_RESULTS_TRIMMED}')
+local bms, bseq = 0, 0
+if before then bms, bseq = string.match(before, '(%d+)-(%d+)') end
+if tonumber(ms) > tonumber(bms) or (tonumber(ms) == tonumber(bms) and tonumber(seq) + 1 > tonumber(bseq)) then
+  redis.call('HSET', KEYS[3], '{META_RESULTS_TRIMMED}', bound)
+end
+return trimmed
+"""
+
+
+def release_results(client: redis.Redis, keys: QueueKeys) -> int:
+    """With no batch active, trim the results stream (``--trim-results``: a queue only the
+    service uses; a plain collect on it would find its results gone). Entries trimmed."""
+    script = client.register_script(_RELEASE)
+    return int(script(keys=[keys.active_batches, keys.results, keys.meta], client=client))
 
 
 def read_throughput(client: redis.Redis, keys: QueueKeys) -> list[tuple[int, int, int]]:
@@ -108,6 +138,8 @@ class Supervisor:
         if at_ms >= self._next_sample_ms:
             sample_throughput(self.redis, self.keys, at_ms, period_s)
             self._next_sample_ms = at_ms - at_ms % (period_s * 1000) + period_s * 1000
+            if self.config.trim_results:
+                release_results(self.redis, self.keys)
 
     def _drive(self, batch_id: str) -> None:
         try:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from openai.types import Batch
 from openai.types.chat import ChatCompletion
 
@@ -34,8 +35,10 @@ from tests.integration.serve_procs import (
     wait_final,
 )
 from tests.waiting import wait_until
+from wire.keys import META_RESULTS_TRIMMED, QueueKeys
 
 pytestmark = pytest.mark.integration
+KEYS = QueueKeys()
 
 
 def invalid_body(i: int) -> dict[str, Any]:
@@ -80,7 +83,14 @@ def test_a_200_line_batch_through_the_openai_client(redis_url: str, tmp_path: Pa
             expected[custom_id] = "ok"
     source = tmp_path / "batch.jsonl"
     source.write_text("\n".join(lines) + "\n")
-    service = start_service(least_privilege(redis_url), tmp_path / "data", tmp_path / "serve.log")
+    service = start_service(
+        least_privilege(redis_url),
+        tmp_path / "data",
+        tmp_path / "serve.log",
+        "--trim-results",
+        "--sample-s",
+        "1",
+    )
     client = service.client()
     try:
         uploaded = client.files.create(file=source.open("rb"), purpose="batch")
@@ -103,6 +113,10 @@ def test_a_200_line_batch_through_the_openai_client(redis_url: str, tmp_path: Pa
         assert [model.id for model in client.models.list().data] == ["served"]
         assert [b.id for b in client.batches.list()] == [batch.id]
         output, errors = rows(client, done.output_file_id), rows(client, done.error_file_id)
+        # --trim-results: with no batch left running, the results leave Redis (they are in the files)
+        queue = redis.Redis.from_url(redis_url)
+        wait_until(lambda: queue.xlen(KEYS.results) == 0, "the results stream to be trimmed", service.log)
+        assert queue.hget(KEYS.meta, META_RESULTS_TRIMMED) is not None
     finally:
         stop(service.proc)
     assert done.status == "completed", done
