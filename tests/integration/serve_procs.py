@@ -56,7 +56,12 @@ def least_privilege(redis_url: str) -> str:
 
 
 def start_service(
-    redis_url: str, data_dir: Path, log: Path, *args: str, key: str | None = API_KEY
+    redis_url: str,
+    data_dir: Path,
+    log: Path,
+    *args: str,
+    key: str | None = API_KEY,
+    env: dict[str, str] | None = None,
 ) -> Service:
     """`radixq serve` on a free loopback port, once /health answers."""
     port = free_port()
@@ -66,7 +71,7 @@ def start_service(
             [sys.executable, "-m", "radixq", "serve", "--redis-url", redis_url, "--port", str(port)]
             + ["--data-dir", str(data_dir), "--poll-s", "0.1", *keys, *args],
             cwd=REPO_ROOT,
-            env=subprocess_env(),
+            env=subprocess_env(**(env or {})),
             stdin=subprocess.DEVNULL,
             stdout=sink,
             stderr=subprocess.STDOUT,

@@ -12,6 +12,7 @@ docs/permissions.md.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from tests.integration.serve_procs import (
     wait_counts,
     wait_final,
 )
+from tests.integration.test_url_io import s3, s3_text  # noqa: F401  (fixture)
 from tests.waiting import wait_until
 from wire.keys import META_RESULTS_TRIMMED, QueueKeys
 
@@ -187,3 +189,33 @@ def test_the_completion_window_passing_expires_the_batch(redis_url: str, tmp_pat
     assert done.status == "expired" and done.expired_at is not None, done
     check_every_row_once(output, errors, ids)
     assert output and errors and {row["error"]["code"] for row in errors} == {"batch_expired"}
+
+
+def test_file_bytes_on_an_object_store(redis_url: str, tmp_path: Path, s3: dict[str, str]) -> None:  # noqa: F811
+    """--files-url s3://...: the upload, the input the batch reads and its output file are
+    objects in the bucket (moto's S3 server on loopback), read back through the API."""
+    source = tmp_path / "batch.jsonl"
+    ids = write_batch(source, 5)
+    env = {k: v for k, v in s3.items() if not k.startswith("_")}
+    service = start_service(
+        least_privilege(redis_url),
+        tmp_path / "data",
+        tmp_path / "serve.log",
+        "--files-url",
+        "s3://results/serve",
+        env=env,
+    )
+    client = service.client()
+    start_worker(redis_url, "w", tmp_path / "w.log")
+    try:
+        uploaded = client.files.create(file=source.open("rb"), purpose="batch")
+        assert s3_text(s3, f"serve/{uploaded.id}.jsonl") == source.read_text()
+        batch = client.batches.create(input_file_id=uploaded.id, endpoint=CHAT, completion_window="24h")
+        done = wait_final(client, batch.id, service.log)
+        output = rows(client, done.output_file_id)
+    finally:
+        stop(service.proc)
+    assert done.status == "completed" and [row["custom_id"] for row in output] == ids
+    stored = s3_text(s3, f"serve/{done.output_file_id}.jsonl").splitlines()
+    assert [json.loads(line)["custom_id"] for line in stored] == ids
+    assert not (tmp_path / "data" / "files").exists()  # nothing of the files on the local disk
