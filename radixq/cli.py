@@ -246,6 +246,9 @@ def build_app() -> typer.Typer:
     if not any(info.name == "worker" for info in app.registered_commands):
         app.command("worker")(worker_command())
         app.command("run")(run)
+        from service.cli import serve
+
+        app.command("serve")(serve)
     return app
 
 

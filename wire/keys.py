@@ -153,6 +153,46 @@ class QueueKeys:
         return self._key("tags")
 
     @property
+    def files(self) -> str:
+        """Hash file id -> its record (``radixq serve``: service.records); the bytes are in the
+        service's file storage, never in Redis."""
+        return self._key("serve:files")
+
+    @property
+    def file_order(self) -> str:
+        """Sorted set of file ids by creation time (ms): ``GET /v1/files`` pages through it."""
+        return self._key("serve:file_order")
+
+    @property
+    def batches(self) -> str:
+        """Hash batch id -> its record (``radixq serve``: status, times, file ids, errors)."""
+        return self._key("serve:batches")
+
+    @property
+    def batch_order(self) -> str:
+        """Sorted set of batch ids by creation time (ms): ``GET /v1/batches`` pages through it."""
+        return self._key("serve:batch_order")
+
+    @property
+    def batch_counts(self) -> str:
+        """Hash batch id -> "completed failed": live request counts, written by the service
+        that collects the batch."""
+        return self._key("serve:batch_counts")
+
+    @property
+    def active_batches(self) -> str:
+        """Set of the ids of batches not yet in a final state: what each service's supervisor
+        looks at to take a batch nobody collects."""
+        return self._key("serve:active")
+
+    @property
+    def throughput(self) -> str:
+        """Stream of samples of the queue's done and failed counts, one per SAMPLE period at
+        most (the entry id is the period's start: a second service's sample is refused), kept an
+        hour: the dashboard's throughput plot."""
+        return self._key("serve:throughput")
+
+    @property
     def group(self) -> str:
         return GROUP
 
@@ -182,4 +222,6 @@ META_PREFIX_CHARS = "prefix_chars"  # characters of a prompt that make its prefi
 META_RESULTS_TRIMMED = "results_trimmed"  # results-stream entries below this id were trimmed
 META_FORGOTTEN = "forgotten"  # ids a trimming collect removed from the head of order, records and all
 META_FORGOTTEN_FAILED = "forgotten_failed"  # of those, the ids whose rows were error rows
-META_ENQUEUES_FINISHED = "enqueues_finished"  # `radixq enqueue` commands that put every row in (wire.enqueues)
+META_ENQUEUES_FINISHED = (
+    "enqueues_finished"  # `radixq enqueue` commands that put every row in (wire.enqueues)
+)

@@ -34,6 +34,11 @@ class Heartbeat(msgspec.Struct, frozen=True, kw_only=True):
     cached_tokens: int = 0  # of which its prefix cache held (Result.usage.cached_tokens)
     prefix_keys: int = 0  # distinct prefix keys among the jobs it ran lately (worker.queue.routing)
     partitions: list[int] = []  # the partitions it owns now
+    served_models: list[str] = []  # the model names it answers to; empty: any name, run on ``model``
+    device: str = ""  # where its generator runs (cpu, cuda, ...); "" when it does not say
+    running: int = 0  # of in_flight: jobs its generator runs now (at most its slots)
+    waiting: int = 0  # of in_flight: jobs held, waiting for a slot
+    tokens_per_s: float = 0.0  # output tokens it generated per second over the last minute or so
 
     @property
     def hit_rate(self) -> float | None:

@@ -215,8 +215,14 @@ def run_worker(config: Path | None, flags: dict[str, Any]) -> None:
         metrics = WorkerMetrics(
             consumer_config.queue, served[0] if served else generation.model_name, registry
         )
+    device = settings.engine.device if settings.worker.generator == "engine" else ""
     consumer = Consumer(
-        queue_side, generation, consumer_config, metrics=metrics, served_models=settings.worker.served_models
+        queue_side,
+        generation,
+        consumer_config,
+        metrics=metrics,
+        served_models=settings.worker.served_models,
+        device=device,
     )
     if metrics is not None:
         metrics.gauges(lambda: consumer.held, generation)

@@ -332,3 +332,20 @@ def test_the_first_compose_command_of_the_docs_starts_one_worker_per_gpu(page: s
     ids = [gpu_devices(service)[0]["device_ids"] for service in workers.values()]
     assert sorted(ids) == [[str(i)] for i in range(count)] and count >= 2
     assert {"redis", "prometheus"} <= set(services)
+
+
+def test_the_api_profile_serves_the_batch_api_on_loopback_with_keys_and_a_volume() -> None:
+    """radixq serve (profile api): the workers' queue and Redis, the keys from RADIXQ_API_KEYS,
+    its port on loopback, its files on a named volume, healthy while /health answers."""
+    project = load_project(BASE_FILE, env={"RADIXQ_API_KEYS": "sk-one,sk-two"})
+    services = active_services(project, "api")
+    assert set(services) == {"redis", "prometheus", "api"}  # not started without the profile
+    api = services["api"]
+    assert api["command"][0] == "serve" and api["environment"]["RADIXQ_API_KEYS"] == "sk-one,sk-two"
+    workers = project["services"]["worker-cpu"]["environment"]
+    assert all(api["environment"][name] == workers[name] for name in ("RADIXQ_REDIS_URL", "RADIXQ_QUEUE"))
+    assert api["ports"] == ["127.0.0.1:8000:8000"]
+    (volume,) = mounts(api)
+    assert volume.is_named_volume and volume.target == api["command"][api["command"].index("--data-dir") + 1]
+    assert "/health" in " ".join(api["healthcheck"]["test"])
+    assert api["depends_on"]["redis"]["condition"] == "service_healthy"

@@ -107,7 +107,7 @@ def test_cpu_image_installs_torch_cpu_build_and_no_gpu_extra() -> None:
     instructions = parse_dockerfile(CPU_DOCKERFILE)
     torch = instructions[index_of(instructions, "RUN", "torch==")].args
     assert "--index-url https://download.pytorch.org/whl/cpu" in torch
-    assert installed_extras(instructions) == {"worker"}
+    assert installed_extras(instructions) == {"worker", "serve"}  # serve: docker-compose.yml's api
     assert next(i for i in instructions if i.keyword == "FROM").args.startswith("python:3.")
 
 

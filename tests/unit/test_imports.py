@@ -1,7 +1,8 @@
 """The dependency rules (docs/architecture.md "Layers"), read from the source of every module.
 
 - ``wire`` imports no other project package; ``producer`` imports only ``wire``; ``worker``
-  imports only ``wire``; ``radixq`` (the composition root of the CLI) may import all three.
+  imports only ``wire``; ``service`` (``radixq serve``, a client-side package) imports ``wire``
+  and ``producer``, never ``worker``; ``radixq`` (the composition root of the CLI) may import all.
 - Inside ``worker``, a strict order: a part may import only parts below it (LAYERS).
 - Nothing on the producer side or in worker.cli loads torch.
 
@@ -22,20 +23,28 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("wire", "producer", "worker", "radixq")
-LAZY_NAME = re.compile(r"(wire|producer|worker|radixq)(\.\w+)*:\w+")
+PACKAGES = ("wire", "producer", "worker", "service", "radixq")
+LAZY_NAME = re.compile(r"(wire|producer|worker|service|radixq)(\.\w+)*:\w+")
 # Which project packages each package may import (itself always).
 MAY_IMPORT = {
     "wire": set(),
     "producer": {"wire"},
     "worker": {"wire"},
-    "radixq": {"wire", "producer", "worker"},
+    # the batch service is a client of the queue, as the producer is: no worker, no torch
+    "service": {"wire", "producer"},
+    "radixq": {"wire", "producer", "worker", "service"},
 }
 
 # worker's parts, lowest first. A part imports only parts of lower rows; parts in one row do
 # not import each other. A part is a subpackage or a top-level module of worker.
 LAYERS: list[set[str]] = [
-    {"kernels", "lazy", "forward", "distributed", "options"},  # kernels; the lazy loader; the values crossing the engine boundary; TP collectives; the settings declaration
+    {
+        "kernels",
+        "lazy",
+        "forward",
+        "distributed",
+        "options",
+    },  # kernels; the lazy loader; the values crossing the engine boundary; TP collectives; the settings declaration
     {"kvcache"},  # pool (FP8 too), page table, allocator, prefix caches
     {"models"},
     {"attention"},  # reads the KV pool's layout; plans from a forward.BatchLayout
@@ -215,6 +224,8 @@ def test_the_type_only_exceptions_are_still_type_only_and_still_there() -> None:
             "from ..scheduler import req\n",
             "kvcache (layer 1) may not import scheduler",
         ),
+        ("service.models", "from worker.queue.consumer import Consumer\n", "service may not import worker"),
+        ("producer.client", "from service.records import Records\n", "producer may not import service"),
     ],
 )
 def test_a_planted_bad_import_is_caught(module: str, source: str, expected: str) -> None:
@@ -230,10 +241,10 @@ def loaded_after(code: str) -> set[str]:
     return set(json.loads(out.stdout.splitlines()[-1]))
 
 
-def test_producer_and_wire_modules_load_neither_worker_nor_torch() -> None:
+def test_producer_wire_and_service_modules_load_neither_worker_nor_torch() -> None:
     names = sorted(
         module_name(path, REPO_ROOT)
-        for package in ("producer", "wire")
+        for package in ("producer", "wire", "service")
         for path in (REPO_ROOT / package).rglob("*.py")
     )
     assert {"producer.cli", "producer.client", "producer.jsonl", "wire.schema", "wire.keys"} <= set(names)
@@ -261,5 +272,5 @@ def test_the_composition_root_registers_every_command() -> None:
         text=True,
         check=True,
     )
-    for command in ("enqueue", "collect", "cancel", "status", "dlq", "worker", "run"):
+    for command in ("enqueue", "collect", "cancel", "status", "dlq", "worker", "run", "serve"):
         assert command in out.stdout

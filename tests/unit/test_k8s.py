@@ -113,7 +113,9 @@ def test_the_grace_period_outlasts_the_drain() -> None:
     pod = the("Deployment", "radixq-worker")["spec"]["template"]["spec"]
     drain_s = worker_config().queue.drain_timeout_s
     assert pod["terminationGracePeriodSeconds"] >= drain_s + GRACE_MARGIN_S
-    assert "lifecycle" not in container(the("Deployment"), "worker")  # no preStop eating the grace
+    assert "lifecycle" not in container(
+        the("Deployment", "radixq-worker"), "worker"
+    )  # no preStop eating the grace
     assert pod["shareProcessNamespace"] is True  # an init reaps children, as compose's init: true
 
 
@@ -182,3 +184,26 @@ def test_the_generator_refuses_bad_flags(args: list[str], tmp_path: Path) -> Non
     )
     assert done.returncode == 2 and done.stderr.startswith("error: ")
     assert not (tmp_path / "x.yaml").exists()
+
+
+def test_the_api_serves_the_workers_queue_from_the_cpu_image_behind_its_service() -> None:
+    """radixq serve (api.yaml): the workers' Redis and queue (their ConfigMap), keys from a
+    Secret, ready while /health answers, its data on a claim, reached through the Service."""
+    deployment = the("Deployment", "radixq-api")
+    api = container(deployment, "api")
+    assert api["args"][0] == "serve" and [s["configMapRef"]["name"] for s in api["envFrom"]] == [
+        "radixq-worker"
+    ]
+    (keys,) = api["env"]
+    assert keys["name"] == "RADIXQ_API_KEYS" and keys["valueFrom"]["secretKeyRef"]["name"] == "radixq-api"
+    assert api["readinessProbe"]["httpGet"]["path"] == "/health" and "livenessProbe" not in api
+    images = {image["name"]: image for image in kustomization()["images"]}
+    assert images[api["image"]]["newTag"] == "cpu"  # the image docker-compose.yml's api runs too
+    port = api["args"][api["args"].index("--port") + 1]
+    assert [p["containerPort"] for p in api["ports"]] == [int(port)]
+    (claim,) = deployment["spec"]["template"]["spec"]["volumes"]
+    assert the("PersistentVolumeClaim")["metadata"]["name"] == claim["persistentVolumeClaim"]["claimName"]
+    assert api["volumeMounts"][0]["mountPath"] == api["args"][api["args"].index("--data-dir") + 1]
+    service = the("Service", "radixq-api")
+    assert service["spec"]["selector"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    assert service["spec"]["ports"][0]["targetPort"] == api["ports"][0]["name"]

@@ -86,7 +86,9 @@ def test_the_vendored_crd_comes_with_its_licence() -> None:
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
 def test_every_kubernetes_object_is_valid(version: str) -> None:
     checked = [o for o in objects() if o["apiVersion"] != "keda.sh/v1alpha1"]
-    assert {o["kind"] for o in checked} == {"Namespace", "Service", "StatefulSet", "ConfigMap", "Deployment"}
+    assert {o["kind"] for o in checked} == {
+        "Namespace", "Service", "StatefulSet", "ConfigMap", "Deployment", "PersistentVolumeClaim"
+    }  # fmt: skip
     assert {o["metadata"]["name"]: kubernetes_errors(o, version) for o in checked} == {
         o["metadata"]["name"]: None for o in checked
     }
@@ -104,11 +106,11 @@ def test_the_scaled_object_is_valid_against_kedas_crd(shape: str) -> None:
 
 def test_the_validators_refuse_what_the_api_server_refuses() -> None:
     """They are live: a misspelt field, a wrong type, an unknown key, a broken formula fail."""
-    deployment = copy.deepcopy(the("Deployment"))
+    deployment = copy.deepcopy(the("Deployment", "radixq-worker"))
     pod = deployment["spec"]["template"]["spec"]
     pod["terminationGracePeriod"] = pod.pop("terminationGracePeriodSeconds")
     assert kubernetes_errors(deployment, KUBERNETES_VERSIONS[-1])
-    deployment = copy.deepcopy(the("Deployment"))
+    deployment = copy.deepcopy(the("Deployment", "radixq-api"))
     deployment["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["periodSeconds"] = "10s"
     assert kubernetes_errors(deployment, KUBERNETES_VERSIONS[-1])
 

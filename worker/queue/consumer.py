@@ -67,9 +67,12 @@ class Consumer:
         *,
         metrics: WorkerMetrics | None = None,
         served_models: tuple[str, ...] = (),
+        device: str = "",
     ) -> None:
         """``metrics``: told of each job started and each result (worker.metrics);
-        ``served_models``: the model names this worker answers to (worker.queue.held)."""
+        ``served_models``: the model names this worker answers to (worker.queue.held), which
+        its heartbeat announces (``radixq serve`` checks batches against them); ``device``:
+        where the generator runs, for the heartbeat."""
         self.queue = queue
         self.generator = generator
         self.config = config
@@ -77,9 +80,11 @@ class Consumer:
         self.clock = clock
         self.outbox = Outbox()
         self.jobs = HeldJobs(queue, generator, self.outbox, config, clock, metrics, served_models)
+        self.served_models = served_models
+        self.device = device
         self.watch = QueueWatch(config.queue)
         self.guard = Guard(config.max_backoff_s, self._wait, self._group_lost, self._recovered, clock)
-        self._rate = RateWindow(window_s=60.0)  # of completed, for the heartbeat
+        self._rate = RateWindow(window_s=60.0)  # of completed and output tokens, for the heartbeat
         self._survey: Survey | None = None
         self._surveyed_at = -math.inf
         self._short_read = True  # the last read brought fewer entries than it asked for
@@ -285,6 +290,11 @@ class Consumer:
 
     def _heartbeat(self, state: str) -> None:
         self._next_heartbeat = self.clock() + self.config.heartbeat_s
+        jobs_per_s, tokens_per_s = self._rate.sample(
+            self.clock(), self.jobs.completed, self.jobs.output_tokens
+        )
+        # NOTE: every held job is submitted; the generator runs up to its slots, the rest wait in it
+        running = min(len(self.jobs), self.generator.slots)
         beat = Heartbeat(
             name=self.name,
             pid=os.getpid(),
@@ -298,11 +308,16 @@ class Consumer:
             engine_restarts=self.generator.restarts,
             unattributed_crashes=self.generator.unattributed_crashes,
             data_losses=self.watch.losses,
-            jobs_per_s=self._rate.sample(self.clock(), self.jobs.completed)[0],
+            jobs_per_s=jobs_per_s,
             prompt_tokens=self.tally.prompt_tokens,
             cached_tokens=self.tally.cached_tokens,
             prefix_keys=self.tally.prefix_keys,
             partitions=self._survey.own if self._survey is not None else [],
+            served_models=list(self.served_models),
+            device=self.device,
+            running=running,
+            waiting=len(self.jobs) - running,
+            tokens_per_s=tokens_per_s,
         )
         self.watch.beat(self.queue, beat, epoch=not self._epoch_seen)
         self._epoch_seen = False

@@ -88,6 +88,7 @@ class HeldJobs:
         self.served_models = served_models
         self.tally = PrefixTally()  # prompt and cached tokens by prefix key, for the heartbeat
         self.completed = 0
+        self.output_tokens = 0  # completion tokens of the results it produced (heartbeat's tok/s)
         self._jobs: dict[str, Held] = {}
         self._crashed: deque[Held] = deque()
 
@@ -245,6 +246,7 @@ class HeldJobs:
             filled = envelope(result, job, held.started_at_ms, self.name, self._reply_model(job, result))
             self._complete(Completion(filled, held.entry_id, tuple(held.duplicates), epoch=held.epoch))
             self.completed += 1
+            self.output_tokens += result.usage.completion_tokens
 
     def _reply_model(self, job: Job, result: Result) -> str:
         """The model a result names: the served name the job asked for (else the worker's first
