@@ -76,7 +76,24 @@ _RULE: dict[bool, tuple[tuple[float, MoeTiles], ...]] = {
 }
 
 # (E, hidden, intermediate, fp8) -> ((rows per expert at most, tiles), ...), ascending.
-TUNED: dict[tuple[int, int, int, bool], tuple[tuple[float, MoeTiles], ...]] = {}
+# Measured on one H200 (docs/performance.md, "MoE tiles, measured"; 2026-12-04): for FP8
+# Qwen3-30B-A3B experts the block_m 32 tile (fp16 products in mma.sync) beats block_m 64 at
+# decode's 64 rows per expert (405 vs 501 us at 1,024 tokens), and block_m 64 beats 128 at
+# prefill (2,058 vs 2,162 us at 8,192 tokens); for FP8 Mixtral experts block_m 64 beats 128 at
+# 256 rows per expert (2,255 vs 2,612 us at 1,024 tokens).
+TUNED: dict[tuple[int, int, int, bool], tuple[tuple[float, MoeTiles], ...]] = {
+    (128, 2048, 768, True): (
+        (8, MoeTiles(16, 64, 128, 256, 1, 4, 3)),
+        (64, MoeTiles(32, 64, 128, 256, 8, 4, 3)),
+        (float("inf"), MoeTiles(64, 64, 128, 64, 8, 4, 3)),
+    ),
+    (8, 4096, 14336, True): (
+        (8, MoeTiles(16, 64, 128, 256, 1, 4, 3)),
+        (16, MoeTiles(32, 64, 128, 256, 8, 4, 3)),
+        (256, MoeTiles(64, 64, 128, 64, 8, 4, 3)),
+        (float("inf"), MoeTiles(128, 128, 256, 64, 8, 8, 4)),
+    ),
+}
 
 
 def rule_tiles(fp8: bool) -> list[MoeTiles]:
