@@ -66,3 +66,52 @@ def test_run_a_family_directory_with_its_chat_template(kind: str, tmp_path: Path
         assert got[f"chat{i}"]["error"] is None and choice["token_ids"] == want[:cut]
         assert got[f"chat{i}"]["usage"]["prompt_tokens"] == len(ids)
     assert got["plain"]["error"] is None and got["plain"]["choices"][0]["token_ids"]
+
+
+def test_run_a_compressed_tensors_fp8_directory(tmp_path: Path) -> None:
+    """`radixq run --model DIR` on a Qwen3-MoE checkpoint published in FP8 (compressed-tensors
+    per channel, written by tests/fp8_checkpoints.py): it runs in FP8 with no setting (the
+    default quantization "auto"), experts included, and its greedy tokens are transformers'
+    on the dequantized weights with per-token activation rounding."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from tests.fp8_checkpoints import write_fp8_checkpoint
+    from tests.unit.test_families import fp8_oracle
+
+    original, model_dir = tmp_path / "original", tmp_path / "fp8"
+    family_dir("qwen3_moe", original)
+    shutil.copytree(original, model_dir)
+    write_fp8_checkpoint(model_dir, "channel")
+    chats = [[{"role": "user", "content": "Write a haiku about the sea."}]]
+    source = tmp_path / "prompts.jsonl"
+    source.write_text(
+        json.dumps({"id": "c", "messages": chats[0], "max_tokens": MAX_TOKENS, "temperature": 0}) + "\n"
+    )
+    out = tmp_path / "out.jsonl"
+    args = [
+        "run",
+        str(source),
+        "-o",
+        str(out),
+        "--model",
+        str(model_dir),
+        "--device",
+        "cpu",
+        "--timeout",
+        "200",
+    ]
+    done = radixq(*args, timeout_s=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "12 projections in FP8, published compressed-tensors channel" in done.stderr  # the worker's log
+    (row,) = map(json.loads, out.read_text().splitlines())
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    text = tokenizer.apply_chat_template(chats[0], tokenize=False, add_generation_prompt=True)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    oracle = fp8_oracle(original)
+    want, _ = greedy_rows(oracle, ids, MAX_TOKENS)
+    eos = oracle.generation_config.eos_token_id
+    eos = set(eos if isinstance(eos, list) else [eos])
+    cut = next((j for j, t in enumerate(want) if t in eos), len(want))
+    assert row["error"] is None and row["choices"][0]["token_ids"] == want[:cut]

@@ -145,6 +145,17 @@ def test_run_whose_workers_cannot_load_the_model_says_so(source: Path, tmp_path:
             },
             ("quant_method 'awq'", "not supported"),
         ),
+        (
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "quantization_config": {
+                    "quant_method": "compressed-tensors",
+                    "format": "int-quantized",
+                    "config_groups": {"group_0": {"weights": {"num_bits": 8, "type": "int"}}},
+                },
+            },
+            ("compressed-tensors format 'int-quantized'", "compressed-tensors FP8"),
+        ),
     ],
 )
 def test_run_with_an_unsupported_model_stops_before_redis(
@@ -158,7 +169,7 @@ def test_run_with_an_unsupported_model_stops_before_redis(
     (model / "model.safetensors").write_bytes(b"")
     done = radixq("run", str(source), "-o", str(tmp_path / "out.jsonl"), "--model", str(model))
     line = assert_stopped_first(done, *words)
-    assert "LlamaForCausalLM" in line or "quant_method" in line
+    assert "LlamaForCausalLM" in line or "quantization_config" in line
     assert not (tmp_path / "out.jsonl").exists()
     dummy = radixq("run", str(source), "-o", str(tmp_path / "o.jsonl"), "--model", str(model / "config.json"))
     assert_stopped_first(dummy, *words)

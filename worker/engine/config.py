@@ -61,9 +61,11 @@ class EngineConfig:
         choices=KV_CACHE_DTYPES,
     )
     quantization: str = option(
-        "none",
-        "`none`, or `fp8`: projection weights in e4m3 with per-channel scales, activations quantized per "
-        "token, FP8 GEMMs (emulated in float32 on CPU); embeddings and LM head stay in the model dtype",
+        "auto",
+        "`auto` (FP8 checkpoints in FP8, others in the model dtype), `none` (the model dtype; an FP8 "
+        "checkpoint is dequantized at load), or `fp8`: projection weights in e4m3 with per-channel scales, "
+        "activations quantized per token, FP8 GEMMs (emulated in float32 on CPU); embeddings and LM head "
+        "stay in the model dtype",
         choices=QUANTIZATIONS,
     )
     kv_scales: str = option(

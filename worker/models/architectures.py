@@ -12,6 +12,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from worker.models.checkpoint_quant import Fp8Scheme, parse_quantization
+
 ARCHITECTURES: dict[str, str] = {
     "LlamaForCausalLM": "worker.models.families.llama:LlamaForCausalLM",
     "Qwen2ForCausalLM": "worker.models.families.qwen:Qwen2ForCausalLM",
@@ -38,9 +40,6 @@ MODEL_TYPES: dict[str, str] = {
     "mixtral": "MixtralForCausalLM",
 }
 SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
-# quantization_config.quant_method -> what loads it. NOTE: the hook for checkpoints published
-# quantized (FP8); none is taken yet, so every quantization_config is refused by name.
-QUANTIZATION_METHODS: dict[str, str] = {}
 
 
 class UnsupportedModel(ValueError):
@@ -60,19 +59,22 @@ def architecture_of(raw: dict[str, Any], where: str) -> str:
     return arch
 
 
-def check_quantization(raw: dict[str, Any], where: str) -> None:
-    """Refuse a checkpoint published quantized in a scheme radixq cannot run."""
-    quant = raw.get("quantization_config") or (raw.get("text_config") or {}).get("quantization_config")
+def quantization_config(raw: dict[str, Any]) -> Any:
+    """A parsed config.json's ``quantization_config`` (its ``text_config``'s for image-text
+    checkpoints); None when it has none."""
+    return raw.get("quantization_config") or (raw.get("text_config") or {}).get("quantization_config")
+
+
+def check_quantization(raw: dict[str, Any], where: str) -> Fp8Scheme | None:
+    """The FP8 scheme of a checkpoint published quantized (None: not quantized); a scheme
+    radixq cannot run is refused (worker.models.checkpoint_quant)."""
+    quant = quantization_config(raw)
     if not quant:
-        return
-    method = str(quant.get("quant_method", "unknown")) if isinstance(quant, dict) else str(quant)
-    if method not in QUANTIZATION_METHODS:
-        supported = ", ".join(QUANTIZATION_METHODS) or "none yet"
-        raise UnsupportedModel(
-            f"{where}: quantization_config quant_method {method!r} is not supported (checkpoints "
-            f"quantized as published: {supported}; radixq quantizes bf16 weights itself with "
-            'quantization = "fp8")'
-        )
+        return None
+    try:
+        return parse_quantization(quant)
+    except ValueError as exc:
+        raise UnsupportedModel(f"{where}: quantization_config {exc}") from None
 
 
 def check_config_file(file: str | Path) -> str:

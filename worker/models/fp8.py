@@ -13,6 +13,7 @@ dtype. The norms and the gated activations before qkv/gate-up and down projectio
 their output already quantized (worker.kernels.ops ``fp8=True``), so only o_proj quantizes its
 own input. MoE experts (worker.models.moe) follow the same rule per expert: ``quantize_channels``
 on the stacked [E, N, K] weights, per-token activations inside worker.kernels.moe.
+Checkpoints published in FP8 load into the same layers (worker.models.fp8_checkpoint).
 """
 
 from __future__ import annotations
@@ -97,6 +98,12 @@ def _scaled_mm_ok(data: torch.Tensor) -> bool:
     return torch.cuda.get_device_capability(data.device) >= (8, 9)
 
 
+def fp8_matrices(model: nn.Module) -> int:
+    """How many weight matrices of ``model`` are FP8 (a stack of experts counts once)."""
+    linears = sum(isinstance(m, Fp8Linear) for m in model.modules())
+    return linears + sum(2 for m in model.modules() if isinstance(m, SparseMoE) and m.w13_scale is not None)
+
+
 def takes_fp8(module: object) -> bool:
     """Whether a projection wants its input as Fp8Rows (the fused norm / SiLU-mul kernels' output)."""
     return isinstance(module, Fp8Linear)
@@ -105,15 +112,16 @@ def takes_fp8(module: object) -> bool:
 def quantize_model(model: nn.Module, quantization: str) -> int:
     """Replace the decoder's projections by Fp8Linear and MoE experts' stacked weights by FP8
     ones (``quantization == "fp8"``); returns how many weight matrices (a stack of experts
-    counts once) were replaced (0 for "none"). The model-dtype weights are released as each
-    goes. Routers and the LM head stay in the model dtype."""
+    counts once) were replaced (0 for "none" and "auto", and for weights already FP8). The
+    model-dtype weights are released as each goes. Routers and the LM head stay in the model
+    dtype."""
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization={quantization!r}: expected one of {list(QUANTIZATIONS)}")
-    if quantization == "none":
+    if quantization != "fp8":
         return 0
     replaced = 0
     for module in list(model.modules()):
-        if isinstance(module, SparseMoE):
+        if isinstance(module, SparseMoE) and module.w13_scale is None:
             module.set_fp8(*quantize_channels(module.w13.detach()), *quantize_channels(module.w2.detach()))
             replaced += 2
         for name in QUANTIZED_PROJECTIONS:

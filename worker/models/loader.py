@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -9,10 +10,18 @@ from pathlib import Path
 
 import torch
 
+from worker.models.architectures import check_quantization
 from worker.models.config import ModelConfig, config_json_path
 from worker.models.decoder import CausalLM
 from worker.models.families import model_class
-from worker.models.fp8 import quantize_model
+from worker.models.fp8 import fp8_matrices, quantize_model
+from worker.models.fp8_checkpoint import (
+    Checkpoint,
+    fp8_modules,
+    per_channel_tensors,
+    prepare_fp8,
+    quantize_strays,
+)
 from worker.models.gguf import ensure_converted
 from worker.models.names import LOAD_FORMATS
 from worker.models.registry import ALIASES
@@ -126,6 +135,8 @@ def rank_shard(name: str, tensor: torch.Tensor, rank: int, size: int) -> torch.T
     if any(f in name for f in _COLUMN_PARALLEL):
         return tensor.chunk(size, dim=0)[rank]
     if any(f in name for f in _ROW_PARALLEL):
+        if name.endswith("_scale"):  # FP8 per-output-channel scales: every column shares them
+            return tensor
         if name.endswith(".bias"):
             return tensor if rank == 0 else torch.zeros_like(tensor)
         return tensor.chunk(size, dim=1)[rank]
@@ -146,19 +157,22 @@ def load_model(
     dtype: torch.dtype | None = None,
     device: str | torch.device = "cpu",
     cache_dir: str | Path | None = None,
-    quantization: str = "none",
+    quantization: str = "auto",
     tp_rank: int = 0,
     tp_size: int = 1,
 ) -> LoadedModel:
     """Load ``model`` (alias, HF dir, GGUF file, cached hub id; or a config for "dummy").
 
     dtype None: default_dtype(device); ``cache_dir``: where GGUF conversions are cached;
-    ``quantization`` "fp8": the projections' weights in FP8 after loading and sharding
-    (worker.models.fp8); ``tp_rank``/``tp_size``: this rank's share of the model
-    (ModelConfig.shard; ``config`` of the result is the sharded one).
+    ``quantization`` (worker.models.names.QUANTIZATIONS) "fp8": the projections' weights in
+    FP8 after loading and sharding (worker.models.fp8); a checkpoint published in FP8
+    (worker.models.fp8_checkpoint) loads into FP8 layers for "auto" and "fp8", dequantized
+    for "none". ``tp_rank``/``tp_size``: this rank's share of the model (ModelConfig.shard;
+    ``config`` of the result is the sharded one).
     """
     device = torch.device(device)
     dtype = dtype or default_dtype(device)
+    scheme = None
     if load_format == "dummy":
         model_path, name = config_json_path(model), Path(model).stem.lower()
         config = ModelConfig.from_hf_dir(model_path)
@@ -167,31 +181,47 @@ def load_model(
         model_dir, name = resolve_model_dir(model, load_format, cache_dir)
         config = ModelConfig.from_hf_dir(model_dir)
         path = str(model_dir)
+        scheme = check_quantization(json.loads(config_json_path(model_dir).read_text()), path)
     full_config, config = config, config.shard(tp_size)
     family = model_class(config.architecture)
     with torch.device("meta"):
         net = family(config, dtype, rope_device=device)
-    net = net.to_empty(device=device)
     weights: Iterable[tuple[str, torch.Tensor]]
     if load_format == "dummy":
+        net = net.to_empty(device=device)
         with torch.device("meta"):
             whole = family(full_config, dtype, rope_device="meta")
         weights = dummy_weights(whole, dtype, device, seed=0)
-    else:
+    elif scheme is None:
+        net = net.to_empty(device=device)
         weights = family.weight_map.canonical(_safetensors_weights(Path(path)), full_config)
-    loaded = net.load_weights(_sharded(weights, tp_rank, tp_size))
+    else:  # published in FP8: the FP8 layers made on the meta device, no model-dtype copy
+        ckpt = Checkpoint(Path(path))
+        if quantization != "none":
+            fp8 = fp8_modules(net, family.weight_map, ckpt, scheme, full_config)
+            prepare_fp8(net, lambda param: quantization == "fp8" or param in fp8)
+        net = net.to_empty(device=device)
+        dequantize_to = dtype if quantization == "none" else None
+        source = per_channel_tensors(ckpt, scheme, device, dequantize_to=dequantize_to)
+        weights = family.weight_map.canonical(source, full_config)
+    weights = _sharded(weights, tp_rank, tp_size)
+    if scheme is not None:
+        weights = quantize_strays(weights, net)
+    loaded = net.load_weights(weights)
     missing = net.expected_weight_keys() - loaded
     if missing:
         raise ValueError(
             f"{path}: checkpoint lacks weights for {sorted(missing)[:8]} ({len(missing)} in all)"
         )
     net.eval().requires_grad_(False)
-    quantized = quantize_model(net, quantization)
+    quantize_model(net, quantization)
+    quantized = fp8_matrices(net)
     if quantized and device.type == "cuda":
         torch.cuda.empty_cache()  # NOTE: the replaced bf16 weights' blocks, or the KV pool sized from free memory misses them
+    published = f", published {scheme.method} {scheme.weight_scales}" if scheme else ""
     log.info(
-        "loaded %s (%s, %s%s%s) on %s", name, config.architecture, dtype,
-        f", {quantized} projections in FP8" if quantized else "",
+        "loaded %s (%s, %s%s%s%s) on %s", name, config.architecture, dtype,
+        f", {quantized} projections in FP8" if quantized else "", published,
         f", tensor-parallel rank {tp_rank} of {tp_size}" if tp_size > 1 else "", device,
     )  # fmt: skip
     return LoadedModel(model=net, config=config, path=path, name=name)

@@ -4,12 +4,14 @@
    become *canonical* names (renames; names that are not weights of the model skipped;
    per-tensor transforms such as Gemma's norm weight + 1).
 2. ``split_fused`` (every family): tensors a checkpoint stores fused are split into canonical
-   pieces: ``self_attn.qkv_proj`` -> q/k/v_proj, ``mlp.gate_up_proj`` -> gate/up_proj (Phi-3),
+   pieces: ``self_attn.qkv_proj`` -> q/k/v_proj, ``mlp.gate_up_proj`` -> gate/up_proj (Phi-3;
+   their per-channel FP8 ``weight_scale`` rows too),
    ``mlp.experts.gate_up_proj`` [E, 2I, H] and ``mlp.experts.down_proj`` [E, H, I]
    (transformers 5's in-memory MoE layout) -> ``mlp.experts.{e}.*_proj.weight``.
 3. ``PieceTable`` (built from the model): each canonical name is a slice of one parameter.
    Modules that fuse or stack parameters say so in ``weight_pieces()``; any other parameter
-   is its own piece.
+   is its own piece. An FP8 parameter's scale ``P_scale`` (one per row) has a piece
+   ``name_scale`` for each piece ``name`` of ``P``, over the same rows.
 
 Canonical names are Hugging Face Llama's (``model.layers.{i}.self_attn.q_proj.weight``, ...,
 ``lm_head.weight``), plus ``mlp.gate.weight`` (a router) and
@@ -64,16 +66,16 @@ class WeightMap:
 def split_fused(name: str, tensor: torch.Tensor, cfg: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
     """The canonical pieces of one checkpoint tensor (itself when it is not fused)."""
     prefix, _, leaf = name.rpartition(".")
-    if re.search(r"\.self_attn\.qkv_proj\.(weight|bias)$", name):
+    if re.search(r"\.self_attn\.qkv_proj\.(weight|bias|weight_scale)$", name):
         q, kv = cfg.num_q_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         base = prefix.removesuffix(".qkv_proj")
         for part, piece in zip(("q_proj", "k_proj", "v_proj"), tensor.split([q, kv, kv]), strict=True):
             yield f"{base}.{part}.{leaf}", piece
-    elif re.search(r"\.mlp\.gate_up_proj\.weight$", name):
+    elif re.search(r"\.mlp\.gate_up_proj\.(weight|weight_scale)$", name):
         base = prefix.removesuffix(".gate_up_proj")
         gate, up = tensor.chunk(2, dim=0)
-        yield f"{base}.gate_proj.weight", gate
-        yield f"{base}.up_proj.weight", up
+        yield f"{base}.gate_proj.{leaf}", gate
+        yield f"{base}.up_proj.{leaf}", up
     elif re.search(r"\.experts\.(gate_up_proj|down_proj)$", name) and tensor.dim() == 3:
         yield from _split_experts(prefix, leaf, tensor, cfg)
     else:
@@ -130,8 +132,14 @@ def piece_table(model: nn.Module) -> dict[str, Piece]:
         for local, piece in pieces().items():
             full = piece._replace(param=at + piece.param)
             claimed.setdefault(full.param, {})[at + local] = full
+    params = dict(model.named_parameters())
+    for name in params:  # FP8: a weight's per-row scales [..., N] share its pieces' rows
+        base = name.removesuffix("_scale")
+        if name.endswith("_scale") and base in params:
+            pieces = claimed.get(base, {base: Piece(base)})
+            claimed[name] = {f"{c}_scale": p._replace(param=name) for c, p in pieces.items()}
     table: dict[str, Piece] = {}
-    for name, _ in model.named_parameters():
+    for name in params:
         table.update(claimed.get(name, {name: Piece(name)}))
     return table
 
@@ -149,6 +157,9 @@ def load_pieces(model: nn.Module, weights: Weights, ignore: frozenset[str] = fro
                 continue
             raise KeyError(f"checkpoint tensor {name!r} has no matching model parameter")
         dest = piece.view(params[piece.param].data)
+        if dest.dtype == torch.float8_e4m3fn and tensor.dtype != dest.dtype:
+            # NOTE: a cast would drop the scale (worker.models.fp8_checkpoint.quantize_strays)
+            raise ValueError(f"checkpoint tensor {name!r} is {tensor.dtype}, its parameter FP8")
         if dest.shape != tensor.shape:
             raise ValueError(
                 f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)}, expected {tuple(dest.shape)}"

@@ -23,7 +23,7 @@ from worker.models.weights import WeightMap
 
 
 def rotary_rows(weight: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
-    """q_proj / k_proj rows (or bias) reordered within each head for partial rotary (rope.py)."""
+    """q_proj / k_proj rows (bias, FP8 scales) reordered within each head for partial rotary (rope.py)."""
     if not cfg.rotary_dim:
         return weight
     perm = rotary_permutation(cfg.head_dim, cfg.rotary_dim)
@@ -32,7 +32,7 @@ def rotary_rows(weight: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
 
 
 class Phi3ForCausalLM(CausalLM):
-    weight_map = WeightMap(transforms=((r"\.(q_proj|k_proj)\.(weight|bias)$", rotary_rows),))
+    weight_map = WeightMap(transforms=((r"\.(q_proj|k_proj)\.(weight|bias|weight_scale)$", rotary_rows),))
 
     @classmethod
     def config_from_hf(cls, src: HfSource) -> ModelConfig:
