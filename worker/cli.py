@@ -99,7 +99,9 @@ def worker_command() -> Callable[..., None]:
     ]
     for s in known:
         annotation = Annotated[_flag_type(s), _option(s)]  # type: ignore[valid-type]
-        params.append(inspect.Parameter(s.key, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=annotation))
+        params.append(
+            inspect.Parameter(s.key, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=annotation)
+        )
 
     def worker(**given: Any) -> None:
         config, backend, gpus = given.pop("config"), given.pop("backend"), given.pop("gpus")
@@ -126,6 +128,27 @@ def worker_flags(given: Mapping[str, Any]) -> dict[str, Any]:
             value = ",".join(value) if value else None
         flags[s.dotted] = value
     return flags
+
+
+def worker_args(given: Mapping[str, Any]) -> list[str]:
+    """The ``radixq worker`` arguments that parse to ``given`` (by parameter name, as
+    worker_flags takes them; None: not given; a repeated flag's values as a list): the worker
+    command lines ``run`` builds."""
+    from worker.config import settings
+
+    args: list[str] = []
+    for s in settings():
+        value = given.get(s.key)
+        if value is None:
+            continue
+        if s.type is bool:
+            on, _, off = s.flags[0].partition("/")
+            args.append(on if value else off or f"--no-{on.removeprefix('--')}")
+        elif s.spec.repeat:
+            args += [arg for item in value for arg in (s.flag, str(item))]
+        else:
+            args += [s.flag, str(value)]
+    return args
 
 
 def run_worker(config: Path | None, flags: dict[str, Any]) -> None:

@@ -156,6 +156,11 @@ class Setting:
         """Its flag declarations on ``radixq worker``."""
         return self.spec.flags or (f"--{self.key.replace('_', '-')}",)
 
+    @property
+    def flag(self) -> str:
+        """The flag an error names: its first declaration (``--trim-jobs`` of ``--trim-jobs/--keep-jobs``)."""
+        return self.flags[0].split("/")[0]
+
 
 def settings() -> list[Setting]:
     """Every setting, table by table, in the order of its dataclass."""
@@ -223,7 +228,7 @@ def load_worker_config(
         if value is not None:
             if dotted not in known:
                 raise ConfigError(f"unknown setting {dotted!r}")
-            values[dotted] = (value, f"--{dotted.partition('.')[2].replace('_', '-')}")
+            values[dotted] = (value, known[dotted].flag)
     owned: dict[type, dict[str, Any]] = {cls: {} for owners in _TABLES.values() for cls in owners}
     for dotted, (value, _) in values.items():
         owned[known[dotted].owner][known[dotted].key] = value
