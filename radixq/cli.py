@@ -150,6 +150,7 @@ def run(
             worker_env("redis://127.0.0.1:1/0"),
             worker_flags(forwarded),
             [metrics_port + i for i in range(workers)] if metrics_port else [],
+            say=lambda line: typer.echo(line, err=True),
         )
     except PreflightError as exc:
         fail(str(exc), exits.USAGE)
