@@ -241,9 +241,30 @@ def _cpu_threads_args(workers: int, config: Path | None) -> list[str]:
     return [] if asked else ["--cpu-threads", str(share_per_worker(workers))]
 
 
+def _version(shown: bool) -> None:
+    if shown:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"radixq {version('radixq')}")
+        except PackageNotFoundError:  # NOTE: a source tree on PYTHONPATH, not installed
+            typer.echo("radixq (not installed: no version)")
+        raise typer.Exit()
+
+
+def root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", is_eager=True, callback=_version, help="Print radixq's version and exit."),
+    ] = False,
+) -> None:
+    """Batch LLM generation on a Redis Streams queue."""
+
+
 def build_app() -> typer.Typer:
-    """producer.cli's app with the worker-side commands added (once)."""
+    """producer.cli's app with the worker-side commands and ``--version`` added (once)."""
     if not any(info.name == "worker" for info in app.registered_commands):
+        app.callback()(root)
         app.command("worker")(worker_command())
         app.command("run")(run)
         from service.cli import serve
@@ -253,5 +274,5 @@ def build_app() -> typer.Typer:
 
 
 def main() -> None:
-    """The console script ``radixq``: the client commands of producer.cli plus worker and run."""
-    build_app()()
+    """The console script ``radixq``: the client commands of producer.cli plus worker, run and serve."""
+    build_app()(prog_name="radixq")

@@ -49,6 +49,12 @@ def _option(setting: Setting) -> Any:
         help_text += " (repeat the flag for several)"
     if setting.spec.choices:
         help_text += f" [one of: {', '.join(setting.spec.choices)}]".replace("[", "\\[")
+    # NOTE: the flag's own default is None ("not given"): the setting's default is shown instead
+    if setting.type is bool:
+        on, _, off = flags[0].partition("/")
+        help_text += f" \\[default: {on if setting.default else off}]"
+    elif setting.shown_default:
+        help_text += f" \\[default: {setting.shown_default}]"
     return typer.Option(*flags, help=help_text, show_default=False)
 
 

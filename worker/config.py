@@ -157,6 +157,15 @@ class Setting:
         return self.spec.flags or (f"--{self.key.replace('_', '-')}",)
 
     @property
+    def shown_default(self) -> str:
+        """Its default as the settings table and ``--help`` show it ("" when there is none)."""
+        if self.spec.shown_default is not None:
+            return self.spec.shown_default
+        if self.default is None:
+            return ""
+        return str(self.default).lower() if isinstance(self.default, bool) else str(self.default)
+
+    @property
     def flag(self) -> str:
         """The flag an error names: its first declaration (``--trim-jobs`` of ``--trim-jobs/--keep-jobs``)."""
         return self.flags[0].split("/")[0]
@@ -265,15 +274,7 @@ def settings_table() -> str:
     """The table of every setting (markdown), as docs/configuration.md holds it."""
     rows = ["| setting | environment | default | meaning |", "| --- | --- | --- | --- |"]
     for s in settings():
-        default = s.spec.shown_default
-        if default is None:
-            default = (
-                ""
-                if s.default is None
-                else str(s.default).lower()
-                if isinstance(s.default, bool)
-                else s.default
-            )
+        default = s.shown_default
         env = ", ".join(
             f"`{name}`" + (" (deprecated)" if name in s.spec.deprecated_env else "") for name in s.env
         )
