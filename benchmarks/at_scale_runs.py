@@ -179,6 +179,7 @@ def run_queue(
     from producer.runner import worker_command, worker_env
     from radixq.cli import WORKER_COMMAND
     from wire.keys import QueueKeys
+    from wire.status import serving
 
     queue = f"atscale-{rounds[0][0]}-{(label or variant).replace(' ', '-').replace('=', '-')}"
     config = work / f"{queue}.toml"
@@ -202,7 +203,7 @@ def run_queue(
     client = Client.from_url(redis_url, queue)
     records = []
     try:
-        while client.redis.hlen(QueueKeys(queue).workers) < workers:  # NOTE: a worker beats once it serves
+        while len(serving(client.redis, QueueKeys(queue))) < workers:  # NOTE: loaded: beats past LOADING
             if time.perf_counter() - start > timeout_s or any(p.poll() is not None for p in procs):
                 raise RuntimeError(f"{variant}: {workers} workers did not come up")
             time.sleep(0.2)

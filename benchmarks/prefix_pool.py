@@ -45,6 +45,7 @@ from producer.runner import worker_command, worker_env  # noqa: E402
 from radixq.cli import WORKER_COMMAND  # noqa: E402
 from wire.keys import QueueKeys  # noqa: E402
 from wire.schema import Job, SamplingParams  # noqa: E402
+from wire.status import serving  # noqa: E402
 
 # A tiny Llama for CPU runs (random weights: ``load_format = "dummy"``).
 TINY_LLAMA = {
@@ -135,7 +136,7 @@ def run_pool(
     collector = Collector(client.redis, queue)
     try:
         deadline = time.monotonic() + args.timeout_s
-        while client.redis.hlen(QueueKeys(queue).workers) < workers:
+        while len(serving(client.redis, QueueKeys(queue))) < workers:  # NOTE: loaded: beats past LOADING
             if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
                 raise RuntimeError(f"workers did not come up; logs in {work}")
             time.sleep(0.2)

@@ -10,8 +10,10 @@ calls a worker dead); else exit 1. Either way it prints one line, which Docker k
 ``docker inspect``. Redis URL and queue come from the environment the worker reads:
 RADIXQ_REDIS_URL (then REDIS_URL) and RADIXQ_QUEUE.
 
-Before the worker has loaded its model there is no heartbeat yet: the compose files give the
-worker a ``start_period`` long enough for the first start (model conversion, kernel compiles).
+While the worker gets its model its heartbeat says ``loading``: unhealthy (not ready: the
+Kubernetes readiness probe runs this too, so a rollout waits for loaded workers); the compose
+files give the worker a ``start_period`` long enough for the first start (model download or
+conversion, kernel compiles).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import redis
 
 from wire.keys import QueueKeys, env_queue, env_redis_url
 from wire.redis_errors import describe
-from wire.status import DEAD_AFTER_BEATS, Heartbeat, decode_heartbeat, now_ms
+from wire.status import DEAD_AFTER_BEATS, LOADING, Heartbeat, decode_heartbeat, now_ms
 
 HEALTHY, UNHEALTHY = 0, 1  # Docker's meanings; 2 is reserved
 
@@ -63,6 +65,8 @@ def check(url: str, queue: str, name: str | None, max_age_s: float | None, hostn
     age_s = max(0.0, (now_ms() - beat.last_seen_ms) / 1000)
     limit_s = max_age_s if max_age_s is not None else DEAD_AFTER_BEATS * max(beat.interval_s, 0.1)
     line = f"worker {beat.name}: heartbeat {age_s:.1f} s ago (limit {limit_s:g} s), {beat.state}, {beat.in_flight} in flight"
+    if beat.state == LOADING:
+        return UNHEALTHY, f"unhealthy: {line} (loading its model {beat.model})"
     return (HEALTHY, f"healthy: {line}") if age_s <= limit_s else (UNHEALTHY, f"unhealthy: {line}")
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from typer.core import TyperGroup, TyperOption
 
 from wire import exits
 from wire.exits import fail
@@ -27,14 +28,38 @@ if TYPE_CHECKING:
     from wire.schema import Job, Result
     from wire.status import ConsumerStatus, Heartbeat
 
+
+class FlagsUntagged(TyperGroup):
+    """A command group whose help shows no type tag beside a flag that takes no value (typer
+    shows ``--help <bool>`` otherwise), in its own options and its commands'."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return [_untagged(param) for param in super().get_params(ctx)]
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        command = super().get_command(ctx, cmd_name)
+        for param in command.get_params(ctx) if command is not None else []:  # its help option too
+            _untagged(param)
+        return command
+
+
+def _untagged(param: Any) -> Any:
+    if isinstance(param, TyperOption) and param.is_flag:
+        param.metavar = ""  # NOTE: typer's help shows a metavar when there is one, else the type
+    return param
+
+
 app = typer.Typer(
+    cls=FlagsUntagged,
     name="radixq",
     help="Batch LLM generation on a Redis Streams queue.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-dlq_app = typer.Typer(help="Dead letters: jobs delivered more than max_attempts times.", no_args_is_help=True)
+dlq_app = typer.Typer(
+    cls=FlagsUntagged, help="Dead letters: jobs delivered more than max_attempts times.", no_args_is_help=True
+)
 app.add_typer(dlq_app, name="dlq")
 
 QueueOption = Annotated[str, typer.Option("--queue", "-q", envvar=QUEUE_ENV, help="Queue name.")]
@@ -156,7 +181,10 @@ def staged(
     if source is not None and not is_url(source):
         path = Path(source)
         if not path.exists() or path.is_dir():
-            fail(f"{source}: {'is a folder, not an input file' if path.is_dir() else 'no such file'}", exits.USAGE)
+            fail(
+                f"{source}: {'is a folder, not an input file' if path.is_dir() else 'no such file'}",
+                exits.USAGE,
+            )
     # NOTE: the spill (producer.spill) resumes a collect as much as the rows do
     companions = (
         (".rows.jsonl", ".rows.jsonl.spill") if output is not None and is_parquet(output) else (".spill",)
@@ -396,10 +424,16 @@ def enqueue_file(
                 keep_ids=False,
                 tag=tag,
             )
-            client.backoff.call(lambda: finish_enqueue(client.redis, client.keys))  # collect --expect-enqueues
+            client.backoff.call(
+                lambda: finish_enqueue(client.redis, client.keys)
+            )  # collect --expect-enqueues
     except ContentChanged as exc:
         before = exc.report.jobs_enqueued if exc.report is not None else 0
-        what = f"the {before} jobs read before them were enqueued, none after" if before else "nothing was enqueued"
+        what = (
+            f"the {before} jobs read before them were enqueued, none after"
+            if before
+            else "nothing was enqueued"
+        )
         fail(
             f"{exc}; {what}: --rerun-changed runs them again (collect replaces their rows), or give them new ids",
             exits.USAGE,

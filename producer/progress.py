@@ -6,11 +6,12 @@ output tokens/s as the workers generated them (each result by its ``timings``: f
 the last RATE_WINDOW_S seconds, and on the final line from the first job started to the last
 one finished), never how fast collect read them (results that waited in Redis are read at
 thousands a second); the prefix-cache hit rate (cached prompt tokens / prompt tokens of the
-results seen) and the ETA (jobs left / jobs/s). While a phase is on and no result has come, the line says what is
-happening instead of the rates. On a terminal it is a rich live line redrawn a few times a
+results seen) and the ETA (jobs left / jobs/s). While a phase is on (the workers load their
+model) and no worker has generated a result, the line says what is happening instead of the
+rates; a row rejected at enqueue, read at once, does not end it. On a terminal it is a rich live line redrawn a few times a
 second, and other lines (``log``: the workers' logs under ``run``) are printed above it, never
-into it; otherwise (a pipe, a log file) a plain line every ``interval_s`` seconds and one at
-the end; ``quiet`` shows nothing of its own (``log`` lines still pass).
+into it; otherwise (a pipe, a log file) a plain line when a phase begins, every ``interval_s``
+seconds and one at the end; ``quiet`` shows nothing of its own (``log`` lines still pass).
 """
 
 from __future__ import annotations
@@ -134,7 +135,6 @@ class Progress:
         self._already_failed = 0
         self._read = 0  # results read by the current collect call
         self._read_failed = 0
-        self._all_read = 0  # results read by every call
         self.prompt_tokens = 0
         self.cached_tokens = 0
         self.output_tokens = 0
@@ -160,8 +160,11 @@ class Progress:
         self.total = total
 
     def phase(self, text: str | None) -> None:
-        """What is happening before results come (``text``), or None once work has started."""
-        self._phase = text
+        """What is happening before results come (``text``), or None once work has started.
+        NOTE: on a plain stream a new phase is a line at once, not at the next interval."""
+        changed, self._phase = text != self._phase, text
+        if changed and text is not None and self._thread is not None:
+            self._say(self.snapshot().line())
 
     def log(self, line: str) -> None:
         """Show a line from elsewhere (a worker's log): above the live display, never inside it."""
@@ -179,7 +182,6 @@ class Progress:
         except msgspec.DecodeError:
             seen = _Seen(error="undecodable")
         self._read += 1
-        self._all_read += 1
         self._read_failed += seen.error is not None
         self.prompt_tokens += seen.usage.prompt_tokens
         self.cached_tokens += seen.usage.cached_tokens
@@ -206,7 +208,8 @@ class Progress:
             cache_hit=self.cached_tokens / self.prompt_tokens if self.prompt_tokens else None,
             eta_s=0.0 if left == 0 else (left / jobs_per_s if jobs_per_s > 0 else None),
             elapsed_s=now_s - self._started_s,
-            phase=self._phase if not final and self._all_read == 0 else None,
+            # NOTE: until a worker generated a result: rows rejected at enqueue are read at once
+            phase=self._phase if not final and self.generated.jobs == 0 else None,
         )
 
     def __enter__(self) -> Progress:
@@ -227,6 +230,8 @@ class Progress:
         else:
             self._thread = threading.Thread(target=self._plain_lines, name="progress", daemon=True)
             self._thread.start()
+            if self._phase is not None:
+                self._say(self.snapshot().line())
         return self
 
     def __exit__(self, exc_type: object, *exc: object) -> None:

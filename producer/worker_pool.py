@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from wire.keys import QueueKeys
+from wire.status import LOADING, decode_heartbeat
 
 GRACE_S = 2.0  # how long a worker may overrun a step before the next, harder one
 _MIN_STEP_GAP_S = 0.1  # NOTE: two SIGTERMs in a row may reach a worker's handler as one
@@ -95,9 +96,10 @@ def relay_output(proc: subprocess.Popen[bytes], prefix: str, show: Callable[[str
 
 
 class Readiness:
-    """Watches the queue's heartbeats for the run's workers: until the first one beats (its
-    model is loaded), the display's phase says they are loading; ``check`` is cheap to call
-    every collect round (it reads Redis at most every ``every_s``) and always returns False."""
+    """Watches the queue's heartbeats for the run's workers: until the first one beats in a
+    state other than loading (its model is loaded), the display's phase says they are
+    loading; ``check`` is cheap to call every collect round (it reads Redis at most every
+    ``every_s``) and always returns False."""
 
     def __init__(
         self, client: Any, queue: str, names: list[str], progress: Any, every_s: float = 0.5
@@ -121,7 +123,11 @@ class Readiness:
             beating: list[Any] = self.client.hmget(self.key, self.names)
         except Exception:  # NOTE: the display only; the collect itself judges Redis errors
             return False
-        if any(beat is not None for beat in beating):
+        # NOTE: a worker beats from before its load, in state LOADING
+        if any(
+            beat is not None and getattr(decode_heartbeat(beat), "state", LOADING) != LOADING
+            for beat in beating
+        ):
             self.done = True
             self.progress.phase(None)
         return False

@@ -45,7 +45,9 @@ from worker.cli import (
     ModelOption,
     ServedModelOption,
     generator_of,
+    worker_args,
     worker_command,
+    worker_flags,
 )
 
 # How run starts a worker: this root's own ``worker`` command, in a fresh interpreter.
@@ -134,31 +136,29 @@ def run(
         except ValueError as exc:
             fail(f"--redis-url {exc}", exits.USAGE)
     mapping = column_mapping(prompt_column, messages_column, id_column, template)
-    served = ",".join(served_model_name) if served_model_name else None
+    # The worker flags run takes (and --config), by parameter name: checked here as each
+    # worker will read them, then passed on to each
+    forwarded = {
+        "generator": generator,
+        "served_model_names": served_model_name,
+        "device": device,
+        "model": model,
+    }
     try:  # NOTE: before a Redis starts and jobs go in: what would stop every worker at start
         settings = check_run(
             config,
             worker_env("redis://127.0.0.1:1/0"),
-            {
-                "worker.generator": generator,
-                "worker.served_model_names": served,
-                "engine.device": device,
-                "engine.model": model,
-            },
+            worker_flags(forwarded),
             [metrics_port + i for i in range(workers)] if metrics_port else [],
+            say=lambda line: typer.echo(line, err=True),
         )
     except PreflightError as exc:
         fail(str(exc), exits.USAGE)
-    worker_args = ["--generator", generator] if generator else []
-    for name in served_model_name or []:
-        worker_args += ["--served-model-name", name]
-    if device:
-        worker_args += ["--device", device]
-    if model:
-        worker_args += ["--model", model]
-    if config:
-        worker_args += ["--config", str(config)]
-    worker_args += _cpu_threads_args(workers, config)
+    args = [
+        *worker_args(forwarded),
+        *(["--config", str(config)] if config else []),
+        *_cpu_threads_args(workers, config),
+    ]
     problem = None
     with staged(input_path, output, errors) as (source, local_out, errors_file):
         assert source is not None and local_out is not None
@@ -169,7 +169,7 @@ def run(
             queue=queue,
             redis_url=redis_url,
             num_workers=workers,
-            worker_args=worker_args,
+            worker_args=args,
             timeout_s=timeout_s,
             drain_timeout_s=drain_timeout_s,
             quiet=quiet,
@@ -241,9 +241,30 @@ def _cpu_threads_args(workers: int, config: Path | None) -> list[str]:
     return [] if asked else ["--cpu-threads", str(share_per_worker(workers))]
 
 
+def _version(shown: bool) -> None:
+    if shown:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"radixq {version('radixq')}")
+        except PackageNotFoundError:  # NOTE: a source tree on PYTHONPATH, not installed
+            typer.echo("radixq (not installed: no version)")
+        raise typer.Exit()
+
+
+def root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", is_eager=True, callback=_version, help="Print radixq's version and exit."),
+    ] = False,
+) -> None:
+    """Batch LLM generation on a Redis Streams queue."""
+
+
 def build_app() -> typer.Typer:
-    """producer.cli's app with the worker-side commands added (once)."""
+    """producer.cli's app with the worker-side commands and ``--version`` added (once)."""
     if not any(info.name == "worker" for info in app.registered_commands):
+        app.callback()(root)
         app.command("worker")(worker_command())
         app.command("run")(run)
         from service.cli import serve
@@ -253,5 +274,5 @@ def build_app() -> typer.Typer:
 
 
 def main() -> None:
-    """The console script ``radixq``: the client commands of producer.cli plus worker and run."""
-    build_app()()
+    """The console script ``radixq``: the client commands of producer.cli plus worker, run and serve."""
+    build_app()(prog_name="radixq")

@@ -132,10 +132,16 @@ def create_generator(config: Any) -> FakeGenerator:
 
     Environment: RADIXQ_FAKE_CAPACITY (default 64), RADIXQ_FAKE_LATENCY_S (default 0),
     RADIXQ_FAKE_SLOW_IDS (comma-separated job ids that take RADIXQ_FAKE_SLOW_S instead),
-    RADIXQ_FAKE_START_S (seconds it takes to start, as a model load does), RADIXQ_FAKE_LOG
-    (1: a log line per finished job).
+    RADIXQ_FAKE_START_S (seconds it takes to start, as a model load does), RADIXQ_FAKE_START_FILE
+    (it starts once this file exists: a load the test ends), RADIXQ_FAKE_LOG (1: a log line
+    per finished job).
     """
     time.sleep(float(os.environ.get("RADIXQ_FAKE_START_S", "0")))
+    start_file = os.environ.get("RADIXQ_FAKE_START_FILE")
+    if start_file:
+        from tests.waiting import wait_until
+
+        wait_until(lambda: os.path.exists(start_file), f"the start file {start_file}")
     generator = FakeGenerator(
         capacity=int(os.environ.get("RADIXQ_FAKE_CAPACITY", "64")),
         latency_s=float(os.environ.get("RADIXQ_FAKE_LATENCY_S", "0")),

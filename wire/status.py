@@ -13,6 +13,8 @@ import redis
 from wire.cluster import is_cluster
 from wire.keys import META_EPOCH, META_FORGOTTEN, META_FORGOTTEN_FAILED, QueueKeys
 
+LOADING = "loading"  # Heartbeat.state of a worker getting its model (worker.queue.loading)
+
 
 class Heartbeat(msgspec.Struct, frozen=True, kw_only=True):
     """What a worker writes into the workers hash every few seconds."""
@@ -23,7 +25,7 @@ class Heartbeat(msgspec.Struct, frozen=True, kw_only=True):
     capacity: int = 0
     in_flight: int = 0
     completed: int = 0
-    state: str = "running"  # running | draining
+    state: str = "running"  # loading | running | draining
     last_seen_ms: int = 0
     interval_s: float = 2.0  # how often it writes this; status calls it dead after several misses
     engine_restarts: int = 0  # scheduler processes restarted after a crash
@@ -50,6 +52,7 @@ class Heartbeat(msgspec.Struct, frozen=True, kw_only=True):
 # and its last heartbeat is at least as old (or missing: then after NO_HEARTBEAT_DEAD_MS).
 DEAD_AFTER_BEATS = 5
 NO_HEARTBEAT_DEAD_MS = 60_000
+_NEVER_READ_MS = 1 << 62  # the idle time of a worker with no consumer entry: its heartbeat decides
 
 
 class ConsumerStatus(msgspec.Struct, frozen=True, kw_only=True):
@@ -76,7 +79,7 @@ class QueueStatus(msgspec.Struct, frozen=True, kw_only=True):
     jobs_per_s: float = 0.0  # the live workers' heartbeat rates, summed
     eta_s: float | None = None  # (queued + in flight) / jobs_per_s; 0 when nothing is left; None: no rate
     queue_lag_s: float | None = None  # age of the oldest job not yet delivered; None: none queued
-    consumers: list[ConsumerStatus] = []
+    consumers: list[ConsumerStatus] = []  # and the live workers not reading yet (loading), by heartbeat
 
     def to_dict(self) -> dict[str, Any]:
         return msgspec.to_builtins(self)
@@ -104,6 +107,14 @@ def is_alive(beat: Heartbeat | None, idle_ms: int, at_ms: int) -> tuple[bool, fl
     return age_s <= limit_s or idle_ms <= limit_s * 1000, age_s
 
 
+def serving(client: redis.Redis, keys: QueueKeys) -> list[str]:
+    """Names of the workers whose heartbeat says they have their model (any state but LOADING,
+    live or not): what waits for workers to come up count."""
+    beats: Any = client.hgetall(keys.workers)
+    found = {_text(name): decode_heartbeat(data) for name, data in beats.items()}
+    return sorted(name for name, beat in found.items() if beat is not None and beat.state != LOADING)
+
+
 def live_consumers(client: redis.Redis, keys: QueueKeys) -> int:
     """How many workers consume the queue now (``is_alive``): the consumers of its partitions'
     groups, by their heartbeat and their last read, and the workers whose heartbeat is fresh but
@@ -122,9 +133,8 @@ def live_consumers(client: redis.Redis, keys: QueueKeys) -> int:
             idle[name] = min(idle.get(name, int(consumer["idle"])), int(consumer["idle"]))
     at_ms = now_ms()
     # NOTE: a heartbeat without a consumer entry has no read to go by: its age alone decides
-    never_read_ms = 1 << 62
     return sum(
-        is_alive(heartbeats.get(name), idle.get(name, never_read_ms), at_ms)[0]
+        is_alive(heartbeats.get(name), idle.get(name, _NEVER_READ_MS), at_ms)[0]
         for name in set(idle) | set(heartbeats)
     )
 
@@ -173,6 +183,14 @@ def read_status(client: redis.Redis, keys: QueueKeys) -> QueueStatus:
                 name=name, in_flight=held, idle_ms=idle_ms, heartbeat=beat, heartbeat_age_s=age_s, alive=alive
             )
         )
+    # NOTE: a worker that has not read yet (loading its model) has no consumer entry: its live
+    # heartbeat alone lists it
+    for name, beat in heartbeats.items():
+        alive, age_s = is_alive(beat, _NEVER_READ_MS, at_ms)
+        if name not in merged and beat is not None and alive:
+            listed.append(
+                ConsumerStatus(name=name, in_flight=0, idle_ms=0, heartbeat=beat, heartbeat_age_s=age_s)
+            )
     jobs_per_s = sum(c.heartbeat.jobs_per_s for c in listed if c.alive and c.heartbeat is not None)
     left = queued + in_flight
     return QueueStatus(

@@ -49,6 +49,12 @@ def _option(setting: Setting) -> Any:
         help_text += " (repeat the flag for several)"
     if setting.spec.choices:
         help_text += f" [one of: {', '.join(setting.spec.choices)}]".replace("[", "\\[")
+    # NOTE: the flag's own default is None ("not given"): the setting's default is shown instead
+    if setting.type is bool:
+        on, _, off = flags[0].partition("/")
+        help_text += f" \\[default: {on if setting.default else off}]"
+    elif setting.shown_default:
+        help_text += f" \\[default: {setting.shown_default}]"
     return typer.Option(*flags, help=help_text, show_default=False)
 
 
@@ -99,7 +105,9 @@ def worker_command() -> Callable[..., None]:
     ]
     for s in known:
         annotation = Annotated[_flag_type(s), _option(s)]  # type: ignore[valid-type]
-        params.append(inspect.Parameter(s.key, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=annotation))
+        params.append(
+            inspect.Parameter(s.key, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=annotation)
+        )
 
     def worker(**given: Any) -> None:
         config, backend, gpus = given.pop("config"), given.pop("backend"), given.pop("gpus")
@@ -128,6 +136,27 @@ def worker_flags(given: Mapping[str, Any]) -> dict[str, Any]:
     return flags
 
 
+def worker_args(given: Mapping[str, Any]) -> list[str]:
+    """The ``radixq worker`` arguments that parse to ``given`` (by parameter name, as
+    worker_flags takes them; None: not given; a repeated flag's values as a list): the worker
+    command lines ``run`` builds."""
+    from worker.config import settings
+
+    args: list[str] = []
+    for s in settings():
+        value = given.get(s.key)
+        if value is None:
+            continue
+        if s.type is bool:
+            on, _, off = s.flags[0].partition("/")
+            args.append(on if value else off or f"--no-{on.removeprefix('--')}")
+        elif s.spec.repeat:
+            args += [arg for item in value for arg in (s.flag, str(item))]
+        else:
+            args += [s.flag, str(value)]
+    return args
+
+
 def run_worker(config: Path | None, flags: dict[str, Any]) -> None:
     """Consume jobs until SIGINT/SIGTERM, then drain (within the drain timeout) and exit 0.
 
@@ -141,6 +170,7 @@ def run_worker(config: Path | None, flags: dict[str, Any]) -> None:
     from wire.cluster import upgrade
     from wire.redis_errors import describe
     from wire.retry import RedisUnavailable
+    from wire.status import Heartbeat
     from wire.streams import connect
     from worker.config import ConfigError, deprecation_warnings, load_worker_config
     from worker.frontend.contract import GeneratorUnavailable
@@ -148,6 +178,7 @@ def run_worker(config: Path | None, flags: dict[str, Any]) -> None:
     from worker.queue.consumer import Consumer
     from worker.queue.factory import create_generator
     from worker.queue.jobqueue import QueueRefused
+    from worker.queue.loading import loading_heartbeats
     from worker.queue.streams import RedisJobQueue
 
     for line in deprecation_warnings(os.environ):
@@ -163,9 +194,10 @@ def run_worker(config: Path | None, flags: dict[str, Any]) -> None:
     url = settings.worker.redis_url
     # NOTE: before loading a model for minutes: a model that is not there, a Redis that never
     # answers or will not let us in, a metrics port that is taken
+    engine = settings.worker.generator == "engine"
     try:
-        if settings.worker.generator == "engine":
-            check_model(settings.engine)
+        if engine:
+            check_model(settings.engine, download=False)  # NOTE: a hub id is fetched below, beating
         client = connect(url)
         wait_for_redis(client, url, settings.worker.connect_timeout_s, log.warning)
         client = upgrade(client, url)  # NOTE: Redis may have answered only just now
@@ -179,26 +211,15 @@ def run_worker(config: Path | None, flags: dict[str, Any]) -> None:
         )
     except redis.RedisError as exc:
         fail(describe(exc, url), exits.USAGE)
-    registry = None
+    consumer_config = settings.queue
+    served_registry = None
     if settings.worker.metrics_port:
         from worker.metrics import serve_registry
 
         try:
-            registry = serve_registry(settings.worker.metrics_port)
+            served_registry = serve_registry(settings.worker.metrics_port, consumer_config.queue)
         except OSError as exc:
             fail(f"--metrics-port {settings.worker.metrics_port}: {exc.strerror or exc}", exits.USAGE)
-    if settings.worker.generator == "engine" and settings.engine.device == "auto":
-        # NOTE: resolved here, not in the engine: a CPU worker's limits depend on it
-        settings = settings.for_device(settings.engine.resolved().device)
-    from worker.frontend.process import EngineStartError  # NOTE: imports torch: after the checks
-
-    try:
-        generation = create_generator(settings)
-    except (EngineStartError, ValueError, TypeError, ImportError) as exc:
-        fail(str(exc), exits.USAGE)
-    except KeyboardInterrupt:
-        fail("interrupted while the engine was starting", exits.JOBS_FAILED)
-    consumer_config = settings.queue
     queue_side = RedisJobQueue(
         client,
         consumer_config.queue,
@@ -207,13 +228,37 @@ def run_worker(config: Path | None, flags: dict[str, Any]) -> None:
         consumer_config.dead_after_ms,
         steal_after_s=consumer_config.steal_after_s,
     )
+    loading = Heartbeat(
+        name=consumer_config.name,
+        pid=os.getpid(),
+        model=settings.engine.model if engine else settings.worker.generator,
+        served_models=list(settings.worker.served_models),
+        device=settings.engine.device if engine and settings.engine.device != "auto" else "",
+    )
+    with loading_heartbeats(queue_side, loading, consumer_config.heartbeat_s):
+        if engine:
+            try:
+                check_model(settings.engine, log.info)  # NOTE: downloads a hub id that is not cached
+            except PreflightError as exc:
+                fail(str(exc), exits.USAGE)
+        if engine and settings.engine.device == "auto":
+            # NOTE: resolved here, not in the engine: a CPU worker's limits depend on it
+            settings = settings.for_device(settings.engine.resolved().device)
+        from worker.frontend.process import EngineStartError  # NOTE: imports torch: after the checks
+
+        try:
+            generation = create_generator(settings)
+        except (EngineStartError, ValueError, TypeError, ImportError) as exc:
+            fail(str(exc), exits.USAGE)
+        except KeyboardInterrupt:
+            fail("interrupted while the engine was starting", exits.JOBS_FAILED)
     metrics = None
-    if registry is not None:
+    if served_registry is not None:
         from worker.metrics import WorkerMetrics
 
         served = settings.worker.served_models
         metrics = WorkerMetrics(
-            consumer_config.queue, served[0] if served else generation.model_name, registry
+            consumer_config.queue, served[0] if served else generation.model_name, served_registry.registry
         )
     device = settings.engine.device if settings.worker.generator == "engine" else ""
     consumer = Consumer(
@@ -224,8 +269,9 @@ def run_worker(config: Path | None, flags: dict[str, Any]) -> None:
         served_models=settings.worker.served_models,
         device=device,
     )
-    if metrics is not None:
+    if metrics is not None and served_registry is not None:
         metrics.gauges(lambda: consumer.held, generation)
+        served_registry.loaded()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: consumer.request_stop())
     try:

@@ -156,6 +156,20 @@ class Setting:
         """Its flag declarations on ``radixq worker``."""
         return self.spec.flags or (f"--{self.key.replace('_', '-')}",)
 
+    @property
+    def shown_default(self) -> str:
+        """Its default as the settings table and ``--help`` show it ("" when there is none)."""
+        if self.spec.shown_default is not None:
+            return self.spec.shown_default
+        if self.default is None:
+            return ""
+        return str(self.default).lower() if isinstance(self.default, bool) else str(self.default)
+
+    @property
+    def flag(self) -> str:
+        """The flag an error names: its first declaration (``--trim-jobs`` of ``--trim-jobs/--keep-jobs``)."""
+        return self.flags[0].split("/")[0]
+
 
 def settings() -> list[Setting]:
     """Every setting, table by table, in the order of its dataclass."""
@@ -223,7 +237,7 @@ def load_worker_config(
         if value is not None:
             if dotted not in known:
                 raise ConfigError(f"unknown setting {dotted!r}")
-            values[dotted] = (value, f"--{dotted.partition('.')[2].replace('_', '-')}")
+            values[dotted] = (value, known[dotted].flag)
     owned: dict[type, dict[str, Any]] = {cls: {} for owners in _TABLES.values() for cls in owners}
     for dotted, (value, _) in values.items():
         owned[known[dotted].owner][known[dotted].key] = value
@@ -260,15 +274,7 @@ def settings_table() -> str:
     """The table of every setting (markdown), as docs/configuration.md holds it."""
     rows = ["| setting | environment | default | meaning |", "| --- | --- | --- | --- |"]
     for s in settings():
-        default = s.spec.shown_default
-        if default is None:
-            default = (
-                ""
-                if s.default is None
-                else str(s.default).lower()
-                if isinstance(s.default, bool)
-                else s.default
-            )
+        default = s.shown_default
         env = ", ".join(
             f"`{name}`" + (" (deprecated)" if name in s.spec.deprecated_env else "") for name in s.env
         )

@@ -5,13 +5,16 @@ The consumer reports each job it starts (hands to the generator) and each result
 Every metric carries ``queue`` and ``model`` labels (the model: the worker's first served name,
 else the model it runs), as vLLM's carry ``model_name``; Prometheus adds ``instance`` (one per
 worker port). The server starts before the model loads (``serve_registry``: a port that is
-taken stops the worker at once), the metrics are registered once the model is known.
+taken stops the worker at once) with one gauge, ``radixq_worker_loading{queue}`` (1 while
+loading, then 0; no model label: the model is not known yet); the other metrics are
+registered once the model is known.
 docs/operations.md (Metrics) lists them; examples/grafana-dashboard.json charts them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -25,12 +28,32 @@ _TOKEN_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.1
 _LABELS = ["queue", "model"]
 
 
-def serve_registry(port: int) -> CollectorRegistry:
-    """An empty registry served on ``port`` (all interfaces) from a daemon thread; raises
-    OSError when the port is taken. WorkerMetrics fills it once the model is known."""
+@dataclass(frozen=True)
+class ServedRegistry:
+    """The registry a worker serves on ``/metrics``, from before its model loads."""
+
+    registry: CollectorRegistry
+    loading: Any  # radixq_worker_loading{queue}: 1 until the model is loaded (``loaded``)
+
+    def loaded(self) -> None:
+        self.loading.set(0)
+
+
+def serve_registry(port: int, queue: str) -> ServedRegistry:
+    """A registry served on ``port`` (all interfaces) from a daemon thread, holding only
+    ``radixq_worker_loading`` (1) until WorkerMetrics fills it once the model is known; raises
+    OSError when the port is taken. NOTE: a scrape during a load of minutes gets that gauge,
+    not an empty page."""
     registry = CollectorRegistry()
+    loading = Gauge(
+        "radixq_worker_loading",
+        "1 while the worker gets its model (download, load, compile), 0 once it runs jobs.",
+        ["queue"],
+        registry=registry,
+    ).labels(queue)
+    loading.set(1)
     start_http_server(port, registry=registry)
-    return registry
+    return ServedRegistry(registry, loading)
 
 
 class WorkerMetrics:

@@ -2,8 +2,9 @@
 enqueue, a model load of minutes): the settings, the model's source, the metrics ports, and
 for a worker that its Redis answers. Each failure is one line (PreflightError) and exit 2.
 
-Nothing here imports torch: the model check reads the file system and the Hugging Face cache
-only, as far as that tells without loading (worker.models.loader does the rest).
+Nothing here imports torch: the model check reads the file system and the Hugging Face cache,
+and downloads a hub id that is not cached (worker.models.hub), so every worker of a ``run``
+finds it there; worker.models.loader does the rest.
 """
 
 from __future__ import annotations
@@ -26,12 +27,19 @@ class PreflightError(Exception):
     """A setup that cannot work; ``str()`` is the one line to show."""
 
 
-def check_model(engine: EngineConfig) -> None:
-    """The model source exists: a path that looks like one (absolute, ``./``, ``~``, a
-    ``.gguf``/``.json`` name) is there, and an ``org/name`` hub id is in the local Hugging
-    Face cache. A bare name is an alias, checked by the loader. A config.json found (in the
-    folder, the file itself, the hub cache) names an architecture radixq runs and no
-    quantization scheme it cannot (worker.models.architectures)."""
+def check_model(
+    engine: EngineConfig, say: Callable[[str], None] | None = None, download: bool = True
+) -> None:
+    """The model source is there: a path that looks like one (absolute, ``./``, ``~``, a
+    ``.gguf``/``.json`` name, two slashes) exists, an alias's package is installed, and an
+    ``org/name`` hub id is in the local Hugging Face cache or is downloaded into it now
+    (worker.models.hub: ``say`` gets a line first; without ``download`` an id that is not
+    cached passes, for a later call to fetch); any other name is refused at once. A
+    config.json found (in the folder, the file itself, the snapshot) names an architecture
+    radixq runs and no quantization scheme it cannot (worker.models.architectures)."""
+    from worker.models import hub
+    from worker.models.registry import ALIASES
+
     model = engine.model
     path = Path(model).expanduser()
     if path.exists():
@@ -48,15 +56,28 @@ def check_model(engine: EngineConfig) -> None:
     )
     if looks_like_path or engine.load_format == "dummy":
         raise PreflightError(f"--model {model!r}: no such file or folder")
-    if model.count("/") == 1:
-        cached = _hub_cache_config(model)
-        if cached is None:
+    if model in ALIASES:
+        try:
+            ALIASES[model].locate()
+        except FileNotFoundError as exc:
+            raise PreflightError(f"--model {model!r}: {exc}") from None
+        return
+    if not hub.is_hub_id(model):
+        if hub.cached(model) is None:  # NOTE: an older hub id without an org, already cached, runs
             raise PreflightError(
-                f"--model {model!r}: no such file or folder, and not a model in the local Hugging Face "
-                "cache (radixq downloads nothing: fetch it first, e.g. huggingface-cli download)"
+                f"--model {model!r}: not a file or folder, an alias ({', '.join(sorted(ALIASES))}) "
+                "or a Hugging Face id (org/name)"
             )
-        if isinstance(cached, Path):
-            _check_config(model, cached)
+        return
+    snapshot = hub.cached(model)
+    if snapshot is None and not download:
+        return
+    try:
+        snapshot = snapshot or hub.snapshot(model, say)
+    except hub.HubUnavailable as exc:
+        raise PreflightError(str(exc)) from None
+    if (snapshot / "config.json").is_file():
+        _check_config(model, snapshot / "config.json")
 
 
 def _check_config(model: str, config: Path) -> None:
@@ -64,20 +85,6 @@ def _check_config(model: str, config: Path) -> None:
         check_config_file(config)
     except UnsupportedModel as exc:
         raise PreflightError(f"--model {model!r}: {exc}") from None
-
-
-def _hub_cache_config(repo_id: str) -> Path | bool | None:
-    """The cached config.json of a hub id; None when it is not cached, True when that cannot
-    be told here (the loader's error will say)."""
-    try:
-        from huggingface_hub import try_to_load_from_cache
-    except ImportError:  # NOTE: the loader will say what is missing
-        return True
-    try:
-        found = try_to_load_from_cache(repo_id, "config.json")
-    except Exception:  # a name the hub library refuses: the loader's error names it
-        return True
-    return Path(found) if isinstance(found, str) else None
 
 
 def check_ports(ports: list[int], what: str = "--metrics-port") -> None:
@@ -101,16 +108,22 @@ def wait_for_redis(client: redis.Redis, url: str, timeout_s: float, say: Callabl
 
 
 def check_run(
-    config_path: Path | None, environ: dict[str, str], flags: dict[str, object], metrics_ports: list[int]
+    config_path: Path | None,
+    environ: dict[str, str],
+    flags: dict[str, object],
+    metrics_ports: list[int],
+    say: Callable[[str], None] | None = None,
 ) -> WorkerConfig:
     """What ``radixq run`` checks before it starts a Redis: the settings its workers will read
-    (file, environment, the flags it passes on), their model, their metrics ports."""
+    (file, environment, the flags it passes on), their metrics ports, their model (an uncached
+    hub id is downloaded here, once for every worker; ``say`` gets a line first)."""
     try:
         settings = load_worker_config(config_path, environ, flags)
     except ConfigError as exc:
         raise PreflightError(str(exc)) from None
+    check_ports(metrics_ports)  # NOTE: before a download of the model
     if settings.worker.generator == "engine":
-        check_model(settings.engine)
+        check_model(settings.engine, say)
     else:
         from worker.lazy import load_callable
         from worker.queue.factory import GENERATORS
@@ -119,5 +132,4 @@ def check_run(
             load_callable(settings.worker.generator, GENERATORS, "generator")
         except (ValueError, ImportError) as exc:
             raise PreflightError(f"--generator {settings.worker.generator!r}: {exc}") from None
-    check_ports(metrics_ports)
     return settings

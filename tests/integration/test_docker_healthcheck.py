@@ -38,8 +38,12 @@ def healthcheck(redis_url: str, *args: str, queue: str = "default") -> tuple[int
     return done.returncode, output.strip()
 
 
-def write_heartbeat(redis_url: str, name: str, age_s: float, interval_s: float = 2.0) -> None:
-    beat = Heartbeat(name=name, pid=7, last_seen_ms=now_ms() - int(age_s * 1000), interval_s=interval_s)
+def write_heartbeat(
+    redis_url: str, name: str, age_s: float, interval_s: float = 2.0, state: str = "running"
+) -> None:
+    beat = Heartbeat(
+        name=name, pid=7, last_seen_ms=now_ms() - int(age_s * 1000), interval_s=interval_s, state=state
+    )
     with redis.Redis.from_url(redis_url) as client:
         client.hset(QueueKeys().workers, name, msgspec.msgpack.encode(beat))
 
@@ -108,3 +112,14 @@ def test_unreachable_or_malformed_redis_is_unhealthy_in_one_line() -> None:
     assert code == 1 and line.startswith("unhealthy: ") and f"127.0.0.1:{port}" in line, line
     code, line = healthcheck("http://nowhere")
     assert code == 1 and line.startswith("unhealthy: "), line
+
+
+def test_a_worker_loading_its_model_is_not_ready_yet(redis_url: str) -> None:
+    """Since issue 32 a worker beats while it loads (state loading): the readiness probe still
+    waits for the model, as it did when a loading worker had no heartbeat."""
+    name = f"{socket.gethostname()}-43"
+    write_heartbeat(redis_url, name, age_s=0, state="loading")
+    code, line = healthcheck(redis_url)
+    assert code == 1 and "loading its model" in line, line
+    write_heartbeat(redis_url, name, age_s=0)
+    assert healthcheck(redis_url)[0] == 0

@@ -23,7 +23,7 @@ from tests.model_fixtures import hf_from_dir, hf_greedy, tiny_hf_model
 from tests.waiting import LIVENESS_S, wait_until
 from wire.keys import QueueKeys
 from wire.schema import Job, SamplingParams
-from wire.status import Heartbeat, decode_heartbeat
+from wire.status import Heartbeat, decode_heartbeat, serving
 
 pytestmark = pytest.mark.integration
 
@@ -39,7 +39,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def registered(client: Client) -> bool:
-    return client.redis.hget(KEYS.workers, "eng") is not None
+    return serving(client.redis, KEYS) == ["eng"]  # its model loaded
 
 
 def scheduler_of(worker: subprocess.Popen[bytes]) -> int:

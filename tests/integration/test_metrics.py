@@ -21,6 +21,7 @@ from tests.integration.procs import REPO_ROOT, radixq, start_worker
 from tests.waiting import wait_until
 from wire.keys import QueueKeys
 from wire.schema import Job, SamplingParams, decode_result
+from wire.status import serving
 
 pytestmark = pytest.mark.integration
 
@@ -184,7 +185,7 @@ def test_engine_worker_exports_ttft_tpot_running_waiting_and_its_model(
     )
     client = redis.Redis.from_url(redis_url)
     keys = QueueKeys()
-    wait_until(lambda: client.hlen(keys.workers) == 1, "the engine worker's heartbeat")
+    wait_until(lambda: len(serving(client, keys)) == 1, "the engine worker's heartbeat, its model loaded")
     idle = scrape(port)
     assert idle["radixq_kv_pool_pages"] == 96 and idle["radixq_requests_waiting"] == 0
     sampling = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
@@ -207,5 +208,12 @@ def test_engine_worker_exports_ttft_tpot_running_waiting_and_its_model(
     assert metrics["radixq_requests_running"] == 0 and metrics["radixq_requests_waiting"] == 0
     assert metrics["radixq_kv_pool_pages"] == 96 and metrics["radixq_kv_pages_used"] > 0
     families = list(text_string_to_metric_families(text))
-    radixq_samples = [s for f in families if f.name.startswith("radixq_") for s in f.samples]
+    # NOTE: radixq_worker_loading alone has no model label: it is served before the model is known
+    radixq_samples = [
+        s
+        for f in families
+        if f.name.startswith("radixq_") and f.name != "radixq_worker_loading"
+        for s in f.samples
+    ]
+    assert metrics["radixq_worker_loading"] == 0
     assert radixq_samples and all(s.labels.get("model") == "tiny-served" for s in radixq_samples)

@@ -22,7 +22,7 @@ from tests.waiting import LIVENESS_S, wait_until
 from wire.keys import QueueKeys
 from wire.routing import partition_of, prefix_key
 from wire.schema import decode_result
-from wire.status import decode_heartbeat
+from wire.status import decode_heartbeat, serving
 from worker.queue.consumer import Consumer
 from worker.queue.routing import assign
 from worker.queue.streams import RedisJobQueue
@@ -46,7 +46,7 @@ def test_sigkill_of_the_worker_holding_groups_moves_them_to_the_survivor(
     victim = start_worker(redis_url, "victim", tmp_path / "victim.log", **env)
     survivor = start_worker(redis_url, "survivor", tmp_path / "survivor.log", **env)
     try:
-        wait_until(lambda: client.redis.hlen(KEYS.workers) == 2, "both workers' heartbeats")
+        wait_until(lambda: len(serving(client.redis, KEYS)) == 2, "both workers' heartbeats, their models loaded")
         keys = group_keys({"victim": 2, "survivor": 2}, ["victim", "survivor"], P)
         first = group_jobs(list(keys), 40)
         client.enqueue(first)

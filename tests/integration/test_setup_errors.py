@@ -66,11 +66,22 @@ def test_run_with_a_bad_config_file_stops_before_redis(
     assert not (tmp_path / "out.jsonl").exists()
 
 
-@pytest.mark.parametrize("model", ["/nonexistent", "./models/missing.gguf", "no-such-org/no-such-model"])
-def test_run_with_a_missing_model_stops_before_redis(model: str, source: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "model, words",
+    [
+        ("/nonexistent", ("no such file or folder",)),
+        ("./models/missing.gguf", ("no such file or folder",)),
+        ("no-such-org/no-such-model", ("not in the Hugging Face cache", "HF_HUB_OFFLINE is set")),
+        # issue 32, defect 2: a bare name that is no alias was found only once the engine started
+        ("no-such-model", ("not a file or folder, an alias (smollm2-135m) or a Hugging Face id (org/name)",)),
+    ],
+)
+def test_run_with_a_missing_model_stops_before_redis(
+    model: str, words: tuple[str, ...], source: Path, tmp_path: Path
+) -> None:
     env = subprocess_env(HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1")  # an empty hub cache
     done = radixq("run", str(source), "-o", str(tmp_path / "out.jsonl"), "--model", model, env=env)
-    assert_stopped_first(done, repr(model), "no such file or folder")
+    assert_stopped_first(done, repr(model), *words)
 
 
 def test_run_with_a_taken_metrics_port_stops_before_redis(
@@ -97,9 +108,12 @@ def test_worker_that_never_reaches_redis_exits_2_before_loading_the_model(tmp_pa
     assert "loaded " not in done.stderr and "Traceback" not in done.stderr
 
 
-def test_worker_with_a_missing_model_exits_2_before_redis(tmp_path: Path) -> None:
-    done = radixq("worker", "--redis-url", f"redis://127.0.0.1:{free_port()}/0", "--model", "/nonexistent")
-    assert_stopped_first(done, "'/nonexistent'", "no such file or folder")
+@pytest.mark.parametrize(
+    "model, words", [("/nonexistent", "no such file or folder"), ("no-such-model", "an alias")]
+)
+def test_worker_with_a_missing_model_exits_2_before_redis(model: str, words: str) -> None:
+    done = radixq("worker", "--redis-url", f"redis://127.0.0.1:{free_port()}/0", "--model", model)
+    assert_stopped_first(done, repr(model), words)
 
 
 def test_worker_with_a_taken_metrics_port_exits_2_before_loading_the_model(

@@ -111,6 +111,18 @@ def test_cpu_profile_runs_cpu_workers_from_the_cpu_image() -> None:
     assert worker["depends_on"]["redis"]["condition"] == "service_healthy"
 
 
+@pytest.mark.parametrize("env, cores", [({}, 2.0), ({"RADIXQ_WORKER_CPUS": "3"}, 3.0)])
+def test_each_cpu_worker_has_a_cpu_quota_and_as_many_threads(env: dict[str, str], cores: float) -> None:
+    """Issue 32, defect 5: `--scale worker-cpu=N` runs N containers of RADIXQ_WORKER_CPUS cores
+    each, whose engine and OpenMP runtime run that many threads (not every core of the host)."""
+    worker = active_services(load_project(BASE_FILE, env=env), "cpu")["worker-cpu"]
+    assert float(worker["deploy"]["resources"]["limits"]["cpus"]) == cores
+    assert {name: float(worker["environment"][name]) for name in CPU_THREAD_VARIABLES} == dict.fromkeys(
+        CPU_THREAD_VARIABLES, cores
+    )
+    assert "cpus" not in worker  # one place for the quota: deploy.resources.limits
+
+
 @pytest.mark.parametrize("count", [1, 2, 4, 8])
 def test_each_generated_gpu_worker_reserves_its_own_gpu(tmp_path: Path, count: int) -> None:
     project = load_project(BASE_FILE, generate_gpu_override(tmp_path, str(count)))
@@ -146,11 +158,17 @@ def test_gpu_ids_can_be_chosen_and_bad_ones_are_one_line_errors(tmp_path: Path) 
         assert not (tmp_path / "x.yml").exists()
 
 
+CPU_THREAD_VARIABLES = ("RADIXQ_CPU_THREADS", "OMP_NUM_THREADS")  # the CPU worker's alone
+
+
 def test_gpu_and_cpu_workers_agree_on_everything_but_device_image_and_caches(tmp_path: Path) -> None:
     project = load_project(BASE_FILE, generate_gpu_override(tmp_path, "1"))
     cpu, gpu = project["services"]["worker-cpu"], project["services"]["worker-gpu0"]
+    cpu_env = {k: v for k, v in cpu["environment"].items() if k not in CPU_THREAD_VARIABLES}
+    assert cpu_env == gpu["environment"]
     for dotted in WORKER_SETTINGS_SHARED:
-        assert setting(cpu, dotted) == setting(gpu, dotted), dotted
+        if dotted != "environment":
+            assert setting(cpu, dotted) == setting(gpu, dotted), dotted
     assert set(mounts(cpu)) <= set(mounts(gpu))  # the GPU adds its compile caches
 
 

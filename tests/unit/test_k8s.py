@@ -136,7 +136,13 @@ def test_readiness_is_the_workers_docker_healthcheck() -> None:
 
 def test_the_config_map_names_only_settings_the_worker_reads() -> None:
     known = {name for setting in settings() for name in setting.env}
-    assert set(worker_environment()) - known == set()
+    assert set(worker_environment()) - known == {"OMP_NUM_THREADS"}  # the OpenMP runtime's (below)
+
+
+def test_a_worker_runs_as_many_openmp_threads_as_the_cores_it_requests() -> None:
+    """Issue 32, defect 5: GPU workers sharing a node do not each take every core."""
+    requested = container(the("Deployment", "radixq-worker"), "worker")["resources"]["requests"]["cpu"]
+    assert worker_environment()["OMP_NUM_THREADS"] == requested == "4"
 
 
 def test_metrics_port_is_the_containers_and_the_scrape_annotations() -> None:

@@ -215,7 +215,7 @@ def test_rope_llama3_matches_hf():
     torch.testing.assert_close(ours, expected.float())
 
 
-def test_missing_weights_and_bad_paths_raise(tmp_path, hf_and_dir):
+def test_missing_weights_and_bad_paths_raise(tmp_path, hf_and_dir, monkeypatch):
     _, _, path = hf_and_dir
     from safetensors.torch import load_file, save_file
 
@@ -227,7 +227,13 @@ def test_missing_weights_and_bad_paths_raise(tmp_path, hf_and_dir):
     save_file(state, str(broken / "model.safetensors"))
     with pytest.raises(ValueError, match="lacks weights"):
         load_model(str(broken))
-    with pytest.raises(FileNotFoundError, match="not a known alias"):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(
+        constants, "HF_HUB_OFFLINE", True
+    )  # NOTE: a download is tests/integration/test_hub_models.py's
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    with pytest.raises(FileNotFoundError, match="not a known alias .* HF_HUB_OFFLINE is set"):
         load_model("no-such-org/no-such-model")
     with pytest.raises(FileNotFoundError, match="no model config.json"):
         load_model(str(tmp_path / "nothing.json"), load_format="dummy")

@@ -14,7 +14,7 @@ import pytest
 import typer
 
 from radixq.cli import build_app
-from worker.cli import worker_flags
+from worker.cli import worker_args, worker_flags
 from worker.config import ConfigError, Setting, load_worker_config, settings
 from worker.options import spec_of
 
@@ -133,3 +133,13 @@ def test_the_name_lists_import_no_torch() -> None:
         "worker.scheduler.names; assert 'torch' not in sys.modules, 'torch loaded'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])
+
+
+@pytest.mark.parametrize("s", settings(), ids=lambda s: s.dotted)
+def test_the_worker_arguments_run_builds_parse_back_to_the_same_setting(s: Setting) -> None:
+    """run forwards its worker flags through worker_args: what a worker parses is what was given."""
+    value = sample(s)
+    given = {s.key: value.split(",") if s.spec.repeat else value}
+    ctx = worker_command().make_context("worker", worker_args(given))
+    assert worker_flags(ctx.params)[s.dotted] == value
+    assert load_worker_config(None, {}, worker_flags(ctx.params)).given == {s.dotted}

@@ -13,6 +13,7 @@ from worker.config import (
     CPU_DEFAULTS,
     SETTINGS_PAGE,
     ConfigError,
+    Setting,
     load_worker_config,
     settings,
     settings_table,
@@ -216,3 +217,11 @@ def test_every_side_reads_the_queue_and_redis_url_from_the_variables_wire_declar
     assert env_redis_url({"REDIS_URL": "redis://b", "RADIXQ_REDIS_URL": "redis://a"}) == "redis://a"
     assert env_redis_url({"REDIS_URL": "redis://b", "RADIXQ_REDIS_URL": ""}) == "redis://b"
     assert env_queue({QUEUE_ENV: "q1"}) == "q1"
+
+
+@pytest.mark.parametrize("s", settings(), ids=lambda s: s.dotted)
+def test_a_bad_flag_value_is_named_by_the_flag_the_setting_declares(s: Setting) -> None:
+    """Issue 32: `--served-model-name` (its declared flag), not `--served-model-names` (its key)."""
+    with pytest.raises(ConfigError) as info:
+        load_worker_config(None, {}, {s.dotted: object()})  # no setting's type takes an object
+    assert f"(from {s.flags[0].split('/')[0]})" in str(info.value)

@@ -27,7 +27,8 @@ class EngineConfig:
 
     model: str = option(
         DEFAULT_MODEL,
-        "alias, HF directory, `.gguf` file, cached hub id, or config.json for dummy weights",
+        "alias, HF directory, `.gguf` file, `org/name` hub id (downloaded when not in the Hugging Face cache), "
+        "or config.json for dummy weights",
         flags=("--model", "-m"),
     )
     load_format: str = option("auto", "`auto`, `safetensors`, `gguf`, `dummy`", choices=LOAD_FORMATS)

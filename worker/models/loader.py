@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from worker.models import hub
 from worker.models.architectures import check_quantization
 from worker.models.config import ModelConfig, config_json_path
 from worker.models.decoder import CausalLM
@@ -61,7 +62,8 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 def resolve_model_dir(
     model: str, load_format: str = "auto", cache_dir: str | Path | None = None
 ) -> tuple[Path, str]:
-    """(local HF directory, short name) for an alias, GGUF file, HF directory or cached hub id.
+    """(local HF directory, short name) for an alias, GGUF file, HF directory or hub id (cached,
+    else downloaded: worker.models.hub).
 
     GGUF inputs are converted once into the cache. Not valid for load_format="dummy".
     """
@@ -86,24 +88,17 @@ def resolve_model_dir(
         raise ValueError(
             f"cannot load {path}: expected a directory, a .gguf file or an alias {sorted(ALIASES)}"
         )
-    return _from_hub_cache(model), model.rsplit("/", 1)[-1].lower()
+    return _from_hub(model), model.rsplit("/", 1)[-1].lower()
 
 
-def _from_hub_cache(repo_id: str) -> Path:
+def _from_hub(repo_id: str) -> Path:
+    """The hub snapshot of ``repo_id``: cached, else downloaded (worker.models.hub)."""
     try:
-        from huggingface_hub import snapshot_download
-
-        local = snapshot_download(
-            repo_id,
-            local_files_only=True,
-            allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja"],
-        )
-    except Exception as exc:
+        return hub.snapshot(repo_id, log.info)
+    except hub.HubUnavailable as exc:
         raise FileNotFoundError(
-            f"model {repo_id!r} is not a known alias {sorted(ALIASES)}, a local path, "
-            f"or a hub id already in the local Hugging Face cache (no network download here): {exc}"
-        ) from exc
-    return Path(local)
+            f"model {repo_id!r} is not a known alias {sorted(ALIASES)} or a local path: {exc}"
+        ) from None
 
 
 def _safetensors_weights(model_dir: Path):
@@ -161,7 +156,7 @@ def load_model(
     tp_rank: int = 0,
     tp_size: int = 1,
 ) -> LoadedModel:
-    """Load ``model`` (alias, HF dir, GGUF file, cached hub id; or a config for "dummy").
+    """Load ``model`` (alias, HF dir, GGUF file, hub id; or a config for "dummy").
 
     dtype None: default_dtype(device); ``cache_dir``: where GGUF conversions are cached;
     ``quantization`` (worker.models.names.QUANTIZATIONS) "fp8": the projections' weights in
