@@ -39,7 +39,7 @@ from wire.keys import DEFAULT_QUEUE, DEFAULT_REDIS_URL, ENV_PREFIX, REDIS_URL_EN
 from worker.engine.config import EngineConfig
 from worker.options import Spec, check_options, option, spec_of
 from worker.queue.config import ConsumerConfig, default_worker_name
-from worker.scheduler.config import RunConfig, SchedulerConfig
+from worker.scheduler.config import SchedulerConfig, SchedulerProcessConfig
 
 
 class ConfigError(ValueError):
@@ -109,9 +109,9 @@ class WorkerConfig:
     given: frozenset[str] = frozenset()  # dotted settings set by the file, environment or flags
 
     @property
-    def run_config(self) -> RunConfig:
+    def process_config(self) -> SchedulerProcessConfig:
         """What the worker's scheduler process runs with."""
-        return RunConfig(self.engine, self.scheduler)
+        return SchedulerProcessConfig(self.engine, self.scheduler)
 
     def for_device(self, device: str) -> WorkerConfig:
         """A copy for ``device`` (cpu or cuda): engine.device set, and on cpu the CPU_DEFAULTS
@@ -119,7 +119,7 @@ class WorkerConfig:
         chosen = {"device": device}
         if device == "cpu":
             chosen |= {d.partition(".")[2]: v for d, v in CPU_DEFAULTS.items() if d not in self.given}
-        run = self.run_config.replace(**chosen)
+        run = self.process_config.replace(**chosen)
         return dataclasses.replace(self, engine=run.engine, scheduler=run.scheduler)
 
 

@@ -8,7 +8,7 @@ from typing import Any, cast
 from wire.schema import ChatMessage, Result, SamplingParams, error_result
 from worker.models.registry import DEFAULT_MODEL
 from worker.models.tokenizer import NoTokenizer, load_tokenizer_or_none
-from worker.scheduler.config import RunConfig
+from worker.scheduler.config import SchedulerProcessConfig
 from worker.scheduler.io import InMemoryIO
 from worker.scheduler.messages import GenerateRequest, RequestFinished
 from worker.scheduler.run import build_scheduler
@@ -34,7 +34,7 @@ class LLM:
     """
 
     def __init__(self, model: str = DEFAULT_MODEL, **engine_options: Any) -> None:
-        self.config = RunConfig.from_options(model, **engine_options).resolved()
+        self.config = SchedulerProcessConfig.from_options(model, **engine_options).resolved()
         self.io = InMemoryIO()
         self.scheduler = build_scheduler(self.config, self.io, detokenize=self._detokenize)
         self.engine = self.scheduler.engine

@@ -17,7 +17,7 @@ from wire.schema import Job, Result, SamplingParams
 from worker.frontend.contract import ENGINE_CRASH, GeneratorUnavailable
 from worker.frontend.engine_generator import EngineGenerator
 from worker.frontend.process import EngineStartError
-from worker.scheduler.config import RunConfig
+from worker.scheduler.config import SchedulerProcessConfig
 
 POISON = 77  # the token id the injected faults react to
 PROMPTS = {"a": [5, 6, 7, 8], "b": [9, 10], "c": [11, 12, 13], "d": [20, 21, 22, 23, 24]}
@@ -38,7 +38,9 @@ def expected(model_dir: Path) -> dict[str, list[int]]:
 
 
 def backend_with(model_dir: Path, fault: str) -> EngineGenerator:
-    config = RunConfig.from_options(str(model_dir), device="cpu", max_running_reqs=4, fault=fault)
+    config = SchedulerProcessConfig.from_options(
+        str(model_dir), device="cpu", max_running_reqs=4, fault=fault
+    )
     return EngineGenerator(config, restart_delays_s=(0.0, 0.1, 0.1))
 
 
@@ -138,7 +140,7 @@ def test_abort_stops_a_running_job_and_one_waiting_in_the_scheduler(
     """Two slots: "long" and "b" run, "c" waits; "c" is aborted at once, "long" once "b" is
     done (50 ms a step leaves "long" more than 100 steps to go): both end ``aborted``, "b" is
     untouched, and the engine takes jobs again."""
-    config = RunConfig.from_options(
+    config = SchedulerProcessConfig.from_options(
         str(model_dir), device="cpu", max_running_reqs=2, fault="sleep-per-step:50"
     )
     backend = EngineGenerator(config)
@@ -185,7 +187,7 @@ def test_a_job_aborted_while_its_scheduler_dies_is_answered_not_run_again(
 def test_a_model_that_cannot_load_is_one_line(tmp_path: Path) -> None:
     missing = tmp_path / "no-such-model"
     with pytest.raises(EngineStartError) as info:
-        EngineGenerator(RunConfig.from_options(str(missing), device="cpu"))
+        EngineGenerator(SchedulerProcessConfig.from_options(str(missing), device="cpu"))
     message = str(info.value)
     assert "\n" not in message and "no-such-model" in message and "could not start" in message
 
@@ -193,7 +195,9 @@ def test_a_model_that_cannot_load_is_one_line(tmp_path: Path) -> None:
 def test_engine_that_cannot_restart_is_given_up(model_dir: Path, tmp_path: Path) -> None:
     moved = tmp_path / "model"
     moved.symlink_to(model_dir)
-    backend = EngineGenerator(RunConfig.from_options(str(moved), device="cpu"), restart_delays_s=(0.0, 0.1))
+    backend = EngineGenerator(
+        SchedulerProcessConfig.from_options(str(moved), device="cpu"), restart_delays_s=(0.0, 0.1)
+    )
     try:
         moved.unlink()  # the next start cannot find the model
         os.kill(backend._proc.pid, signal.SIGKILL)  # type: ignore[union-attr]

@@ -14,7 +14,7 @@ from tests.waiting import LIVENESS_S
 from wire.schema import Job, SamplingParams
 from worker.frontend.engine_generator import EngineGenerator
 from worker.metrics import WorkerMetrics
-from worker.scheduler.config import RunConfig
+from worker.scheduler.config import SchedulerProcessConfig
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +44,9 @@ def test_jobs_round_trip_and_bad_ones_fail_alone(model_dir: Path, monkeypatch: p
 
     real_build_result = generator_module.build_result
     monkeypatch.setattr(generator_module, "build_result", build_result)
-    backend = EngineGenerator(RunConfig.from_options(str(model_dir), device="cpu", max_running_reqs=4))
+    backend = EngineGenerator(
+        SchedulerProcessConfig.from_options(str(model_dir), device="cpu", max_running_reqs=4)
+    )
     try:
         assert backend.slots == 4  # the consumer's default read window
         assert backend.free_capacity() == 8 * 4
@@ -89,4 +91,4 @@ def test_jobs_round_trip_and_bad_ones_fail_alone(model_dir: Path, monkeypatch: p
 
 def test_unknown_engine_option_is_named() -> None:
     with pytest.raises(TypeError, match="pagesize"):
-        RunConfig.from_options("x", pagesize=4)
+        SchedulerProcessConfig.from_options("x", pagesize=4)

@@ -22,7 +22,7 @@ from wire.schema import Result
 from worker.frontend.engine_generator import EngineGenerator
 from worker.queue.held import envelope
 from worker.queue.prompts import PromptLists
-from worker.scheduler.config import RunConfig
+from worker.scheduler.config import SchedulerProcessConfig
 
 pytestmark = pytest.mark.model
 MAX_NEW = 6
@@ -68,7 +68,9 @@ def test_openai_lines_on_the_real_model(smollm2_dir: Path) -> None:  # noqa: F81
         parse_line(_line("multi", "/v1/completions", multi), 2),
     ]
     generator = PromptLists(
-        EngineGenerator(RunConfig.from_options(str(smollm2_dir), device="cpu", max_running_reqs=4))
+        EngineGenerator(
+            SchedulerProcessConfig.from_options(str(smollm2_dir), device="cpu", max_running_reqs=4)
+        )
     )
     try:
         deadline = time.monotonic() + LIVENESS_S
@@ -82,7 +84,9 @@ def test_openai_lines_on_the_real_model(smollm2_dir: Path) -> None:  # noqa: F81
         while len(results) < len(jobs):
             assert time.monotonic() < deadline
             by_id = {job.id: job for job in jobs}
-            results |= {r.id: envelope(r, by_id[r.id], 0, "w", generator.model_name) for r in generator.poll(0.5)}
+            results |= {
+                r.id: envelope(r, by_id[r.id], 0, "w", generator.model_name) for r in generator.poll(0.5)
+            }
     finally:
         generator.close()
 

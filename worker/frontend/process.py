@@ -20,7 +20,7 @@ from wire.lifetime import start_child
 from wire.owned_dirs import owned_dir, remove_stale_dirs
 from worker.engine.threads import openmp_env
 from worker.frontend.channel import FrontendChannel, PeerGone
-from worker.scheduler.config import RunConfig
+from worker.scheduler.config import SchedulerProcessConfig
 from worker.scheduler.messages import (
     RANK_LOST_EXIT,
     Inbound,
@@ -49,7 +49,7 @@ class EngineStartError(RuntimeError):
 
 
 class SchedulerProcess:
-    def __init__(self, config: RunConfig, log_level: str = "INFO") -> None:
+    def __init__(self, config: SchedulerProcessConfig, log_level: str = "INFO") -> None:
         self.config = config
         self.ready: SchedulerReady | None = None
         self.failure: SchedulerFailed | None = None

@@ -19,10 +19,12 @@ def main(argv: list[str]) -> int:
         format="%(asctime)s %(levelname)s %(name)s[scheduler]: %(message)s",
     )
     from worker.frontend.channel import ZmqSchedulerIO
-    from worker.scheduler.config import RunConfig
+    from worker.scheduler.config import SchedulerProcessConfig
     from worker.scheduler.run import serve
 
-    return serve(RunConfig.from_json(config_json), ZmqSchedulerIO(inbound_addr, outbound_addr), log_level)
+    return serve(
+        SchedulerProcessConfig.from_json(config_json), ZmqSchedulerIO(inbound_addr, outbound_addr), log_level
+    )
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """SchedulerConfig: the options the scheduler reads and the engine does not (admission, the
 prefix cache, step budgets, structured output's limits, profiling, injected faults), and
-RunConfig: an engine's options with its scheduler's, as one scheduler process is given them.
+SchedulerProcessConfig: an engine's options with its scheduler's, as one scheduler process is given them.
 
 Both tables of options are read from the ``[engine]`` table of a worker's TOML, the
 ``RADIXQ_<KEY>`` environment and the ``radixq worker`` flags (worker.config); each field is
@@ -78,14 +78,14 @@ SCHEDULER_OPTIONS = frozenset(f.name for f in dataclasses.fields(SchedulerConfig
 
 
 @dataclass(frozen=True)
-class RunConfig:
+class SchedulerProcessConfig:
     """An engine's options and its scheduler's: what a scheduler process runs with."""
 
     engine: EngineConfig
     scheduler: SchedulerConfig = SchedulerConfig()
 
     @classmethod
-    def from_options(cls, model: str, **options: Any) -> RunConfig:
+    def from_options(cls, model: str, **options: Any) -> SchedulerProcessConfig:
         """Build from keyword options of either table, naming any unknown one."""
         unknown = sorted(set(options) - ENGINE_OPTIONS - SCHEDULER_OPTIONS - {"model"})
         if unknown:
@@ -95,12 +95,12 @@ class RunConfig:
         scheduler = {k: v for k, v in options.items() if k in SCHEDULER_OPTIONS}
         return cls(EngineConfig(model=model, **engine), SchedulerConfig(**scheduler))
 
-    def replace(self, **options: Any) -> RunConfig:
+    def replace(self, **options: Any) -> SchedulerProcessConfig:
         """A copy with ``options`` (of either table) changed."""
         merged = {**dataclasses.asdict(self.engine), **dataclasses.asdict(self.scheduler), **options}
-        return RunConfig.from_options(merged.pop("model"), **merged)
+        return SchedulerProcessConfig.from_options(merged.pop("model"), **merged)
 
-    def resolved(self) -> RunConfig:
+    def resolved(self) -> SchedulerProcessConfig:
         """A copy with the engine's "auto" device resolved (EngineConfig.resolved)."""
         return dataclasses.replace(self, engine=self.engine.resolved())
 
@@ -115,6 +115,6 @@ class RunConfig:
         )
 
     @classmethod
-    def from_json(cls, text: str) -> RunConfig:
+    def from_json(cls, text: str) -> SchedulerProcessConfig:
         tables = json.loads(text)
         return cls(EngineConfig(**tables["engine"]), SchedulerConfig(**tables["scheduler"]))

@@ -20,11 +20,11 @@ def main(argv: list[str]) -> int:
     )
     from worker.distributed import init_tp
     from worker.engine.engine import rank_device
-    from worker.scheduler.config import RunConfig
+    from worker.scheduler.config import SchedulerProcessConfig
     from worker.scheduler.run import serve
     from worker.scheduler.tp import FollowerIO
 
-    config = RunConfig.from_json(config_json).resolved()
+    config = SchedulerProcessConfig.from_json(config_json).resolved()
     device = str(rank_device(config.engine.device, int(rank), int(size)))
     return serve(
         config,
