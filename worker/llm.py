@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 from wire.schema import ChatMessage, Result, SamplingParams, error_result
-from worker.models.registry import DEFAULT_MODEL
+from worker.models.aliases import DEFAULT_MODEL
 from worker.models.tokenizer import NoTokenizer, load_tokenizer_or_none
 from worker.scheduler.config import SchedulerProcessConfig
 from worker.scheduler.io import InMemoryIO

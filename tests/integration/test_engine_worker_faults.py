@@ -43,7 +43,7 @@ def registered(client: Client) -> bool:
 
 
 def scheduler_of(worker: subprocess.Popen[bytes]) -> int:
-    (pid,) = children(worker.pid, "worker.frontend.scheduler_main")
+    (pid,) = children(worker.pid, "worker.scheduler.main")
     return pid
 
 

@@ -49,8 +49,8 @@ LAYERS: list[set[str]] = [
     {"models"},
     {"attention"},  # reads the KV pool's layout; plans from a forward.BatchLayout
     {"engine"},
-    {"scheduler"},
-    {"frontend"},  # the Generator contract, the engine-backed generator, the scheduler process
+    {"scheduler"},  # the step loop; the scheduler process and its channel to the front end
+    {"frontend"},  # the Generator contract, the engine-backed generator, supervising the scheduler process
     {"metrics"},
     {"queue"},
     {"config"},  # the worker's TOML/env/flag settings (engine + queue)

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 from worker.attention.names import ATTENTION_CHOICES, DECODE_KERNELS
 from worker.kvcache.names import KV_CACHE_DTYPES, KV_SCALES
+from worker.models.aliases import DEFAULT_MODEL
 from worker.models.names import DTYPES, LOAD_FORMATS, QUANTIZATIONS
-from worker.models.registry import DEFAULT_MODEL
 from worker.options import check_options, option
 
 _AT_LEAST_1 = (lambda n: n >= 1, "must be >= 1")

@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from wire.schema import Job, Result, Timings, error_result
-from worker.frontend.channel import PeerGone
 from worker.frontend.contract import ABORTED, ENGINE_CRASH, GeneratorUnavailable
 from worker.frontend.process import SchedulerProcess
 from worker.frontend.results import build_result
 from worker.models.tokenizer import NoTokenizer, load_tokenizer_or_none, prompt_ids
+from worker.scheduler.channel import PeerGone
 from worker.scheduler.config import SchedulerProcessConfig
 from worker.scheduler.messages import AbortRequest, GenerateRequest, RequestFinished
 

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import torch
 
+from worker.models.aliases import ALIASES
 from worker.models.config import ModelConfig, config_json_path
 from worker.models.decoder import CausalLM
 from worker.models.families import model_class
 from worker.models.fp8 import quantize_model
 from worker.models.gguf import ensure_converted
 from worker.models.names import LOAD_FORMATS
-from worker.models.registry import ALIASES
 from worker.models.weights import dummy_weights
 
 log = logging.getLogger(__name__)

@@ -3,7 +3,7 @@
 Started by its group's leader (worker.scheduler.tp.TPGroup) with SIGKILL as parent-death
 signal. It joins the group, builds the same engine and scheduler as rank 0 on its share of
 the model, and runs the leader's inbound messages until the leader forwards a ShutdownRequest.
-Exit codes as worker.frontend.scheduler_main's.
+Exit codes as worker.scheduler.main's.
 """
 
 from __future__ import annotations

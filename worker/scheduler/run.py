@@ -178,7 +178,7 @@ class ClosableIO(SchedulerIO, Protocol):
 def serve(
     config: SchedulerProcessConfig, io: ClosableIO, log_level: str, join: Callable[[], object] | None = None
 ) -> int:
-    """A scheduler process's life (worker.frontend.scheduler_main, worker.scheduler.follower):
+    """A scheduler process's life (worker.scheduler.main, worker.scheduler.follower):
     ``join`` (a follower joining its group) then run_scheduler; the process's exit code: 0 after
     a ShutdownRequest, 2 when the engine cannot be built (already reported on ``io``), 1 on a
     crash (its traceback printed). A rank whose group teardown never returned ends here with
