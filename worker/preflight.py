@@ -112,8 +112,8 @@ def check_run(
     if settings.worker.generator == "engine":
         check_model(settings.engine)
     else:
+        from worker.frontend.generators import GENERATORS
         from worker.lazy import load_callable
-        from worker.queue.factory import GENERATORS
 
         try:
             load_callable(settings.worker.generator, GENERATORS, "generator")

@@ -15,7 +15,7 @@ from openai.types.chat import ChatCompletion
 
 from tests.fake_generator import fake_text
 from tests.integration.procs import FAKE_GENERATOR, radixq, subprocess_env
-from worker.queue.prompts import sub_job_id
+from worker.frontend.prompts import sub_job_id
 
 pytestmark = pytest.mark.integration
 

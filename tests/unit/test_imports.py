@@ -67,7 +67,7 @@ TYPE_ONLY = {
     ("worker.forward", "worker.engine.sampler"): "ForwardInput names the sampling tensors the engine reads",
     ("worker.forward", "worker.engine.logprobs"): "ForwardOutput names the logprobs the engine returns",
     ("worker.frontend.engine_generator", "worker.config"): "create_generator is given the whole WorkerConfig",
-    ("worker.queue.factory", "worker.config"): "a generator factory is given the whole WorkerConfig",
+    ("worker.frontend.generators", "worker.config"): "a generator factory is given the whole WorkerConfig",
 }
 
 
@@ -258,7 +258,7 @@ def test_producer_wire_and_service_modules_load_neither_worker_nor_torch() -> No
 
 def test_the_cli_imports_no_torch() -> None:
     modules = loaded_after(
-        "import radixq.cli\nimport worker.cli\nimport worker.queue.consumer\nimport worker.queue.factory"
+        "import radixq.cli\nimport worker.cli\nimport worker.queue.consumer\nimport worker.frontend.generators"
     )
     assert {"radixq.cli", "worker.cli"} <= modules
     assert not any(m == "torch" or m.startswith("torch.") for m in modules)

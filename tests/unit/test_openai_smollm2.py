@@ -20,8 +20,8 @@ from tests.model_fixtures import smollm2_dir  # noqa: F401  (fixture)
 from tests.waiting import LIVENESS_S
 from wire.schema import Result
 from worker.frontend.engine_generator import EngineGenerator
+from worker.frontend.prompts import PromptLists
 from worker.queue.held import envelope
-from worker.queue.prompts import PromptLists
 from worker.scheduler.config import SchedulerProcessConfig
 
 pytestmark = pytest.mark.model

@@ -15,9 +15,9 @@ from tests.unit.queue_worlds import MemoryWorld, config_for, step_until
 from tests.waiting import LIVENESS_S
 from wire.schema import Job, Result, SamplingParams, error_result
 from worker.frontend.contract import ENGINE_CRASH
+from worker.frontend.prompts import PromptLists, sub_job_id
 from worker.queue.consumer import Consumer
 from worker.queue.held import envelope
-from worker.queue.prompts import PromptLists, sub_job_id
 
 
 class _Scripted(FakeGenerator):
