@@ -43,20 +43,6 @@ def ready_message(scheduler: Scheduler) -> SchedulerReady:
     )
 
 
-def tokenizer_detokenize(model_path: str) -> Detokenize | None:
-    """A detokenize callable from the model directory's tokenizer, or None when it has none."""
-    from worker.models.tokenizer import load_tokenizer_or_none
-
-    tokenizer = load_tokenizer_or_none(model_path)
-    if tokenizer is None:
-        return None
-
-    def detokenize(token_ids: list[int]) -> str:
-        return str(tokenizer.decode(token_ids, skip_special_tokens=True))
-
-    return detokenize
-
-
 class LoadError(Exception):
     """The engine could not be built (model, options, device): the worker cannot start."""
 
@@ -105,7 +91,9 @@ def run_scheduler(
             io, group = _lead_group(config, io, log_level)
             scheduler = build_scheduler(config, io, detokenize)
             if scheduler.detokenize is None:
-                scheduler.detokenize = tokenizer_detokenize(str(scheduler.engine.loaded.path))
+                from worker.models.tokenizer import detokenizer, load_tokenizer_or_none
+
+                scheduler.detokenize = detokenizer(load_tokenizer_or_none(str(scheduler.engine.loaded.path)))
             # NOTE: injected failures fire on the leader only (a follower's would read as a lost rank)
             scheduler.fault = Fault.parse(config.scheduler.fault) if tp_info().leader else None
         except Exception as exc:
