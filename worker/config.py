@@ -37,7 +37,7 @@ else:  # pragma: no cover
 
 from wire.keys import DEFAULT_QUEUE, DEFAULT_REDIS_URL, ENV_PREFIX, REDIS_URL_ENVS
 from worker.engine.config import EngineConfig
-from worker.options import Spec, check_options, option, spec_of
+from worker.options import Spec, at_least, check_options, option, spec_of, within
 from worker.queue.config import ConsumerConfig, default_worker_name
 from worker.scheduler.config import SchedulerConfig, SchedulerProcessConfig
 
@@ -69,13 +69,13 @@ class WorkerSection:
     metrics_port: int = option(
         0,
         "serve Prometheus `/metrics` on this port (0: off)",
-        check=(lambda n: 0 <= n <= 65535, "must be a port in [1, 65535], or 0 for none"),
+        check=within(0, 65535, note="a port, or 0 for none"),
     )
     connect_timeout_s: float = option(
         30.0,
         "at start-up, how long to wait for Redis to answer before exiting with code 2 (before the model "
         "loads; once reached, later outages are waited out)",
-        check=(lambda x: x >= 0, "must be >= 0"),
+        check=at_least(0),
     )
 
     def __post_init__(self) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 from worker.engine.config import EngineConfig
 from worker.engine.faults import Fault
 from worker.kvcache.names import PREFIX_CACHES
-from worker.options import check_options, option
+from worker.options import above, at_least, check_options, option, within
 from worker.scheduler.names import SCHEDULE_POLICIES
 
 
@@ -30,7 +30,7 @@ class SchedulerConfig:
     max_prefill_tokens: int = option(
         8192,
         "token budget of one prefill step (longer prompts are chunked)",
-        check=(lambda n: n >= 1, "must be >= 1"),
+        check=at_least(1),
     )
     cache: str = option("radix", "`radix` or `naive` (no sharing)", choices=tuple(PREFIX_CACHES))
     schedule_policy: str = option(
@@ -47,18 +47,18 @@ class SchedulerConfig:
     output_reserve_ratio: float = option(
         0.5,
         "share of remaining output reserved in the KV pool at admission",
-        check=(lambda x: 0 <= x <= 1, "must be in [0, 1]"),
+        check=within(0, 1),
     )
     grammar_timeout_s: float = option(
         60.0,
         "seconds a job's grammar may take to compile (in a child process); a longer compile fails that job only",
-        check=(lambda x: x > 0, "must be > 0"),
+        check=above(0),
     )
     grammar_memory_mib: int = option(
         2048,
         "MiB one grammar compile may add to the compiler process (its size at rest, about 400 MiB, not "
         "counted); a compile that needs more fails that job only",
-        check=(lambda n: n >= 16, "must be >= 16"),
+        check=at_least(16),
     )
     step_profile: bool = option(False, "record every scheduler step and log a summary at exit (profiling)")
     fault: str = option(
