@@ -128,7 +128,7 @@ class FakeGenerator:
 
 
 def create_generator(config: Any) -> FakeGenerator:
-    """The factory `radixq worker --backend tests.fake_generator:create_generator` calls.
+    """The factory `radixq worker --generator tests.fake_generator:create_generator` calls.
 
     Environment: RADIXQ_FAKE_CAPACITY (default 64), RADIXQ_FAKE_LATENCY_S (default 0),
     RADIXQ_FAKE_SLOW_IDS (comma-separated job ids that take RADIXQ_FAKE_SLOW_S instead),

@@ -84,7 +84,7 @@ def test_every_command_works_pointed_at_any_node(cluster: LocalCluster, tmp_path
         ran = tmp_path / f"{queue}.run.jsonl"
         run = radixq(
             "run", str(source), "-o", str(ran), "-q", f"{queue}-run", "--redis-url", url,
-            "--backend", FAKE_GENERATOR, "--timeout", "90", "--quiet",
+            "--generator", FAKE_GENERATOR, "--timeout", "90", "--quiet",
         )  # fmt: skip
         assert run.returncode == 0, run.stderr
         assert [json.loads(line)["id"] for line in ran.read_text().splitlines()] == ids

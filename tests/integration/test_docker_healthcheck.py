@@ -1,5 +1,5 @@
 """docker/healthcheck.py, the worker containers' healthcheck, against a real redis-server and a
-real `radixq worker` (fake backend): healthy while the worker heartbeats, unhealthy once it
+real `radixq worker` (fake generator): healthy while the worker heartbeats, unhealthy once it
 stops, when it never started, and when Redis cannot be reached; one line every time."""
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def test_healthy_while_the_worker_heartbeats_unhealthy_once_it_stops(redis_url: 
     # No --name: the worker calls itself <hostname>-<pid>, as it does in a container.
     with open(tmp_path / "worker.log", "wb") as log:
         worker = subprocess.Popen(
-            [sys.executable, "-m", "radixq", "worker", "--backend", FAKE_GENERATOR],
+            [sys.executable, "-m", "radixq", "worker", "--generator", FAKE_GENERATOR],
             cwd=REPO_ROOT,
             env=subprocess_env(RADIXQ_REDIS_URL=redis_url),
             stdin=subprocess.DEVNULL,

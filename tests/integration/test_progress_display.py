@@ -135,7 +135,7 @@ def test_run_prints_progress_lines_reaching_every_job(tmp_path: Path) -> None:
     source.write_text("".join(json.dumps({"id": f"r{i}", "prompt": f"hello {i}"}) + "\n" for i in range(12)))
     out = tmp_path / "out.jsonl"
     done = radixq(
-        "run", str(source), "-o", str(out), "--backend", FAKE_GENERATOR, "--progress-interval", "0.2"
+        "run", str(source), "-o", str(out), "--generator", FAKE_GENERATOR, "--progress-interval", "0.2"
     )
     assert done.returncode == 0, done.stderr
     final = [STATE.search(line) for line in done.stderr.splitlines() if line.startswith("progress: ")][-1]
@@ -191,7 +191,7 @@ def test_run_on_a_terminal_keeps_worker_logs_out_of_the_bar_and_says_it_is_loadi
         RADIXQ_FAKE_START_S="1.5", RADIXQ_FAKE_LOG="1", RADIXQ_FAKE_LATENCY_S="0.1", RADIXQ_FAKE_CAPACITY="2"
     )
     command = [sys.executable, "-m", "radixq", "run", str(source), "-o", str(tmp_path / "out.jsonl")]
-    code, screen = run_in_pty([*command, "--backend", FAKE_GENERATOR, "--workers", "2"], env)
+    code, screen = run_in_pty([*command, "--generator", FAKE_GENERATOR, "--workers", "2"], env)
     assert code == 0, screen[-2000:]
     lines = [line for line in re.split(r"[\r\n]", ANSI.sub("", screen)) if line.strip()]
     logs = [line for line in lines if "finished job" in line]

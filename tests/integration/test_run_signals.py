@@ -1,7 +1,7 @@
 """`radixq run` stopped early: Ctrl-C, SIGTERM, a second signal, kill -9 - and its private Redis.
 
 Each test starts `radixq run` as a user would (its own session, as a terminal gives a job) with
-the fake backend made slow (RADIXQ_FAKE_LATENCY_S), reads the run's private Redis through the
+the fake generator made slow (RADIXQ_FAKE_LATENCY_S), reads the run's private Redis through the
 URL a worker got in its environment (the oracle for what had finished), signals the run, and
 checks the output file, the exit code and /proc: no child process of the run survives it
 (a zombie counts as gone: PID 1 here reaps no orphans) and no temporary folder of it is left.
@@ -74,7 +74,7 @@ def start_run(tmp_path: Path, source: Path, out: Path, *args: str, **env: str) -
                 str(source),
                 "-o",
                 str(out),
-                "--backend",
+                "--generator",
                 FAKE_GENERATOR,
             ]
             + list(args),
@@ -97,7 +97,7 @@ def finished_and_held(client: redis.Redis) -> set[str]:
 
 
 def read_output(out: Path) -> list[str]:
-    """The ids of a valid JSONL output file, checking each line's text against the fake backend."""
+    """The ids of a valid JSONL output file, checking each line's text against the fake generator."""
     ids = []
     for line in out.read_text().splitlines():
         row = json.loads(line)
@@ -156,7 +156,7 @@ def test_signal_mid_run_drains_writes_what_finished_and_cleans_up(
     client.close()
 
     again = radixq(
-        "run", str(source), "-o", str(out), *shared, "--backend", FAKE_GENERATOR, "--timeout", "60"
+        "run", str(source), "-o", str(out), *shared, "--generator", FAKE_GENERATOR, "--timeout", "60"
     )
     assert again.returncode == 0, again.stderr
     assert read_output(out) == ids  # every id exactly once, in input order
@@ -247,7 +247,7 @@ def test_kill_9_of_run_takes_its_children_and_a_later_run_removes_the_folder(
     wait_until(lambda: not still_running(children), "the run's redis-server and workers to die with it")
     assert folder.is_dir()  # nobody was left to remove it
 
-    again = radixq("run", str(source), "-o", str(out), "--backend", FAKE_GENERATOR, "--timeout", "60")
+    again = radixq("run", str(source), "-o", str(out), "--generator", FAKE_GENERATOR, "--timeout", "60")
     assert again.returncode == 0, again.stderr
     assert read_output(out) == ids
     assert not folder.exists()
@@ -352,6 +352,8 @@ def test_a_run_resumed_after_ctrl_c_is_in_input_order(
     first = read_output(out)
     assert set(first) == set(ids) - set(slow)  # the rows behind the missing ones were written
 
-    again = radixq("run", str(source), "-o", str(out), "--workers", str(workers), "--backend", FAKE_GENERATOR)
+    again = radixq(
+        "run", str(source), "-o", str(out), "--workers", str(workers), "--generator", FAKE_GENERATOR
+    )
     assert again.returncode == 0, again.stderr
     assert read_output(out) == ids  # every id exactly once, in input order
