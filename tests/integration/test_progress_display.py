@@ -17,7 +17,7 @@ import pytest
 
 from producer.client import Client
 from tests.integration.procs import FAKE_GENERATOR, REPO_ROOT, radixq, start_worker, subprocess_env
-from tests.waiting import LIVENESS_S
+from tests.waiting import LIVENESS_S, drive_until
 from wire.schema import Job
 
 pytestmark = pytest.mark.integration
@@ -152,28 +152,35 @@ def run_in_pty(args: list[str], env: dict[str, str], timeout_s: float = LIVENESS
     import select
     import struct
     import termios
-    import time
 
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 200, 0, 0))
     proc = subprocess.Popen(args, cwd=REPO_ROOT, env=env, stdin=slave, stdout=slave, stderr=slave)
     os.close(slave)
     received = bytearray()
-    deadline = time.monotonic() + timeout_s
+    closed = False
+
+    def read() -> None:
+        nonlocal closed
+        ready, _, _ = select.select([master], [], [], 0.1)
+        if ready:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: every writer closed the terminal
+                chunk = b""
+            closed = not chunk
+            received.extend(chunk)
+        else:
+            closed = proc.poll() is not None
+
     try:
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([master], [], [], 0.1)
-            if ready:
-                try:
-                    chunk = os.read(master, 65536)
-                except OSError:  # EIO: every writer closed the terminal
-                    break
-                if not chunk:
-                    break
-                received += chunk
-            elif proc.poll() is not None:
-                break
-        code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        drive_until(
+            lambda: closed,
+            read,
+            lambda: f"the command to end; the screen: {received[-2000:]!r}",
+            timeout_s=timeout_s,
+        )
+        code = proc.wait(timeout=LIVENESS_S)
     finally:
         if proc.poll() is None:
             proc.kill()

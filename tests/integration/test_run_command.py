@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 import signal
-import time
 from pathlib import Path
 
 import msgspec
@@ -207,7 +206,13 @@ def test_status_and_dlq_commands(redis_url: str, tmp_path: Path) -> None:
     last_seen_ms = now_ms() - 10_000
     beat = Heartbeat(name="ghost", pid=1, last_seen_ms=last_seen_ms, interval_s=0.1)
     client.redis.hset(keys.workers, "ghost", msgspec.msgpack.encode(beat))
-    time.sleep(0.6)
+    wait_until(  # the ghost's entries idle past 0.5 s
+        lambda: all(
+            e["time_since_delivered"] >= 600
+            for e in client.redis.xpending_range(keys.jobs, keys.group, "-", "+", 10, consumername="ghost")
+        ),
+        "the ghost to idle 0.6 s",
+    )
     status = radixq("status", "--redis-url", redis_url, "--json")
     asked_within_s = (now_ms() - last_seen_ms) / 1000  # the age can be no more than this
     assert status.returncode == 0, status.stderr
@@ -220,10 +225,9 @@ def test_status_and_dlq_commands(redis_url: str, tmp_path: Path) -> None:
     assert re.search(r"consumer ghost: dead: last heartbeat \d+ s ago, idle \d+ s, holds 2 jobs", text), text
     worker = start_worker(redis_url, "w", tmp_path / "w.log", "--min-idle-s", "0.2", "--max-attempts", "1")
     try:
-        deadline = time.monotonic() + LIVENESS_S
-        while client.redis.hlen(keys.done) < 3:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_until(
+            lambda: client.redis.hlen(keys.done) >= 3, "the 3 jobs done", tmp_path / "w.log", poll_s=0.05
+        )
         running = r"consumer w: running, 0 in flight, idle \d+ ms, heartbeat [\d.]+ s ago"
         wait_until(  # polled: a heartbeat late on a loaded box may show it dead in one listing
             lambda: re.search(running, radixq("status", "--redis-url", redis_url).stdout) is not None,

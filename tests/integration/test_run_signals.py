@@ -43,6 +43,7 @@ from tests.integration.procs import (
 from tests.jobs_stream import consumer_names, entry_fields, pending_count, pending_entries  # noqa: E402
 from tests.waiting import LIVENESS_S, wait_until
 from wire.keys import QueueKeys
+from wire.status import decode_heartbeat
 
 pytestmark = pytest.mark.integration
 
@@ -205,9 +206,14 @@ def test_second_signal_hurries_the_shutdown(tmp_path: Path, reaped: list[subproc
     children = descendants(run.pid)
     client = queue_redis(worker_pid)
     wait_until(lambda: pending_count(client, KEYS) == 3, "the worker to hold 3 jobs")
-    client.close()
     os.killpg(run.pid, signal.SIGINT)
-    time.sleep(1.0)
+
+    def draining() -> bool:
+        beats = map(decode_heartbeat, client.hvals(KEYS.workers))
+        return any(beat is not None and beat.state == "draining" for beat in beats)
+
+    wait_until(draining, "the worker's heartbeat to say it drains", tmp_path / "run.log")
+    client.close()
     assert run.poll() is None  # draining: up to 600 s
     os.killpg(run.pid, signal.SIGINT)
     # NOTE: the drain (and the jobs) would last 600 s: exiting before LIVENESS_S is the hurry

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.model_fixtures import hf_from_dir, hf_greedy, tiny_hf_model
-from tests.waiting import LIVENESS_S
+from tests.waiting import LIVENESS_S, drive_until
 from wire.schema import Job, Result, SamplingParams
 from worker.frontend.contract import ENGINE_CRASH, GeneratorUnavailable
 from worker.frontend.engine_generator import EngineGenerator
@@ -46,12 +45,18 @@ def backend_with(model_dir: Path, fault: str) -> EngineGenerator:
 
 def collect(backend: EngineGenerator, count: int, timeout_s: float = LIVENESS_S) -> dict[str, Result]:
     results: dict[str, Result] = {}
-    deadline = time.monotonic() + timeout_s
-    while len(results) < count:
-        assert time.monotonic() < deadline, f"only {sorted(results)} of {count} results"
+
+    def take() -> None:
         for result in backend.poll(0.2):
             assert result.id not in results, f"two results for {result.id}"
             results[result.id] = result
+
+    drive_until(
+        lambda: len(results) >= count,
+        take,
+        lambda: f"{count} results (only {sorted(results)})",
+        timeout_s=timeout_s,
+    )
     return results
 
 
@@ -65,10 +70,13 @@ def submit_all(backend: EngineGenerator, poison: bool) -> None:
 
 def settle(backend: EngineGenerator, timeout_s: float = LIVENESS_S) -> None:
     """Poll until the backend takes jobs again (a restart after the last crash has finished)."""
-    deadline = time.monotonic() + timeout_s
-    while backend.free_capacity() == 0:
-        assert time.monotonic() < deadline, "the backend did not come back"
+
+    def poll_nothing() -> None:
         assert backend.poll(0.1) == []
+
+    drive_until(
+        lambda: backend.free_capacity() > 0, poll_nothing, "the generator to come back", timeout_s=timeout_s
+    )
 
 
 def assert_innocents_right(results: dict[str, Result], expected: dict[str, list[int]]) -> None:
@@ -201,9 +209,7 @@ def test_engine_that_cannot_restart_is_given_up(model_dir: Path, tmp_path: Path)
     try:
         moved.unlink()  # the next start cannot find the model
         os.kill(backend._proc.pid, signal.SIGKILL)  # type: ignore[union-attr]
-        deadline = time.monotonic() + LIVENESS_S
         with pytest.raises(GeneratorUnavailable, match="could not start again"):
-            while time.monotonic() < deadline:
-                backend.poll(0.2)
+            drive_until(lambda: False, lambda: backend.poll(0.2), "the failed restart to be reported")
     finally:
         backend.close()

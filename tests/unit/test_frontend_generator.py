@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -10,7 +9,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.model_fixtures import hf_from_dir, hf_greedy, tiny_hf_model
-from tests.waiting import LIVENESS_S
+from tests.waiting import LIVENESS_S, drive_until
 from wire.schema import Job, SamplingParams
 from worker.frontend.engine_generator import EngineGenerator
 from worker.metrics import WorkerMetrics
@@ -27,10 +26,12 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _poll_all(backend, count: int, timeout_s: float = LIVENESS_S) -> dict:
     results: dict = {}
-    deadline = time.monotonic() + timeout_s
-    while len(results) < count and time.monotonic() < deadline:
-        for result in backend.poll(0.5):
-            results[result.id] = result
+    drive_until(
+        lambda: len(results) >= count,
+        lambda: results.update({result.id: result for result in backend.poll(0.5)}),
+        lambda: f"{count} results (only {sorted(results)})",
+        timeout_s=timeout_s,
+    )
     return results
 
 
