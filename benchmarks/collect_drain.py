@@ -59,7 +59,7 @@ def radixq(code: Path, *args: str, log: Path, **env: str) -> subprocess.Popen[by
 
 def start_workers(code: Path, url: str, tmp: Path, **env: str) -> list[subprocess.Popen[bytes]]:
     return [
-        radixq(code, "worker", "--redis-url", url, "--name", f"w{i}", "--backend", FAKE_GENERATOR,
+        radixq(code, "worker", "--redis-url", url, "--name", f"w{i}", "--generator", FAKE_GENERATOR,
                log=tmp / f"w{i}.log", **env)
         for i in range(2)
     ]  # fmt: skip

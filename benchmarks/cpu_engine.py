@@ -40,7 +40,7 @@ from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorL
 
 from wire.schema import SamplingParams  # noqa: E402
 from worker.llm import LLM  # noqa: E402
-from worker.models.registry import DEFAULT_MODEL  # noqa: E402
+from worker.models.aliases import DEFAULT_MODEL  # noqa: E402
 from worker.scheduler.profile import StepProfiler  # noqa: E402
 
 TOPICS = ["the ocean", "a robot", "bread", "the moon", "trains", "music", "winter", "a library"]

@@ -22,7 +22,7 @@ import torch  # noqa: E402
 
 from wire.schema import SamplingParams  # noqa: E402
 from worker.llm import LLM  # noqa: E402
-from worker.models.registry import DEFAULT_MODEL  # noqa: E402
+from worker.models.aliases import DEFAULT_MODEL  # noqa: E402
 
 
 def main() -> None:

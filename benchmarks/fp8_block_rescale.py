@@ -85,8 +85,8 @@ def synthetic(out: int, cols: int, sigma: float, gen: torch.Generator) -> torch.
 def smollm2_weights():
     from safetensors import safe_open
 
+    from worker.models.aliases import ALIASES
     from worker.models.gguf import ensure_converted
-    from worker.models.registry import ALIASES
 
     path = ensure_converted(ALIASES["smollm2-135m"].locate(), name="smollm2-135m")
     (file,) = sorted(path.glob("*.safetensors"))

@@ -20,7 +20,7 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from wire.schema import SamplingParams  # noqa: E402
 from worker.llm import LLM  # noqa: E402
-from worker.models.registry import DEFAULT_MODEL  # noqa: E402
+from worker.models.aliases import DEFAULT_MODEL  # noqa: E402
 
 SYSTEM_TEXT = (
     "You are a careful assistant for a shipping company. Follow the policy below exactly. "

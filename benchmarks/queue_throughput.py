@@ -1,9 +1,9 @@
-"""Queue-path throughput with the fake backend: how fast jobs go through Redis, not the engine.
+"""Queue-path throughput with the fake generator: how fast jobs go through Redis, not the engine.
 
 Measures, against a private redis-server (AOF on, appendfsync everysec as in docker-compose):
 - parse+validate rate of a JSONL file (jobs/s),
 - enqueue rate (pipelined, idempotent XADD batches; jobs/s),
-- end to end: N `radixq worker` subprocesses with the fake backend (zero latency) and a
+- end to end: N `radixq worker` subprocesses with the fake generator (zero latency) and a
   collector writing the output file, from worker start until the last result is written.
 
     python benchmarks/queue_throughput.py --jobs 50000 --workers 1,2
@@ -60,7 +60,7 @@ def run_workers(
     for i in range(count):
         log = open(log_dir / f"worker-{queue}-{i}.log", "wb")  # noqa: SIM115
         cmd = [sys.executable, "-m", "radixq", "worker", "--redis-url", url, "--queue", queue]
-        cmd += ["--name", f"bench-{i}", "--backend", FAKE_GENERATOR]
+        cmd += ["--name", f"bench-{i}", "--generator", FAKE_GENERATOR]
         procs.append(subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
         log.close()
     return procs
@@ -72,7 +72,7 @@ def main() -> None:
     )
     parser.add_argument("--jobs", type=int, default=50_000)
     parser.add_argument("--workers", default="1,2", help="comma-separated worker counts to try")
-    parser.add_argument("--capacity", type=int, default=256, help="fake backend slots per worker")
+    parser.add_argument("--capacity", type=int, default=256, help="fake generator slots per worker")
     args = parser.parse_args()
 
     rows: list[tuple[str, str, str]] = []
@@ -116,7 +116,9 @@ def main() -> None:
                 )
             )
 
-    print(f"\nQueue path, {args.jobs:,} jobs, fake backend (capacity {args.capacity}), private redis-server")
+    print(
+        f"\nQueue path, {args.jobs:,} jobs, fake generator (capacity {args.capacity}), private redis-server"
+    )
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}\n")
     print("| measure | rate | time |")
     print("| --- | ---: | ---: |")

@@ -2,7 +2,7 @@
 
 Against a private redis-server: one job is enqueued, run and collected (with `--trim`, the
 default) to make the queue exist, and Redis's used_memory is read: the empty queue. Then N
-jobs are enqueued, run by 2 fake-backend `radixq worker`s (which trim the jobs stream), and
+jobs are enqueued, run by 2 fake-generator `radixq worker`s (which trim the jobs stream), and
 collected into the same output; once the workers have stopped, used_memory is read again, and
 the memory of each of the queue's keys (MEMORY USAGE). `--code` measures another checkout.
 
@@ -65,7 +65,7 @@ def run_jobs(code: Path, url: str, source: Path, out: Path, count: int) -> None:
                 "--name",
                 f"w{i}",
             ]
-            + ["--backend", "tests.fake_generator:create_generator"],
+            + ["--generator", "tests.fake_generator:create_generator"],
             cwd=code,
             env=env,
             stdout=subprocess.DEVNULL,

@@ -72,8 +72,8 @@ def grammar_readback() -> tuple[float, float, str]:
     test_grammar_compiler.py: < 0.5 s)."""
     from wire.schema import SamplingParams
     from worker.engine.grammar import Grammars
+    from worker.models.aliases import ALIASES
     from worker.models.gguf import ensure_converted
-    from worker.models.registry import ALIASES
 
     model_dir = ensure_converted(ALIASES["smollm2-135m"].locate(), name="smollm2-135m")
     schema = SamplingParams(json_schema={"enum": [f"value{i}" for i in range(20000)]})
@@ -98,8 +98,8 @@ def grammar_step() -> tuple[float, float, str]:
     from tests.unit.test_grammar_isolation import SLOW_SCHEMA, TIMEOUT_S, _run
     from wire.schema import SamplingParams
     from worker.llm import LLM
+    from worker.models.aliases import ALIASES
     from worker.models.gguf import ensure_converted
-    from worker.models.registry import ALIASES
     from worker.scheduler.messages import GenerateRequest
 
     model_dir = ensure_converted(ALIASES["smollm2-135m"].locate(), name="smollm2-135m")

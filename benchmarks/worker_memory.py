@@ -43,7 +43,7 @@ def rss_mb_and_role(pid: int) -> tuple[float, str] | None:
     except OSError:
         return None
     kib = next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")), 0)
-    role = "engine" if "worker.frontend.scheduler_main" in cmdline else "front end" if " worker " in cmdline else ""
+    role = "engine" if "worker.scheduler.main" in cmdline else "front end" if " worker " in cmdline else ""
     return kib / 1024, role
 
 

@@ -32,7 +32,7 @@ DEFAULT_OUTPUT = REPO_ROOT / "docker" / "compose.gpus.yml"
 
 # Container paths of the caches; docker/Dockerfile.gpu declares the same VOLUMEs.
 CACHE_VOLUMES = {
-    "radixq-cache": "/root/.cache/radixq",  # converted models (worker.models.registry.cache_root)
+    "radixq-cache": "/root/.cache/radixq",  # converted models (worker.models.aliases.cache_root)
     "flashinfer-cache": "/root/.cache/flashinfer",  # FlashInfer's JIT modules ($HOME/.cache/flashinfer)
     "triton-cache": "/root/.triton",  # Triton's kernel cache ($HOME/.triton/cache)
 }

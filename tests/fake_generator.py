@@ -77,16 +77,14 @@ class FakeGenerator:
     def poll(self, timeout_s: float) -> list[Result]:
         if self._answered:
             timeout_s = 0.0
-        deadline = time.monotonic() + timeout_s
-        while True:
-            now = time.monotonic()
-            ready = [job for at, job in self._active if at <= now]
-            if ready or now >= deadline or not self._active:
-                break
+        now = time.monotonic()
+        if self._active and all(at > now for at, _ in self._active):
             earliest = min(at for at, _ in self._active)
-            time.sleep(max(0.0, min(deadline, earliest) - now))
-        if not ready and not self._active and timeout_s > 0:
-            time.sleep(min(timeout_s, 0.01))
+            time.sleep(min(timeout_s, earliest - now))  # simulated latency: until the first job is done
+            now = time.monotonic()
+        elif not self._active and timeout_s > 0:
+            time.sleep(min(timeout_s, 0.01))  # simulated latency: an idle poll blocks, as the engine's does
+        ready = [job for at, job in self._active if at <= now]
         done = {id(job) for job in ready}
         self._active = [(at, job) for at, job in self._active if id(job) not in done]
         answered, self._answered = self._answered, []
@@ -128,7 +126,7 @@ class FakeGenerator:
 
 
 def create_generator(config: Any) -> FakeGenerator:
-    """The factory `radixq worker --backend tests.fake_generator:create_generator` calls.
+    """The factory `radixq worker --generator tests.fake_generator:create_generator` calls.
 
     Environment: RADIXQ_FAKE_CAPACITY (default 64), RADIXQ_FAKE_LATENCY_S (default 0),
     RADIXQ_FAKE_SLOW_IDS (comma-separated job ids that take RADIXQ_FAKE_SLOW_S instead),
@@ -136,7 +134,7 @@ def create_generator(config: Any) -> FakeGenerator:
     (it starts once this file exists: a load the test ends), RADIXQ_FAKE_LOG (1: a log line
     per finished job).
     """
-    time.sleep(float(os.environ.get("RADIXQ_FAKE_START_S", "0")))
+    time.sleep(float(os.environ.get("RADIXQ_FAKE_START_S", "0")))  # simulated latency: a model load
     start_file = os.environ.get("RADIXQ_FAKE_START_FILE")
     if start_file:
         from tests.waiting import wait_until

@@ -127,8 +127,8 @@ def trained_tiny_model(
 @pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
     """The SmolLM2-135M-Instruct GGUF converted to a HF directory (cached across runs)."""
+    from worker.models.aliases import ALIASES
     from worker.models.gguf import ensure_converted
-    from worker.models.registry import ALIASES
 
     return ensure_converted(ALIASES["smollm2-135m"].locate(), name="smollm2-135m")
 

@@ -7,7 +7,6 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -15,7 +14,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from producer.local_redis import free_port
-from tests.waiting import LIVENESS_S
+from tests.waiting import LIVENESS_S, wait_until
 
 
 class LocalCluster:
@@ -142,32 +141,43 @@ def _free(port: int) -> bool:
 def _wait_ping(port: int, proc: subprocess.Popen[bytes], timeout_s: float = LIVENESS_S) -> bool:
     """True once the node on ``port`` answers; False when its process ended first (it could
     not bind the port)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
+    answered = False
+
+    def answers_or_ended() -> bool:
+        nonlocal answered
         try:
-            redis.Redis(host="127.0.0.1", port=port).ping()
-            return True
+            answered = bool(redis.Redis(host="127.0.0.1", port=port).ping())
         except redis.ConnectionError:
-            if proc.poll() is not None:
-                return False
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
+            return proc.poll() is not None
+        return True
+
+    wait_until(answers_or_ended, f"the node on port {port} to answer", timeout_s=timeout_s, poll_s=0.05)
+    return answered
+
+
+def _cluster_state(port: int) -> str:
+    """``ok`` or ``fail`` as the node on ``port`` sees the cluster ("" when it does not answer)."""
+    info = subprocess.run(
+        ["redis-cli", "-h", "127.0.0.1", "-p", str(port), "cluster", "info"],
+        capture_output=True,
+        text=True,
+    ).stdout
+    states = [
+        line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("cluster_state:")
+    ]
+    return states[0] if states else ""
 
 
 def _wait_ok(port: int, timeout_s: float = LIVENESS_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        info = subprocess.run(
-            ["redis-cli", "-h", "127.0.0.1", "-p", str(port), "cluster", "info"],
-            capture_output=True,
-            text=True,
-        ).stdout
-        if "cluster_state:ok" in info:
-            return
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the cluster did not come up: {info!r}")
-        time.sleep(0.1)
+    wait_until(
+        lambda: _cluster_state(port) == "ok", "the cluster to come up", timeout_s=timeout_s, poll_s=0.1
+    )
+
+
+def wait_failed(port: int) -> None:
+    """Until the node on ``port`` sees the cluster failed: a node it cannot reach is past the
+    node timeout and the slots it served are no longer served."""
+    wait_until(lambda: _cluster_state(port) == "fail", f"the node on port {port} to mark the cluster failed")
 
 
 def cluster_client(ports: list[int]) -> RedisCluster:

@@ -15,7 +15,7 @@ import torch
 
 from wire.schema import SamplingParams
 from worker.distributed import LEFT_ALONE, LEFT_DESTROYED
-from worker.scheduler.config import RunConfig
+from worker.scheduler.config import SchedulerProcessConfig
 from worker.scheduler.io import InMemoryIO
 from worker.scheduler.messages import GenerateRequest, RequestFinished, ShutdownRequest
 from worker.scheduler.run import _lead_group, build_scheduler, leave_group
@@ -37,7 +37,7 @@ def greedy(max_tokens: int, n: int = 1) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, temperature=0.0, n=n, logprobs=True, top_logprobs=3)
 
 
-def run_workload(config: RunConfig, requests: list[GenerateRequest]) -> Outcome:
+def run_workload(config: SchedulerProcessConfig, requests: list[GenerateRequest]) -> Outcome:
     """Serve ``requests`` on a group of ``config.engine.tensor_parallel_size`` ranks until all are
     answered, then leave the group as every scheduler process does (worker.scheduler.run
     .leave_group: rank 0 here, the followers after the ShutdownRequest forwarded to them);

@@ -174,9 +174,9 @@ def run_worker(config: Path | None, flags: dict[str, Any]) -> None:
     from wire.streams import connect
     from worker.config import ConfigError, deprecation_warnings, load_worker_config
     from worker.frontend.contract import GeneratorUnavailable
+    from worker.frontend.generators import create_generator
     from worker.preflight import PreflightError, check_model, wait_for_redis
     from worker.queue.consumer import Consumer
-    from worker.queue.factory import create_generator
     from worker.queue.jobqueue import QueueRefused
     from worker.queue.loading import loading_heartbeats
     from worker.queue.streams import RedisJobQueue

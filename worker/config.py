@@ -37,9 +37,9 @@ else:  # pragma: no cover
 
 from wire.keys import DEFAULT_QUEUE, DEFAULT_REDIS_URL, ENV_PREFIX, REDIS_URL_ENVS
 from worker.engine.config import EngineConfig
-from worker.options import Spec, check_options, option, spec_of
+from worker.options import Spec, at_least, check_options, option, spec_of, within
 from worker.queue.config import ConsumerConfig, default_worker_name
-from worker.scheduler.config import RunConfig, SchedulerConfig
+from worker.scheduler.config import SchedulerConfig, SchedulerProcessConfig
 
 
 class ConfigError(ValueError):
@@ -69,13 +69,13 @@ class WorkerSection:
     metrics_port: int = option(
         0,
         "serve Prometheus `/metrics` on this port (0: off)",
-        check=(lambda n: 0 <= n <= 65535, "must be a port in [1, 65535], or 0 for none"),
+        check=within(0, 65535, note="a port, or 0 for none"),
     )
     connect_timeout_s: float = option(
         30.0,
         "at start-up, how long to wait for Redis to answer before exiting with code 2 (before the model "
         "loads; once reached, later outages are waited out)",
-        check=(lambda x: x >= 0, "must be >= 0"),
+        check=at_least(0),
     )
 
     def __post_init__(self) -> None:
@@ -109,9 +109,9 @@ class WorkerConfig:
     given: frozenset[str] = frozenset()  # dotted settings set by the file, environment or flags
 
     @property
-    def run_config(self) -> RunConfig:
+    def process_config(self) -> SchedulerProcessConfig:
         """What the worker's scheduler process runs with."""
-        return RunConfig(self.engine, self.scheduler)
+        return SchedulerProcessConfig(self.engine, self.scheduler)
 
     def for_device(self, device: str) -> WorkerConfig:
         """A copy for ``device`` (cpu or cuda): engine.device set, and on cpu the CPU_DEFAULTS
@@ -119,7 +119,7 @@ class WorkerConfig:
         chosen = {"device": device}
         if device == "cpu":
             chosen |= {d.partition(".")[2]: v for d, v in CPU_DEFAULTS.items() if d not in self.given}
-        run = self.run_config.replace(**chosen)
+        run = self.process_config.replace(**chosen)
         return dataclasses.replace(self, engine=run.engine, scheduler=run.scheduler)
 
 

@@ -6,9 +6,9 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 from wire.schema import ChatMessage, Result, SamplingParams, error_result
-from worker.models.registry import DEFAULT_MODEL
-from worker.models.tokenizer import NoTokenizer, load_tokenizer_or_none
-from worker.scheduler.config import RunConfig
+from worker.models.aliases import DEFAULT_MODEL
+from worker.models.tokenizer import NoTokenizer, detokenizer, load_tokenizer_or_none
+from worker.scheduler.config import SchedulerProcessConfig
 from worker.scheduler.io import InMemoryIO
 from worker.scheduler.messages import GenerateRequest, RequestFinished
 from worker.scheduler.run import build_scheduler
@@ -34,17 +34,13 @@ class LLM:
     """
 
     def __init__(self, model: str = DEFAULT_MODEL, **engine_options: Any) -> None:
-        self.config = RunConfig.from_options(model, **engine_options).resolved()
+        self.config = SchedulerProcessConfig.from_options(model, **engine_options).resolved()
         self.io = InMemoryIO()
-        self.scheduler = build_scheduler(self.config, self.io, detokenize=self._detokenize)
+        self.scheduler = build_scheduler(self.config, self.io)
         self.engine = self.scheduler.engine
         self.tokenizer: Any = load_tokenizer_or_none(str(self.engine.loaded.path))
+        self.scheduler.detokenize = detokenizer(self.tokenizer)
         self._next_id = 0
-
-    def _detokenize(self, token_ids: list[int]) -> str:
-        if self.tokenizer is None:
-            return ""
-        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 
     def encode(self, prompt: Prompt) -> list[int]:
         """Token ids of one prompt: token ids as given, text encoded, chat rendered by the template."""
@@ -74,11 +70,13 @@ class LLM:
             if len(params) != len(batch):
                 raise ValueError(f"sampling: {len(params)} SamplingParams for {len(batch)} prompts")
         uids: list[str] = []
+        index_of: dict[str, int] = {}  # uid -> its prompt's index (the Result's job id)
         results: dict[str, Result] = {}
         for index, (prompt, sp) in enumerate(zip(batch, params, strict=True)):
             uid = f"llm-{self._next_id}"
             self._next_id += 1
             uids.append(uid)
+            index_of[uid] = index
             try:
                 input_ids = self.encode(prompt)
             except ValueError as exc:
@@ -88,7 +86,7 @@ class LLM:
         self.scheduler.run_until_idle()
         detok = self.tokenizer or NoTokenizer()
         for message in self.io.take_all():
-            if isinstance(message, RequestFinished) and message.uid in uids:
-                job_id = str(uids.index(message.uid))
+            if isinstance(message, RequestFinished) and message.uid in index_of:
+                job_id = str(index_of[message.uid])
                 results[message.uid] = build_result(job_id, message, detok, model=self.engine.loaded.name)
         return [results[uid] for uid in uids]

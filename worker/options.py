@@ -9,7 +9,7 @@ Torch-free: the choices are name lists their owners declare in torch-free module
 
 Adding a setting is one field::
 
-    max_widgets: int = option(4, "widgets per step", check=(lambda n: n >= 1, "must be >= 1"))
+    max_widgets: int = option(4, "widgets per step", check=at_least(1))
 """
 
 from __future__ import annotations
@@ -21,6 +21,30 @@ from typing import Any
 
 _SPEC = "radixq.option"
 
+Check = tuple[Callable[[Any], bool], str]  # (holds for a good value, why otherwise)
+
+
+def _why(rule: str, note: str) -> str:
+    return f"must be {rule}" + (f" ({note})" if note else "")
+
+
+def at_least(low: float, note: str = "") -> Check:
+    """The check "value >= ``low``"; ``note`` says what a special value means ("0: every core").
+    None passes: it is "not set" where the annotation admits it."""
+    return (lambda v: v is None or v >= low, _why(f">= {low:g}", note))
+
+
+def above(low: float) -> Check:
+    """The check "value > ``low``" (None passes, as in at_least)."""
+    return (lambda v: v is None or v > low, _why(f"> {low:g}", ""))
+
+
+def within(low: float, high: float, *, low_open: bool = False, note: str = "") -> Check:
+    """The check "value in [low, high]", or (low, high] with ``low_open`` (None passes)."""
+    if low_open:
+        return (lambda v: v is None or low < v <= high, _why(f"in ({low:g}, {high:g}]", note))
+    return (lambda v: v is None or low <= v <= high, _why(f"in [{low:g}, {high:g}]", note))
+
 
 @dataclass(frozen=True)
 class Spec:
@@ -28,7 +52,7 @@ class Spec:
 
     help: str
     choices: tuple[str, ...] = ()  # allowed values (from the owner's name list); () any
-    check: tuple[Callable[[Any], bool], str] | None = None  # (holds for a good value, why otherwise)
+    check: Check | None = None  # at_least, above, within
     flags: tuple[str, ...] = ()  # flag declarations of `radixq worker`; () "--" + the key in dashes
     repeat: bool = False  # a flag given once per value; the setting is the values joined by ","
     env: tuple[str, ...] = ()  # other environment variables read after RADIXQ_<KEY>
@@ -41,7 +65,7 @@ def option(
     help: str,
     *,
     choices: Sequence[str] = (),
-    check: tuple[Callable[[Any], bool], str] | None = None,
+    check: Check | None = None,
     flags: Sequence[str] = (),
     repeat: bool = False,
     env: Sequence[str] = (),

@@ -38,7 +38,7 @@ def check_model(
     config.json found (in the folder, the file itself, the snapshot) names an architecture
     radixq runs and no quantization scheme it cannot (worker.models.architectures)."""
     from worker.models import hub
-    from worker.models.registry import ALIASES
+    from worker.models.aliases import ALIASES
 
     model = engine.model
     path = Path(model).expanduser()
@@ -125,8 +125,8 @@ def check_run(
     if settings.worker.generator == "engine":
         check_model(settings.engine, say)
     else:
+        from worker.frontend.generators import GENERATORS
         from worker.lazy import load_callable
-        from worker.queue.factory import GENERATORS
 
         try:
             load_callable(settings.worker.generator, GENERATORS, "generator")

@@ -1,4 +1,4 @@
-"""Queue scenarios: `radixq worker` processes with the fake backend (tests/fake_backend.py,
+"""Queue scenarios: `radixq worker` processes with the fake generator (tests/fake_generator.py,
 slowed by RADIXQ_FAKE_LATENCY_S) against a private redis-server, and workers that die or
 freeze. Each returns what it observed (benchmarks.chaos.lab.Observed). The helpers here serve the
 Redis scenarios (benchmarks.chaos.redis_faults) too.

@@ -1,5 +1,5 @@
 """Redis scenarios: Redis killed, restarted without its data or from an older AOF, and full
-(maxmemory with noeviction), under fake-backend workers and a running `collect`. Where Redis
+(maxmemory with noeviction), under fake-generator workers and a running `collect`. Where Redis
 lost writes, the loss must be reported (by collect or a worker) and is recovered the
 documented way: enqueue the same input again, collect again into the same output.
 """

@@ -43,7 +43,7 @@ if str(REPO_ROOT) not in sys.path:  # run from a checkout: producer and worker i
 from wire.keys import DEFAULT_QUEUE, QueueKeys  # noqa: E402
 from wire.routing import MAX_PARTITIONS  # noqa: E402
 from worker.engine.config import EngineConfig  # noqa: E402
-from worker.models.registry import DEFAULT_MODEL  # noqa: E402
+from worker.models.aliases import DEFAULT_MODEL  # noqa: E402
 from worker.queue.consumer import HELD_PER_SLOT  # noqa: E402
 
 DEFAULT_OUTPUT = REPO_ROOT / "deploy" / "k8s" / "scaledobject.yaml"

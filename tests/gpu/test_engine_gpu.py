@@ -191,11 +191,11 @@ def test_abort_mid_decode_under_graphs_and_overlap_frees_everything(tiny_dir):
     the others still match the oracle."""
     from wire.schema import SamplingParams
     from worker.scheduler import InMemoryIO, build_scheduler
-    from worker.scheduler.config import RunConfig
+    from worker.scheduler.config import SchedulerProcessConfig
     from worker.scheduler.messages import AbortRequest, GenerateRequest
 
     hf, path = tiny_dir
-    config = RunConfig.from_options(
+    config = SchedulerProcessConfig.from_options(
         str(path), device="cuda", dtype="bfloat16", max_running_reqs=4, num_pages=8192, max_seq_len=512
     )
     io = InMemoryIO()

@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 from tests.model_fixtures import tp_gpu_model_dir  # noqa: E402,F401  (a fixture)
 from tests.tp_harness import assert_left_cleanly, greedy, run_workload  # noqa: E402
-from worker.scheduler.config import RunConfig  # noqa: E402
+from worker.scheduler.config import SchedulerProcessConfig  # noqa: E402
 from worker.scheduler.messages import GenerateRequest  # noqa: E402
 
 pytestmark = [
@@ -40,8 +40,8 @@ def test_tp2_on_nccl_generates_what_tp1_generates(tp_gpu_model_dir: Path) -> Non
         for i in range(12)
     ]
 
-    def config(tp: int) -> RunConfig:
-        return RunConfig.from_options(
+    def config(tp: int) -> SchedulerProcessConfig:
+        return SchedulerProcessConfig.from_options(
             str(tp_gpu_model_dir), device="cuda", dtype="bfloat16", tensor_parallel_size=tp
         )
 

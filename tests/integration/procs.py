@@ -57,11 +57,11 @@ def start_radixq(*args: str, log: Path) -> subprocess.Popen[str]:
 def start_worker(
     redis_url: str, name: str, log_path: Path, *args: str, **env: str
 ) -> subprocess.Popen[bytes]:
-    """A `radixq worker` subprocess with the fake backend, logging to ``log_path``."""
+    """A `radixq worker` subprocess with the fake generator, logging to ``log_path``."""
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "radixq", "worker", "--redis-url", redis_url, "--name", name]
-            + ["--backend", FAKE_GENERATOR, *args],
+            + ["--generator", FAKE_GENERATOR, *args],
             cwd=REPO_ROOT,
             env=subprocess_env(**env),
             stdin=subprocess.DEVNULL,

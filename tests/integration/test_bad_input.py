@@ -6,7 +6,6 @@ from __future__ import annotations
 import gzip
 import json
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ import redis
 from tests.fake_generator import fake_text
 from tests.integration.procs import radixq, start_worker
 from tests.jobs_stream import job_entries, pending_count
-from tests.waiting import LIVENESS_S
+from tests.waiting import LIVENESS_S, wait_until
 from wire.keys import FIELD_ID, FIELD_JOB, QueueKeys
 from wire.schema import MAX_JOB_BYTES
 
@@ -137,9 +136,7 @@ def test_job_invalid_at_intake_gets_error_result_without_retries(redis_url: str,
     wrong_entry = client.xadd(keys.jobs, {FIELD_ID: "raw-2", FIELD_JOB: b"\x81\xa2id\xa5raw-2"}).decode()
     worker = start_worker(redis_url, "w1", tmp_path / "w1.log", "--max-attempts", "5")
     try:
-        deadline = time.monotonic() + LIVENESS_S
-        while client.hlen(keys.done) < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: client.hlen(keys.done) >= 2, "both entries done", tmp_path / "w1.log", poll_s=0.05)
     finally:
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(timeout=LIVENESS_S) == 0

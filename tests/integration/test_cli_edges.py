@@ -9,14 +9,13 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
 import redis
 
 from tests.integration.procs import REPO_ROOT, radixq, subprocess_env
-from tests.waiting import LIVENESS_S
+from tests.waiting import LIVENESS_S, wait_until
 from wire import exits
 from wire.keys import QueueKeys
 
@@ -133,10 +132,12 @@ def test_enqueue_streams_an_input_that_is_still_being_written(redis_url: str, tm
     feeder = threading.Thread(target=feed)
     feeder.start()
     try:
-        deadline = time.monotonic() + LIVENESS_S
-        while client.llen(KEYS.order) < 2000:
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.05)
+
+        def enqueued_2000() -> bool:
+            assert proc.poll() is None, proc.communicate()
+            return client.llen(KEYS.order) >= 2000
+
+        wait_until(enqueued_2000, "2000 jobs enqueued while the input stays open", poll_s=0.05)
         assert proc.poll() is None  # still reading: the input is not closed yet
     finally:
         release.set()

@@ -8,7 +8,6 @@ import json
 import re
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -97,7 +96,7 @@ def test_enqueue_waits_while_redis_is_full(server: LocalRedis, tmp_path: Path) -
     proc = start_radixq("enqueue", str(source), "--redis-url", server.url, log=log)
     try:
         wait_until(lambda: "errorstat_OOM" in admin.info("errorstats"))
-        time.sleep(0.5)
+        wait_until(lambda: "waiting for Redis" in log.read_text(), "enqueue to wait for room", log)
         admin.config_set("maxmemory", 0)  # someone collected results or raised the limit
         assert proc.wait(timeout=LIVENESS_S) == exits.OK, log.read_text()
     finally:
@@ -122,7 +121,7 @@ def test_collect_waits_through_a_redis_restart(tmp_path: Path) -> None:
     try:
         wait_until(lambda: line_count(out) >= 30)
         server.kill()
-        time.sleep(1.5)
+        wait_until(lambda: "waiting for Redis" in log.read_text(), "collect to wait out the outage", log)
         server.restart()
         assert collect.wait(timeout=LIVENESS_S) == exits.OK, log.read_text()
     finally:

@@ -5,7 +5,6 @@ with SIGKILL and restarted (from its AOF and nodes.conf) while workers run."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,7 @@ import redis
 
 from tests.fake_generator import fake_text
 from tests.integration.procs import FAKE_GENERATOR, radixq, start_worker
-from tests.redis_cluster import LocalCluster, cluster_client, running_cluster
+from tests.redis_cluster import LocalCluster, cluster_client, running_cluster, wait_failed
 from tests.waiting import LIVENESS_S, wait_until
 from wire.keys import QueueKeys
 
@@ -84,7 +83,7 @@ def test_every_command_works_pointed_at_any_node(cluster: LocalCluster, tmp_path
         ran = tmp_path / f"{queue}.run.jsonl"
         run = radixq(
             "run", str(source), "-o", str(ran), "-q", f"{queue}-run", "--redis-url", url,
-            "--backend", FAKE_GENERATOR, "--timeout", "90", "--quiet",
+            "--generator", FAKE_GENERATOR, "--timeout", "90", "--quiet",
         )  # fmt: skip
         assert run.returncode == 0, run.stderr
         assert [json.loads(line)["id"] for line in ran.read_text().splitlines()] == ids
@@ -116,7 +115,7 @@ def test_a_node_killed_mid_run_loses_no_job_and_duplicates_no_id(
         wait_until(lambda: 40 <= client.hlen(keys.done) <= 200, "the workers at work")
         killed_at_done = client.hlen(keys.done)
         cluster.kill(victim)
-        time.sleep(3)  # past the node timeout: the cluster marks the node failed and stops serving
+        wait_failed(meta_port)  # past the node timeout: the cluster marks the node failed and stops serving
         cluster.restart(victim)
         collected = radixq("collect", "-o", str(out), "--redis-url", url, "--wait", "--quiet", timeout_s=300)
         assert collected.returncode == 0, collected.stderr

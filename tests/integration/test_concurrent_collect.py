@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,7 @@ from producer.client import Client
 from producer.outlock import lock_path
 from tests.integration.procs import REPO_ROOT, subprocess_env
 from tests.integration.results import complete_all
-from tests.waiting import LIVENESS_S
+from tests.waiting import LIVENESS_S, wait_until
 from wire import exits
 from wire.keys import QueueKeys
 from wire.schema import Job
@@ -55,10 +54,12 @@ def test_a_collect_started_while_another_writes_refuses_naming_it(redis_url: str
     out = tmp_path / "out.jsonl"
     first = start_collect(redis_url, out, "--timeout", "300")
     try:
-        deadline = time.monotonic() + LIVENESS_S
-        while not (out.exists() and len(ids_in(out)) == JOBS // 2):  # it holds the file, waiting
-            assert first.poll() is None and time.monotonic() < deadline, first.communicate()
-            time.sleep(0.05)
+
+        def holds_half() -> bool:  # it holds the file, waiting
+            assert first.poll() is None, first.communicate()
+            return out.exists() and len(ids_in(out)) == JOBS // 2
+
+        wait_until(holds_half, "the first collect to write half the rows", poll_s=0.05)
         second = start_collect(redis_url, out)
         _, err = second.communicate(timeout=LIVENESS_S)
         assert second.returncode == exits.USAGE, err

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ import redis
 from tests.integration.procs import radixq, start_engine_worker
 from tests.jobs_stream import pending_count
 from tests.model_fixtures import smollm2_dir  # noqa: F401  (fixture)
-from tests.waiting import LIVENESS_S
+from tests.waiting import LIVENESS_S, observe, wait_until
 from wire.keys import QueueKeys
 from worker.config import CPU_DEFAULTS
 from worker.queue.consumer import HELD_PER_SLOT
@@ -39,18 +38,16 @@ def test_a_cpu_worker_does_not_take_a_whole_queue(
     limit = CPU_DEFAULTS["engine.max_running_reqs"]
     most_held = 0
     try:
-        deadline = time.monotonic() + LIVENESS_S
-        started_at = None
-        while time.monotonic() < deadline:
+
+        def held_now() -> int:
+            nonlocal most_held
+            assert worker.poll() is None, (tmp_path / "worker.log").read_text()[-2000:]
             held = pending_count(client, KEYS)  # over every partition stream (a new queue routes)
             most_held = max(most_held, held)
-            if held and started_at is None:
-                started_at = time.monotonic()
-            if started_at is not None and time.monotonic() - started_at > 5:
-                break
-            assert worker.poll() is None, (tmp_path / "worker.log").read_text()[-2000:]
-            time.sleep(0.1)
-        assert started_at is not None, (tmp_path / "worker.log").read_text()[-2000:]
+            return held
+
+        wait_until(held_now, "the worker to take jobs", tmp_path / "worker.log", poll_s=0.1)
+        observe(held_now, duration_s=5.0)  # what it holds, sampled over 5 s of its run
     finally:
         worker.send_signal(signal.SIGTERM)
         worker.wait(timeout=LIVENESS_S)

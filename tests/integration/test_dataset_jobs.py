@@ -148,7 +148,7 @@ def test_run_parquet_in_parquet_out_and_resume(tmp_path: Path) -> None:
     source = tmp_path / "in.parquet"
     records = dataset(source)
     out = tmp_path / "out.parquet"
-    args = ["run", str(source), "-o", str(out), "--backend", FAKE_GENERATOR, "--timeout", "60"]
+    args = ["run", str(source), "-o", str(out), "--generator", FAKE_GENERATOR, "--timeout", "60"]
     mapping = ["--id-column", "key", "--prompt-column", "question", "--join-input"]
     done = radixq(*args, *mapping)
     assert done.returncode == exits.JOBS_FAILED, done.stderr  # the rejected row
@@ -158,7 +158,7 @@ def test_run_parquet_in_parquet_out_and_resume(tmp_path: Path) -> None:
     check_joined(out, records)
     unreadable = tmp_path / "bad.parquet"
     unreadable.write_text("not parquet")
-    bad = radixq("run", str(unreadable), "-o", str(out), "--backend", FAKE_GENERATOR)
+    bad = radixq("run", str(unreadable), "-o", str(out), "--generator", FAKE_GENERATOR)
     assert bad.returncode == exits.USAGE and "Traceback" not in bad.stderr and "cannot read" in bad.stderr
 
 
@@ -176,7 +176,7 @@ def test_run_errors_file_takes_run_time_errors_too_and_resumes(tmp_path: Path) -
     ]
     source.write_text("\n".join(lines) + "\n")
     out, errors = tmp_path / "out.jsonl", tmp_path / "errors.jsonl"
-    args = ["run", str(source), "-o", str(out), "--errors", str(errors), "--backend", FAKE_GENERATOR]
+    args = ["run", str(source), "-o", str(out), "--errors", str(errors), "--generator", FAKE_GENERATOR]
     for attempt in range(2):
         done = radixq(*args, "--timeout", "60")
         assert done.returncode == exits.JOBS_FAILED, done.stderr

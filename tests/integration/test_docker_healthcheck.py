@@ -1,5 +1,5 @@
 """docker/healthcheck.py, the worker containers' healthcheck, against a real redis-server and a
-real `radixq worker` (fake backend): healthy while the worker heartbeats, unhealthy once it
+real `radixq worker` (fake generator): healthy while the worker heartbeats, unhealthy once it
 stops, when it never started, and when Redis cannot be reached; one line every time."""
 
 from __future__ import annotations
@@ -8,7 +8,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import msgspec
@@ -16,7 +15,7 @@ import pytest
 import redis
 
 from tests.integration.procs import FAKE_GENERATOR, REPO_ROOT, subprocess_env
-from tests.waiting import LIVENESS_S
+from tests.waiting import LIVENESS_S, wait_until
 from wire.keys import QueueKeys
 from wire.status import DEAD_AFTER_BEATS, Heartbeat, now_ms
 
@@ -52,7 +51,7 @@ def test_healthy_while_the_worker_heartbeats_unhealthy_once_it_stops(redis_url: 
     # No --name: the worker calls itself <hostname>-<pid>, as it does in a container.
     with open(tmp_path / "worker.log", "wb") as log:
         worker = subprocess.Popen(
-            [sys.executable, "-m", "radixq", "worker", "--backend", FAKE_GENERATOR],
+            [sys.executable, "-m", "radixq", "worker", "--generator", FAKE_GENERATOR],
             cwd=REPO_ROOT,
             env=subprocess_env(RADIXQ_REDIS_URL=redis_url),
             stdin=subprocess.DEVNULL,
@@ -60,17 +59,23 @@ def test_healthy_while_the_worker_heartbeats_unhealthy_once_it_stops(redis_url: 
             stderr=subprocess.STDOUT,
         )
     try:
-        deadline = time.monotonic() + LIVENESS_S
-        code, line = healthcheck(redis_url)
-        while code != 0 and time.monotonic() < deadline:
-            time.sleep(0.2)
-            code, line = healthcheck(redis_url)
-        assert code == 0, f"{line}\n{(tmp_path / 'worker.log').read_text()}"
+        checked: list[tuple[int, str]] = []
+        wait_until(
+            lambda: checked.append(healthcheck(redis_url)) or checked[-1][0] == 0,
+            lambda: f"healthy ({checked[-1]})",
+            tmp_path / "worker.log",
+            poll_s=0.2,
+        )
+        code, line = checked[-1]
         assert line.startswith(f"healthy: worker {socket.gethostname()}-{worker.pid}: heartbeat ")
 
         worker.send_signal(signal.SIGSTOP)  # hung: no more heartbeats
-        time.sleep(1.5)
-        code, line = healthcheck(redis_url, "--max-age-s", "1")
+        wait_until(  # its last heartbeat ages past 1 s
+            lambda: checked.append(healthcheck(redis_url, "--max-age-s", "1")) or checked[-1][0] != 0,
+            "unhealthy",
+            poll_s=0.2,
+        )
+        code, line = checked[-1]
         assert code == 1 and line.startswith("unhealthy: worker "), line
     finally:
         worker.send_signal(signal.SIGCONT)

@@ -137,15 +137,21 @@ def test_worker_metrics_count_what_happened(redis_url: str, tmp_path: Path) -> N
 
 def test_status_shows_rate_eta_and_queue_lag(redis_url: str, tmp_path: Path) -> None:
     enqueue(redis_url, [Job(id=f"s{i}", prompt="x") for i in range(120)])
-    time.sleep(0.5)
+    time.sleep(0.5)  # simulated latency: the queued jobs wait 0.5 s for a worker
     before = json.loads(radixq("status", "--redis-url", redis_url, "--json").stdout)
     assert before["queue_lag_s"] >= 0.5 and before["eta_s"] is None and before["jobs_per_s"] == 0
     start_worker(redis_url, "w", tmp_path / "w.log", RADIXQ_FAKE_LATENCY_S="0.2", RADIXQ_FAKE_CAPACITY="2")
     client = redis.Redis.from_url(redis_url)
-    wait_until(lambda: client.hlen(QueueKeys().done) >= 16, "some jobs done")
-    time.sleep(2.5)  # a heartbeat (every 2 s) carries the rate
-    shown = radixq("status", "--redis-url", redis_url, "--json")
-    snap = json.loads(shown.stdout)
+    snaps: list[dict] = []
+
+    def rate_shown() -> bool:  # a heartbeat (every 2 s) carries the rate of the jobs done so far
+        snaps.append(json.loads(radixq("status", "--redis-url", redis_url, "--json").stdout))
+        return (
+            client.hlen(QueueKeys().done) >= 16 and snaps[-1]["consumers"][0]["heartbeat"]["jobs_per_s"] > 0
+        )
+
+    wait_until(rate_shown, "a heartbeat with the rate", tmp_path / "w.log", poll_s=0.2)
+    snap = snaps[-1]
     rate = snap["consumers"][0]["heartbeat"]["jobs_per_s"]
     assert 0 < rate <= 11  # two at a time, 0.2 s each: 10 jobs/s at most (a loaded box gives fewer)
     assert snap["jobs_per_s"] == rate

@@ -15,7 +15,7 @@ from openai.types.chat import ChatCompletion
 
 from tests.fake_generator import fake_text
 from tests.integration.procs import FAKE_GENERATOR, radixq, subprocess_env
-from worker.queue.prompts import sub_job_id
+from worker.frontend.prompts import sub_job_id
 
 pytestmark = pytest.mark.integration
 
@@ -54,7 +54,9 @@ def test_openai_batch_file_end_to_end(tmp_path: Path) -> None:
     source.write_text("\n".join(lines) + "\n")
     out = tmp_path / "out.jsonl"
     env = subprocess_env(RADIXQ_SERVED_MODEL_NAMES="smol")
-    done = radixq("run", str(source), "-o", str(out), "--backend", FAKE_GENERATOR, "--timeout", "60", env=env)
+    done = radixq(
+        "run", str(source), "-o", str(out), "--generator", FAKE_GENERATOR, "--timeout", "60", env=env
+    )
     assert done.returncode == 1, done.stderr  # a rejected line and a failed job
     assert f"rejected {source}:line 2: " in done.stderr and "body.tools" in done.stderr
     assert "body.user on 2 lines: accepted and ignored" in done.stderr
@@ -96,7 +98,7 @@ def test_served_names_unknown_models_and_openai_ranges(tmp_path: Path) -> None:
     ]
     source = tmp_path / "batch.jsonl"
     source.write_text("\n".join(lines) + "\n")
-    args = ["run", str(source), "--backend", FAKE_GENERATOR, "--timeout", "60"]
+    args = ["run", str(source), "--generator", FAKE_GENERATOR, "--timeout", "60"]
     served_out = tmp_path / "served.jsonl"
     done = radixq(
         *args, "-o", str(served_out), "--served-model-name", "my-model", "--served-model-name", "my-other"

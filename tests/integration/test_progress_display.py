@@ -17,7 +17,7 @@ import pytest
 
 from producer.client import Client
 from tests.integration.procs import FAKE_GENERATOR, REPO_ROOT, radixq, start_worker, subprocess_env
-from tests.waiting import LIVENESS_S
+from tests.waiting import LIVENESS_S, drive_until
 from wire.schema import Job
 
 pytestmark = pytest.mark.integration
@@ -135,7 +135,7 @@ def test_run_prints_progress_lines_reaching_every_job(tmp_path: Path) -> None:
     source.write_text("".join(json.dumps({"id": f"r{i}", "prompt": f"hello {i}"}) + "\n" for i in range(12)))
     out = tmp_path / "out.jsonl"
     done = radixq(
-        "run", str(source), "-o", str(out), "--backend", FAKE_GENERATOR, "--progress-interval", "0.2"
+        "run", str(source), "-o", str(out), "--generator", FAKE_GENERATOR, "--progress-interval", "0.2"
     )
     assert done.returncode == 0, done.stderr
     final = [STATE.search(line) for line in done.stderr.splitlines() if line.startswith("progress: ")][-1]
@@ -152,28 +152,35 @@ def run_in_pty(args: list[str], env: dict[str, str], timeout_s: float = LIVENESS
     import select
     import struct
     import termios
-    import time
 
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 200, 0, 0))
     proc = subprocess.Popen(args, cwd=REPO_ROOT, env=env, stdin=slave, stdout=slave, stderr=slave)
     os.close(slave)
     received = bytearray()
-    deadline = time.monotonic() + timeout_s
+    closed = False
+
+    def read() -> None:
+        nonlocal closed
+        ready, _, _ = select.select([master], [], [], 0.1)
+        if ready:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: every writer closed the terminal
+                chunk = b""
+            closed = not chunk
+            received.extend(chunk)
+        else:
+            closed = proc.poll() is not None
+
     try:
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([master], [], [], 0.1)
-            if ready:
-                try:
-                    chunk = os.read(master, 65536)
-                except OSError:  # EIO: every writer closed the terminal
-                    break
-                if not chunk:
-                    break
-                received += chunk
-            elif proc.poll() is not None:
-                break
-        code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        drive_until(
+            lambda: closed,
+            read,
+            lambda: f"the command to end; the screen: {received[-2000:]!r}",
+            timeout_s=timeout_s,
+        )
+        code = proc.wait(timeout=LIVENESS_S)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -191,7 +198,7 @@ def test_run_on_a_terminal_keeps_worker_logs_out_of_the_bar_and_says_it_is_loadi
         RADIXQ_FAKE_START_S="1.5", RADIXQ_FAKE_LOG="1", RADIXQ_FAKE_LATENCY_S="0.1", RADIXQ_FAKE_CAPACITY="2"
     )
     command = [sys.executable, "-m", "radixq", "run", str(source), "-o", str(tmp_path / "out.jsonl")]
-    code, screen = run_in_pty([*command, "--backend", FAKE_GENERATOR, "--workers", "2"], env)
+    code, screen = run_in_pty([*command, "--generator", FAKE_GENERATOR, "--workers", "2"], env)
     assert code == 0, screen[-2000:]
     lines = [line for line in re.split(r"[\r\n]", ANSI.sub("", screen)) if line.strip()]
     logs = [line for line in lines if "finished job" in line]

@@ -18,7 +18,7 @@ from producer.local_redis import LocalRedis
 from tests.conftest import require_redis_server
 from tests.fake_generator import fake_text
 from tests.integration.procs import radixq, start_worker
-from tests.waiting import LIVENESS_S, wait_until
+from tests.waiting import LIVENESS_S, observe, wait_until
 from wire import exits
 from wire.keys import QueueKeys
 from wire.schema import Job
@@ -29,6 +29,11 @@ from worker.queue.streams.survey import take
 pytestmark = pytest.mark.integration
 
 NUM_JOBS = 400
+
+
+def all_logged(folder: Path, workers: int, text: str) -> bool:
+    """Whether each worker's log (w0.log, w1.log, ...) has ``text``."""
+    return all(text in (folder / f"w{i}.log").read_text(errors="replace") for i in range(workers))
 
 
 def test_redis_restart_loses_nothing(tmp_path: Path) -> None:
@@ -42,12 +47,10 @@ def test_redis_restart_loses_nothing(tmp_path: Path) -> None:
         client.enqueue(jobs)
         env = {"RADIXQ_FAKE_CAPACITY": "8", "RADIXQ_FAKE_LATENCY_S": "0.03"}
         workers = [start_worker(server.url, f"w{i}", tmp_path / f"w{i}.log", **env) for i in range(2)]
-        deadline = time.monotonic() + LIVENESS_S
-        while client.redis.hlen(keys.done) < NUM_JOBS // 4:
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        wait_until(lambda: client.redis.hlen(keys.done) >= NUM_JOBS // 4, "a quarter of the jobs done")
         server.kill()
-        time.sleep(1.5)  # workers run into a dead socket, back off, keep finishing held jobs
+        # workers run into a dead socket, back off, keep finishing held jobs
+        wait_until(lambda: all_logged(tmp_path, 2, "queue unavailable"), "both workers to meet the outage")
         server.restart()
         done_after_restart = client.redis.hlen(keys.done)
         assert done_after_restart >= NUM_JOBS // 4  # the AOF kept every acknowledged completion
@@ -111,20 +114,22 @@ def test_workers_keep_their_window_full_after_an_aof_restart(tmp_path: Path) -> 
         workers = [start_worker(server.url, f"w{i}", tmp_path / f"w{i}.log", **env) for i in range(2)]
         wait_until(lambda: client.redis.hlen(keys.done) >= 300, "300 jobs done before the kill")
         server.kill()
-        time.sleep(1.0)
+        wait_until(lambda: all_logged(tmp_path, 2, "queue unavailable"), "both workers to meet the outage")
         server.restart()
         group = client.redis.xinfo_groups(keys.jobs)[0]
         assert group["lag"] is None, group  # what the workers face: Redis lost the count
         boundary = group["last-delivered-id"].decode()
         restarted_s, done_then = time.monotonic(), client.redis.hlen(keys.done)
         wait_until(lambda: client.redis.hlen(keys.done) >= done_then + 1500, "1500 more jobs done")
-        held = []
-        for _ in range(20):
-            pending = client.redis.xpending_range(
-                keys.jobs, keys.group, min=f"({boundary}", max="+", count=100
-            )
-            held.append(len(pending))
-            time.sleep(0.1)
+        held: list[int] = []
+        observe(  # what the workers hold past the boundary, over 2 s
+            lambda: held.append(
+                len(
+                    client.redis.xpending_range(keys.jobs, keys.group, min=f"({boundary}", max="+", count=100)
+                )
+            ),
+            duration_s=2.0,
+        )
         print(f"in flight after the restart (+{time.monotonic() - restarted_s:.1f} s): {held}")
         assert sorted(held)[len(held) // 2] >= 12, held  # the median sample
     finally:
@@ -154,7 +159,9 @@ def test_the_survey_counts_the_lag_redis_lost(tmp_path: Path) -> None:
         queue.prepare()
         survey = queue.survey(max_age_s=60.0)
         assert survey is not None and survey.queued == truth
-        counted = take(admin, keys, "w", 1, LagCount(max_counted=500))  # 1,200 kept behind: counted forward, capped
+        counted = take(
+            admin, keys, "w", 1, LagCount(max_counted=500)
+        )  # 1,200 kept behind: counted forward, capped
         assert sum(counted.lag) == 500
         admin.close()
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 import signal
-import time
 from pathlib import Path
 
 import msgspec
@@ -37,7 +36,7 @@ def test_run_writes_every_job_in_input_order_and_resumes(tmp_path: Path) -> None
         str(out),
         "--workers",
         "2",
-        "--backend",
+        "--generator",
         FAKE_GENERATOR,
         "--timeout",
         RUN_TIMEOUT,
@@ -53,7 +52,9 @@ def test_run_writes_every_job_in_input_order_and_resumes(tmp_path: Path) -> None
     # Resume: drop the last two lines; a second run writes exactly those again.
     lines = out.read_text().splitlines(keepends=True)
     out.write_text("".join(lines[:-2]) + lines[-2][:10])  # and a torn line
-    again = radixq("run", str(source), "-o", str(out), "--backend", FAKE_GENERATOR, "--timeout", RUN_TIMEOUT)
+    again = radixq(
+        "run", str(source), "-o", str(out), "--generator", FAKE_GENERATOR, "--timeout", RUN_TIMEOUT
+    )
     assert again.returncode == 0, again.stderr
     assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == expected
 
@@ -78,7 +79,7 @@ def test_run_against_given_redis_with_openai_batch_file(redis_url: str, tmp_path
         str(out),
         "--redis-url",
         redis_url,
-        "--backend",
+        "--generator",
         FAKE_GENERATOR,
         "--timeout",
         "60",
@@ -100,7 +101,7 @@ def test_rejected_lines_exit_1_and_the_valid_jobs_still_run(tmp_path: Path) -> N
     ]
     source.write_text("".join(json.dumps(line) + "\n" for line in lines))
     out = tmp_path / "out.jsonl"
-    done = radixq("run", str(source), "-o", str(out), "--backend", FAKE_GENERATOR, "--timeout", RUN_TIMEOUT)
+    done = radixq("run", str(source), "-o", str(out), "--generator", FAKE_GENERATOR, "--timeout", RUN_TIMEOUT)
     assert done.returncode == 1, done.stderr
     assert f"rejected {source}:line 2: " in done.stderr and "Traceback" not in done.stderr
     rows = [json.loads(line) for line in out.read_text().splitlines()]
@@ -119,7 +120,7 @@ def test_a_failed_job_exits_1_in_both_output_formats(redis_url: str, tmp_path: P
         + "\n"
     )
     out = tmp_path / "native.out.jsonl"
-    done = radixq("run", str(native), "-o", str(out), "--backend", FAKE_GENERATOR, "--timeout", RUN_TIMEOUT)
+    done = radixq("run", str(native), "-o", str(out), "--generator", FAKE_GENERATOR, "--timeout", RUN_TIMEOUT)
     assert done.returncode == 1, done.stderr
     rows = {row["id"]: row for row in map(json.loads, out.read_text().splitlines())}
     assert rows["ok"]["error"] is None and rows["boom"]["error"]["code"] == "internal"
@@ -141,7 +142,7 @@ def test_a_failed_job_exits_1_in_both_output_formats(redis_url: str, tmp_path: P
     ]
     batch.write_text("".join(json.dumps(r) + "\n" for r in requests))
     out = tmp_path / "batch.out.jsonl"
-    args = ["run", str(batch), "-o", str(out), "--redis-url", redis_url, "--backend", FAKE_GENERATOR]
+    args = ["run", str(batch), "-o", str(out), "--redis-url", redis_url, "--generator", FAKE_GENERATOR]
     done = radixq(*args, "--timeout", RUN_TIMEOUT)
     assert done.returncode == 1, done.stderr
     rows = {row["custom_id"]: row for row in map(json.loads, out.read_text().splitlines())}
@@ -154,13 +155,13 @@ def test_unreachable_or_refusing_redis_exits_2_with_one_line(tmp_path: Path) -> 
     source = REPO_ROOT / "examples" / "prompts.jsonl"
     out = tmp_path / "out.jsonl"
     nobody = f"redis://127.0.0.1:{free_port()}/0"
-    done = radixq("run", str(source), "-o", str(out), "--redis-url", nobody, "--backend", FAKE_GENERATOR)
+    done = radixq("run", str(source), "-o", str(out), "--redis-url", nobody, "--generator", FAKE_GENERATOR)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1].startswith(f"error: redis at {nobody}: ")
     assert "Traceback" not in done.stderr
     with LocalRedis(use_server=True, appendonly=False, with_password=True) as server:
         wrong = server.url.replace(f":{server.password}@", ":wrong@")
-        done = radixq("run", str(source), "-o", str(out), "--redis-url", wrong, "--backend", FAKE_GENERATOR)
+        done = radixq("run", str(source), "-o", str(out), "--redis-url", wrong, "--generator", FAKE_GENERATOR)
     assert done.returncode == 2
     (line,) = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert "redis://:***@127.0.0.1" in line and "check the password" in line and "wrong" not in line
@@ -173,7 +174,7 @@ def test_run_falls_back_to_fakeredis_without_a_redis_server_binary(tmp_path: Pat
     out = tmp_path / "out.jsonl"
     env = subprocess_env(PATH=str(tmp_path))  # no redis-server on PATH
     done = radixq(
-        "run", str(source), "-o", str(out), "--backend", FAKE_GENERATOR, "--timeout", RUN_TIMEOUT, env=env
+        "run", str(source), "-o", str(out), "--generator", FAKE_GENERATOR, "--timeout", RUN_TIMEOUT, env=env
     )
     assert done.returncode == 0, done.stderr
     assert "started a private fakeredis at redis://127.0.0.1:" in done.stderr
@@ -205,7 +206,13 @@ def test_status_and_dlq_commands(redis_url: str, tmp_path: Path) -> None:
     last_seen_ms = now_ms() - 10_000
     beat = Heartbeat(name="ghost", pid=1, last_seen_ms=last_seen_ms, interval_s=0.1)
     client.redis.hset(keys.workers, "ghost", msgspec.msgpack.encode(beat))
-    time.sleep(0.6)
+    wait_until(  # the ghost's entries idle past 0.5 s
+        lambda: all(
+            e["time_since_delivered"] >= 600
+            for e in client.redis.xpending_range(keys.jobs, keys.group, "-", "+", 10, consumername="ghost")
+        ),
+        "the ghost to idle 0.6 s",
+    )
     status = radixq("status", "--redis-url", redis_url, "--json")
     asked_within_s = (now_ms() - last_seen_ms) / 1000  # the age can be no more than this
     assert status.returncode == 0, status.stderr
@@ -218,10 +225,9 @@ def test_status_and_dlq_commands(redis_url: str, tmp_path: Path) -> None:
     assert re.search(r"consumer ghost: dead: last heartbeat \d+ s ago, idle \d+ s, holds 2 jobs", text), text
     worker = start_worker(redis_url, "w", tmp_path / "w.log", "--min-idle-s", "0.2", "--max-attempts", "1")
     try:
-        deadline = time.monotonic() + LIVENESS_S
-        while client.redis.hlen(keys.done) < 3:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_until(
+            lambda: client.redis.hlen(keys.done) >= 3, "the 3 jobs done", tmp_path / "w.log", poll_s=0.05
+        )
         running = r"consumer w: running, 0 in flight, idle \d+ ms, heartbeat [\d.]+ s ago"
         wait_until(  # polled: a heartbeat late on a loaded box may show it dead in one listing
             lambda: re.search(running, radixq("status", "--redis-url", redis_url).stdout) is not None,

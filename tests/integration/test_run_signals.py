@@ -1,7 +1,7 @@
 """`radixq run` stopped early: Ctrl-C, SIGTERM, a second signal, kill -9 - and its private Redis.
 
 Each test starts `radixq run` as a user would (its own session, as a terminal gives a job) with
-the fake backend made slow (RADIXQ_FAKE_LATENCY_S), reads the run's private Redis through the
+the fake generator made slow (RADIXQ_FAKE_LATENCY_S), reads the run's private Redis through the
 URL a worker got in its environment (the oracle for what had finished), signals the run, and
 checks the output file, the exit code and /proc: no child process of the run survives it
 (a zombie counts as gone: PID 1 here reaps no orphans) and no temporary folder of it is left.
@@ -43,6 +43,7 @@ from tests.integration.procs import (
 from tests.jobs_stream import consumer_names, entry_fields, pending_count, pending_entries  # noqa: E402
 from tests.waiting import LIVENESS_S, wait_until
 from wire.keys import QueueKeys
+from wire.status import decode_heartbeat
 
 pytestmark = pytest.mark.integration
 
@@ -74,7 +75,7 @@ def start_run(tmp_path: Path, source: Path, out: Path, *args: str, **env: str) -
                 str(source),
                 "-o",
                 str(out),
-                "--backend",
+                "--generator",
                 FAKE_GENERATOR,
             ]
             + list(args),
@@ -97,7 +98,7 @@ def finished_and_held(client: redis.Redis) -> set[str]:
 
 
 def read_output(out: Path) -> list[str]:
-    """The ids of a valid JSONL output file, checking each line's text against the fake backend."""
+    """The ids of a valid JSONL output file, checking each line's text against the fake generator."""
     ids = []
     for line in out.read_text().splitlines():
         row = json.loads(line)
@@ -156,7 +157,7 @@ def test_signal_mid_run_drains_writes_what_finished_and_cleans_up(
     client.close()
 
     again = radixq(
-        "run", str(source), "-o", str(out), *shared, "--backend", FAKE_GENERATOR, "--timeout", "60"
+        "run", str(source), "-o", str(out), *shared, "--generator", FAKE_GENERATOR, "--timeout", "60"
     )
     assert again.returncode == 0, again.stderr
     assert read_output(out) == ids  # every id exactly once, in input order
@@ -205,9 +206,14 @@ def test_second_signal_hurries_the_shutdown(tmp_path: Path, reaped: list[subproc
     children = descendants(run.pid)
     client = queue_redis(worker_pid)
     wait_until(lambda: pending_count(client, KEYS) == 3, "the worker to hold 3 jobs")
-    client.close()
     os.killpg(run.pid, signal.SIGINT)
-    time.sleep(1.0)
+
+    def draining() -> bool:
+        beats = map(decode_heartbeat, client.hvals(KEYS.workers))
+        return any(beat is not None and beat.state == "draining" for beat in beats)
+
+    wait_until(draining, "the worker's heartbeat to say it drains", tmp_path / "run.log")
+    client.close()
     assert run.poll() is None  # draining: up to 600 s
     os.killpg(run.pid, signal.SIGINT)
     # NOTE: the drain (and the jobs) would last 600 s: exiting before LIVENESS_S is the hurry
@@ -247,7 +253,7 @@ def test_kill_9_of_run_takes_its_children_and_a_later_run_removes_the_folder(
     wait_until(lambda: not still_running(children), "the run's redis-server and workers to die with it")
     assert folder.is_dir()  # nobody was left to remove it
 
-    again = radixq("run", str(source), "-o", str(out), "--backend", FAKE_GENERATOR, "--timeout", "60")
+    again = radixq("run", str(source), "-o", str(out), "--generator", FAKE_GENERATOR, "--timeout", "60")
     assert again.returncode == 0, again.stderr
     assert read_output(out) == ids
     assert not folder.exists()
@@ -352,6 +358,8 @@ def test_a_run_resumed_after_ctrl_c_is_in_input_order(
     first = read_output(out)
     assert set(first) == set(ids) - set(slow)  # the rows behind the missing ones were written
 
-    again = radixq("run", str(source), "-o", str(out), "--workers", str(workers), "--backend", FAKE_GENERATOR)
+    again = radixq(
+        "run", str(source), "-o", str(out), "--workers", str(workers), "--generator", FAKE_GENERATOR
+    )
     assert again.returncode == 0, again.stderr
     assert read_output(out) == ids  # every id exactly once, in input order

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import redis
 from producer.local_redis import free_port
 from tests.conftest import require_redis_server
 from tests.integration.procs import radixq, start_worker, subprocess_env
-from tests.waiting import LIVENESS_S
+from tests.waiting import LIVENESS_S, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -42,14 +41,14 @@ def tls_redis(tmp_path: Path) -> Iterator[tuple[int, Path]]:
         stderr=subprocess.DEVNULL,
     )
     trusted = redis.Redis(host="localhost", port=port, ssl=True, ssl_ca_certs=str(cert))
-    deadline = time.monotonic() + LIVENESS_S
-    while True:
+
+    def answers() -> bool:
         try:
-            trusted.ping()
-            break
+            return bool(trusted.ping())
         except redis.ConnectionError:
-            assert time.monotonic() < deadline, "the TLS redis-server did not start"
-            time.sleep(0.05)
+            return False
+
+    wait_until(answers, "the TLS redis-server to start", poll_s=0.05)
     yield port, cert
     server.kill()
     server.wait()

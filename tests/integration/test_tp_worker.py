@@ -67,7 +67,7 @@ def test_kill_9_of_a_follower_rank_restarts_the_group_and_loses_nothing(
         print(restart.describe())
         assert "tensor-parallel rank 1 exited (signal SIGKILL)" in log_path.read_text()
         results = results_once(client, [j.id for j in work])
-        (new_leader,) = children(worker.pid, "worker.frontend.scheduler_main")
+        (new_leader,) = children(worker.pid, "worker.scheduler.main")
         assert new_leader != restart.leader and len(children(new_leader, "worker.scheduler.follower")) == 1
         # the leader killed in turn: its follower dies with it (parent-death signal), no orphan
         (new_follower,) = children(new_leader, "worker.scheduler.follower")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import random
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -15,11 +14,12 @@ from producer.local_redis import LocalRedis
 from tests.conftest import require_redis_server
 from tests.integration.procs import start_worker
 from tests.jobs_stream import pending_count, total_len
-from tests.waiting import LIVENESS_S, wait_until
+from tests.waiting import LIVENESS_S, observe, wait_until
 from wire.epoch import create_epoch
 from wire.keys import QueueKeys
 from wire.redis_errors import classify, describe
 from wire.schema import Job
+from wire.status import decode_heartbeat, now_ms
 from wire.streams import ensure_groups
 from worker.queue.streams.retention import trim_acked_jobs
 
@@ -68,8 +68,11 @@ def test_full_redis_keeps_results_in_the_outbox_until_there_is_room(redis_url: s
             lambda: "Redis is at maxmemory" in (tmp_path / "w.log").read_text(),
             "the worker to hit maxmemory",
         )
-        time.sleep(1.0)
-        assert worker.poll() is None, (tmp_path / "w.log").read_text()[-3000:]
+
+        def alive() -> None:
+            assert worker.poll() is None, (tmp_path / "w.log").read_text()[-3000:]
+
+        observe(alive, duration_s=1.0)  # it waits while Redis is full: it does not exit
         partial = admin.hlen(KEYS.done)
         assert partial < 200
         admin.config_set("maxmemory", "0")
@@ -91,7 +94,15 @@ def test_redis_restarted_without_its_data_is_reported_by_the_worker(tmp_path: Pa
         create_epoch(client.redis, KEYS)
         worker = start_worker(server.url, "w", tmp_path / "w.log", RADIXQ_FAKE_LATENCY_S="0.01")
         wait_until(lambda: client.redis.hlen(KEYS.done) == 50, "the first jobs")
-        time.sleep(2.5)  # a heartbeat sees the epoch
+        done_ms = now_ms()
+        wait_until(  # a heartbeat after the jobs: the worker has seen the epoch
+            lambda: (
+                (beat := decode_heartbeat(client.redis.hget(KEYS.workers, "w") or b"")) is not None
+                and beat.last_seen_ms > done_ms
+            ),
+            "a heartbeat after the first jobs",
+            tmp_path / "w.log",
+        )
         server.kill()
         server.restart()
         wait_until(lambda: "DATA LOSS" in (tmp_path / "w.log").read_text(), "the worker to report the loss")

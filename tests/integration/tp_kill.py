@@ -57,7 +57,7 @@ def kill_rank1_mid_run(
         return log_path.read_text(errors="replace").count(READY_LINE)
 
     wait_until(lambda: done() >= 1, "a first job done", log_path=log_path)
-    (leader,) = children(worker.pid, "worker.frontend.scheduler_main")
+    (leader,) = children(worker.pid, "worker.scheduler.main")
     (follower,) = children(leader, "worker.scheduler.follower")
     group = descendants(leader) | {leader: descendants(worker.pid)[leader]}
     assert done() < num_jobs, "every job finished before the kill"

@@ -7,14 +7,13 @@ the queue it happens to run on.
 
 from __future__ import annotations
 
-import time
 from typing import Any, Protocol
 
 import fakeredis
 
 from producer.client import Client
 from tests.fake_generator import FakeGenerator
-from tests.waiting import LIVENESS_S
+from tests.waiting import LIVENESS_S, drive_until
 from wire.keys import FIELD_ID, FIELD_JOB, QueueKeys
 from wire.schema import Job, Result, decode_result
 from worker.queue.config import ConsumerConfig
@@ -143,8 +142,9 @@ def make_world(kind: str, partitions: int = 1) -> World:
 
 
 def step_until(consumers: list[Consumer], done: int, world: World, timeout_s: float = LIVENESS_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while world.done() < done:
-        assert time.monotonic() < deadline, f"only {world.done()} of {done} done"
-        for consumer in consumers:
-            consumer.guarded(consumer.step)
+    drive_until(
+        lambda: world.done() >= done,
+        lambda: [consumer.guarded(consumer.step) for consumer in consumers],
+        lambda: f"{done} done (only {world.done()})",
+        timeout_s=timeout_s,
+    )

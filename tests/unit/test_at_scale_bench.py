@@ -1,5 +1,5 @@
 """benchmarks/at_scale.py on CPU: the workload, the engine options each variant passes (the KV
-dtype only when one is named), the worker's TOML giving the same RunConfig as the engine-alone
+dtype only when one is named), the worker's TOML giving the same SchedulerProcessConfig as the engine-alone
 run, and the tiny preset end to end through ``worker.LLM`` (the queue variant:
 tests/integration/test_at_scale_queue.py)."""
 
@@ -64,14 +64,14 @@ def test_kv_cache_dtype_is_passed_only_when_named():
 
 def test_worker_toml_builds_the_engine_alone_config(tmp_path: Path):
     from worker.config import load_worker_config
-    from worker.scheduler.config import RunConfig
+    from worker.scheduler.config import SchedulerProcessConfig
 
     preset = PRESETS["tiny"]
     options = {**engine_options(parse_args(["--preset", "tiny"]), preset, None), "num_pages": 40}
     path = tmp_path / "worker.toml"
     path.write_text(engine_toml(preset.model, options))
-    worker = load_worker_config(path).for_device("cpu").run_config
-    alone = RunConfig.from_options(preset.model, **options)
+    worker = load_worker_config(path).for_device("cpu").process_config
+    alone = SchedulerProcessConfig.from_options(preset.model, **options)
     assert worker == alone.replace(device="cpu")
     assert "kv_cache_dtype" not in path.read_text()
 

@@ -4,14 +4,13 @@ real canceller, producer.cancel). The fake generator records what it ran and wha
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import pytest
 
 from tests.fake_generator import FakeGenerator
 from tests.unit.queue_worlds import World, make_world
-from tests.waiting import LIVENESS_S
+from tests.waiting import LIVENESS_S, drive_until
 from wire.schema import Job
 from worker.queue.consumer import Consumer
 
@@ -26,11 +25,7 @@ def jobs_of(count: int) -> list[Job]:
 
 
 def step_while(consumers: list[Consumer], busy: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + LIVENESS_S
-    while busy():
-        assert time.monotonic() < deadline, f"still waiting for {what}"
-        for consumer in consumers:
-            consumer.guarded(consumer.step)
+    drive_until(lambda: not busy(), lambda: [consumer.guarded(consumer.step) for consumer in consumers], what)
 
 
 def assert_cancelled_once(world: World, ids: list[str]) -> None:

@@ -4,14 +4,13 @@ in-memory one and the Redis one (fakeredis). Redis-only behaviour is in test_con
 from __future__ import annotations
 
 import logging
-import time
 
 import msgspec
 import pytest
 
 from tests.fake_generator import FakeGenerator, fake_text, fake_token_ids
 from tests.unit.queue_worlds import MemoryWorld, World, config_for, make_world, step_until
-from tests.waiting import LIVENESS_S
+from tests.waiting import drive_until
 from wire.schema import Job, Result, SamplingParams, encode_job
 from worker.frontend.contract import ENGINE_CRASH
 from worker.queue.config import ConsumerConfig
@@ -56,11 +55,12 @@ def test_reads_no_more_than_the_generator_takes(world: World) -> None:
     world.enqueue(make_jobs(30))
     generator = FakeGenerator(capacity=3, latency_s=0.01)
     consumer = world.consumer(generator)
-    deadline = time.monotonic() + LIVENESS_S
-    while world.done() < 30:
-        assert time.monotonic() < deadline
+
+    def step() -> None:
         consumer.step()
         assert world.pending() <= 3
+
+    drive_until(lambda: world.done() >= 30, step, "30 done")
     assert generator.max_held == 3
     assert consumer.held == 0
 
@@ -69,11 +69,12 @@ def test_read_window_caps_what_one_worker_holds(world: World) -> None:
     world.enqueue(make_jobs(20))
     generator = FakeGenerator(capacity=64, latency_s=0.01)
     consumer = world.consumer(generator, read_window=3)
-    deadline = time.monotonic() + LIVENESS_S
-    while world.done() < 20:
-        assert time.monotonic() < deadline
+
+    def step() -> None:
         consumer.step()
         assert world.pending() <= 3
+
+    drive_until(lambda: world.done() >= 20, step, "20 done")
     assert generator.max_held == 3
 
 
@@ -159,10 +160,18 @@ def test_queue_outage_keeps_results_and_resumes(world: World) -> None:
     assert consumer.held == 10
     world.outage(True)
     failures = 0
-    deadline = time.monotonic() + LIVENESS_S  # NOTE: guards against a hang, no speed claim
-    while not (failures and consumer.held == 0 and len(consumer.outbox) == 10):
+
+    def step() -> None:
+        nonlocal failures
         failures += not consumer.guarded(consumer.step)
-        assert time.monotonic() < deadline, (failures, consumer.held, len(consumer.outbox))
+
+    drive_until(
+        lambda: failures and consumer.held == 0 and len(consumer.outbox) == 10,
+        step,
+        lambda: (
+            f"10 results kept in the outbox (failures {failures}, held {consumer.held}, {len(consumer.outbox)} kept)"
+        ),
+    )
     # the steps failed (the queue was away) and the jobs finished meanwhile, kept in the outbox
     world.outage(False)
     step_until([consumer], 10, world)
@@ -286,10 +295,11 @@ def test_results_of_jobs_read_before_the_queue_was_lost_are_dropped(
     assert consumer.held == 3
     _lose_queue(world)
     with caplog.at_level(logging.ERROR, logger="radixq.worker"):
-        deadline = time.monotonic() + LIVENESS_S
-        while consumer.held or len(consumer.outbox):
-            assert time.monotonic() < deadline
-            consumer.guarded(consumer.step)
+        drive_until(
+            lambda: not (consumer.held or len(consumer.outbox)),
+            lambda: consumer.guarded(consumer.step),
+            "the held jobs and the outbox to empty",
+        )
     assert world.results_by_id() == {} and world.done() == 0
     assert consumer.outbox.dropped == 3
     assert "DATA LOSS: dropped 3 results" in caplog.text

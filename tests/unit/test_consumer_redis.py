@@ -19,7 +19,7 @@ from tests.fake_generator import FakeGenerator
 from tests.jobs_stream import pending_count, total_len
 from tests.unit.queue_worlds import RedisWorld, config_for
 from tests.unit.test_consumer import make_jobs
-from tests.waiting import LIVENESS_S
+from tests.waiting import LIVENESS_S, drive_until
 from wire.keys import FIELD_ID, FIELD_JOB, QueueKeys
 from wire.schema import Result, decode_result, encode_job
 from wire.status import decode_heartbeat
@@ -41,11 +41,12 @@ def consumer_for(
 def step_until(
     consumers: list[Consumer], done: int, client: fakeredis.FakeRedis, timeout_s: float = LIVENESS_S
 ) -> None:
-    deadline = time.monotonic() + timeout_s
-    while client.hlen(KEYS.done) < done:
-        assert time.monotonic() < deadline, f"only {client.hlen(KEYS.done)} of {done} done"
-        for consumer in consumers:
-            consumer.guarded(consumer.step)
+    drive_until(
+        lambda: client.hlen(KEYS.done) >= done,
+        lambda: [consumer.guarded(consumer.step) for consumer in consumers],
+        lambda: f"{done} done (only {client.hlen(KEYS.done)})",
+        timeout_s=timeout_s,
+    )
 
 
 def results_by_id(client: fakeredis.FakeRedis) -> dict[str, list[Result]]:
@@ -85,10 +86,10 @@ def test_dead_consumer_jobs_are_reclaimed_then_dead_lettered_and_requeued(
     client.enqueue(make_jobs(3))
     # A consumer that reads and dies: delivery 1 of every job.
     fake_redis.xreadgroup(KEYS.group, "ghost", {KEYS.jobs: ">"}, count=10)
-    time.sleep(0.06)
+    time.sleep(0.06)  # simulated latency: the entries idle past 50 ms
     # A second one reclaims and dies too: delivery 2.
     fake_redis.xautoclaim(KEYS.jobs, KEYS.group, "ghost2", 50, "0-0", count=10)
-    time.sleep(0.06)
+    time.sleep(0.06)  # simulated latency: the entries idle past 50 ms again
     consumer = consumer_for(fake_redis, FakeGenerator(), min_idle_s=0.05, max_attempts=2)
     step_until([consumer], 3, fake_redis)
     assert fake_redis.xlen(KEYS.dead) == 3
@@ -156,7 +157,7 @@ def test_dead_consumers_holding_nothing_are_forgotten(fake_redis: fakeredis.Fake
     fake_redis.hset(
         KEYS.workers, "gone", msgspec.msgpack.encode({"name": "gone", "pid": 1, "last_seen_ms": 1})
     )
-    time.sleep(0.25)
+    time.sleep(0.25)  # simulated latency: the consumers idle past dead_after_ms (200)
     consumer = consumer_for(fake_redis, FakeGenerator(), min_idle_s=60, heartbeat_s=0.01, housekeeping_s=0.0)
     consumer.queue.janitor.dead_after_ms = 200  # type: ignore[attr-defined]
     consumer.step()

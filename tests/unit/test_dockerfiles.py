@@ -140,7 +140,7 @@ def test_cache_volumes_hold_what_radixq_and_triton_write_as_root(monkeypatch: py
     gpu_volumes = volumes(parse_dockerfile(GPU_DOCKERFILE))
     assert "/root/.cache/flashinfer" in gpu_volumes
 
-    from worker.models.registry import cache_root
+    from worker.models.aliases import cache_root
 
     monkeypatch.setenv("HOME", "/root")
     monkeypatch.delenv("RADIXQ_CACHE_DIR", raising=False)

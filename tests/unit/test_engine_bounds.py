@@ -22,7 +22,7 @@ from wire.schema import (
 )
 from worker.llm import LLM
 from worker.scheduler import InMemoryIO, build_scheduler
-from worker.scheduler.config import RunConfig
+from worker.scheduler.config import SchedulerProcessConfig
 from worker.scheduler.messages import GenerateRequest, RequestFinished, encoder, inbound_decoder
 
 VOCAB = TINY_SHAPE["vocab_size"]
@@ -59,7 +59,9 @@ AT_THE_BOUNDS = {
 def test_requests_at_every_bound_finish(hf_and_dir) -> None:
     _, path = hf_and_dir
     io = InMemoryIO()
-    config = RunConfig.from_options(str(path), device="cpu", attention="torch", page_size=4, max_seq_len=48)
+    config = SchedulerProcessConfig.from_options(
+        str(path), device="cpu", attention="torch", page_size=4, max_seq_len=48
+    )
     scheduler = build_scheduler(config, io, detokenize=lambda ids: "".join(chr(97 + t % 26) for t in ids))
     for i, (uid, sampling) in enumerate(AT_THE_BOUNDS.items()):
         request = GenerateRequest(uid=uid, input_ids=PROMPTS[i % len(PROMPTS)], sampling=sampling)

@@ -1,5 +1,5 @@
 """EngineConfig and SchedulerConfig are validated where they are built and frozen afterwards;
-RunConfig carries both across a process boundary unchanged."""
+SchedulerProcessConfig carries both across a process boundary unchanged."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from worker.engine.config import EngineConfig
-from worker.scheduler.config import RunConfig, SchedulerConfig
+from worker.scheduler.config import SchedulerConfig, SchedulerProcessConfig
 
 
 def test_bad_values_name_the_field() -> None:
@@ -21,7 +21,7 @@ def test_bad_values_name_the_field() -> None:
     with pytest.raises(ValueError, match="raise-on-token"):
         SchedulerConfig(fault="raise-on-token:x")
     with pytest.raises(TypeError, match="max_batch"):
-        RunConfig.from_options("m", max_batch=4)
+        SchedulerProcessConfig.from_options("m", max_batch=4)
 
 
 def test_frozen_and_auto_device_resolved() -> None:
@@ -33,7 +33,9 @@ def test_frozen_and_auto_device_resolved() -> None:
 
 
 def test_options_go_to_the_table_that_declares_them() -> None:
-    run = RunConfig.from_options("m", page_size=4, max_prefill_tokens=64, cache="naive", overlap=False)
+    run = SchedulerProcessConfig.from_options(
+        "m", page_size=4, max_prefill_tokens=64, cache="naive", overlap=False
+    )
     assert (run.engine.page_size, run.engine.overlap) == (4, False)
     assert (run.scheduler.max_prefill_tokens, run.scheduler.cache) == (64, "naive")
     assert not {f.name for f in dataclasses.fields(EngineConfig)} & {
@@ -42,7 +44,7 @@ def test_options_go_to_the_table_that_declares_them() -> None:
     changed = run.replace(model="other", max_prefill_tokens=8, device="cpu")
     assert (changed.model, changed.scheduler.max_prefill_tokens, changed.engine.device) == ("other", 8, "cpu")
     assert (changed.engine.page_size, changed.scheduler.cache) == (4, "naive")
-    assert RunConfig.from_json(run.to_json()) == run
+    assert SchedulerProcessConfig.from_json(run.to_json()) == run
 
 
 def test_graphs_reach_max_running_reqs_unless_capped() -> None:

@@ -6,18 +6,17 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.model_fixtures import hf_from_dir, hf_greedy, tiny_hf_model
-from tests.waiting import LIVENESS_S
+from tests.waiting import LIVENESS_S, drive_until
 from wire.schema import Job, Result, SamplingParams
 from worker.frontend.contract import ENGINE_CRASH, GeneratorUnavailable
 from worker.frontend.engine_generator import EngineGenerator
 from worker.frontend.process import EngineStartError
-from worker.scheduler.config import RunConfig
+from worker.scheduler.config import SchedulerProcessConfig
 
 POISON = 77  # the token id the injected faults react to
 PROMPTS = {"a": [5, 6, 7, 8], "b": [9, 10], "c": [11, 12, 13], "d": [20, 21, 22, 23, 24]}
@@ -38,18 +37,26 @@ def expected(model_dir: Path) -> dict[str, list[int]]:
 
 
 def backend_with(model_dir: Path, fault: str) -> EngineGenerator:
-    config = RunConfig.from_options(str(model_dir), device="cpu", max_running_reqs=4, fault=fault)
+    config = SchedulerProcessConfig.from_options(
+        str(model_dir), device="cpu", max_running_reqs=4, fault=fault
+    )
     return EngineGenerator(config, restart_delays_s=(0.0, 0.1, 0.1))
 
 
 def collect(backend: EngineGenerator, count: int, timeout_s: float = LIVENESS_S) -> dict[str, Result]:
     results: dict[str, Result] = {}
-    deadline = time.monotonic() + timeout_s
-    while len(results) < count:
-        assert time.monotonic() < deadline, f"only {sorted(results)} of {count} results"
+
+    def take() -> None:
         for result in backend.poll(0.2):
             assert result.id not in results, f"two results for {result.id}"
             results[result.id] = result
+
+    drive_until(
+        lambda: len(results) >= count,
+        take,
+        lambda: f"{count} results (only {sorted(results)})",
+        timeout_s=timeout_s,
+    )
     return results
 
 
@@ -63,10 +70,13 @@ def submit_all(backend: EngineGenerator, poison: bool) -> None:
 
 def settle(backend: EngineGenerator, timeout_s: float = LIVENESS_S) -> None:
     """Poll until the backend takes jobs again (a restart after the last crash has finished)."""
-    deadline = time.monotonic() + timeout_s
-    while backend.free_capacity() == 0:
-        assert time.monotonic() < deadline, "the backend did not come back"
+
+    def poll_nothing() -> None:
         assert backend.poll(0.1) == []
+
+    drive_until(
+        lambda: backend.free_capacity() > 0, poll_nothing, "the generator to come back", timeout_s=timeout_s
+    )
 
 
 def assert_innocents_right(results: dict[str, Result], expected: dict[str, list[int]]) -> None:
@@ -138,7 +148,7 @@ def test_abort_stops_a_running_job_and_one_waiting_in_the_scheduler(
     """Two slots: "long" and "b" run, "c" waits; "c" is aborted at once, "long" once "b" is
     done (50 ms a step leaves "long" more than 100 steps to go): both end ``aborted``, "b" is
     untouched, and the engine takes jobs again."""
-    config = RunConfig.from_options(
+    config = SchedulerProcessConfig.from_options(
         str(model_dir), device="cpu", max_running_reqs=2, fault="sleep-per-step:50"
     )
     backend = EngineGenerator(config)
@@ -185,7 +195,7 @@ def test_a_job_aborted_while_its_scheduler_dies_is_answered_not_run_again(
 def test_a_model_that_cannot_load_is_one_line(tmp_path: Path) -> None:
     missing = tmp_path / "no-such-model"
     with pytest.raises(EngineStartError) as info:
-        EngineGenerator(RunConfig.from_options(str(missing), device="cpu"))
+        EngineGenerator(SchedulerProcessConfig.from_options(str(missing), device="cpu"))
     message = str(info.value)
     assert "\n" not in message and "no-such-model" in message and "could not start" in message
 
@@ -193,13 +203,13 @@ def test_a_model_that_cannot_load_is_one_line(tmp_path: Path) -> None:
 def test_engine_that_cannot_restart_is_given_up(model_dir: Path, tmp_path: Path) -> None:
     moved = tmp_path / "model"
     moved.symlink_to(model_dir)
-    backend = EngineGenerator(RunConfig.from_options(str(moved), device="cpu"), restart_delays_s=(0.0, 0.1))
+    backend = EngineGenerator(
+        SchedulerProcessConfig.from_options(str(moved), device="cpu"), restart_delays_s=(0.0, 0.1)
+    )
     try:
         moved.unlink()  # the next start cannot find the model
         os.kill(backend._proc.pid, signal.SIGKILL)  # type: ignore[union-attr]
-        deadline = time.monotonic() + LIVENESS_S
         with pytest.raises(GeneratorUnavailable, match="could not start again"):
-            while time.monotonic() < deadline:
-                backend.poll(0.2)
+            drive_until(lambda: False, lambda: backend.poll(0.2), "the failed restart to be reported")
     finally:
         backend.close()

@@ -12,12 +12,12 @@ import pytest
 
 from tests.family_fixtures import family_dir, family_prompts
 from tests.tp_harness import assert_same_generation, greedy, run_workload
-from worker.scheduler.config import RunConfig
+from worker.scheduler.config import SchedulerProcessConfig
 from worker.scheduler.messages import GenerateRequest
 
 
-def config(model_dir: Path, tp: int) -> RunConfig:
-    return RunConfig.from_options(
+def config(model_dir: Path, tp: int) -> SchedulerProcessConfig:
+    return SchedulerProcessConfig.from_options(
         str(model_dir), device="cpu", tensor_parallel_size=tp, page_size=4, max_running_reqs=8,
         max_prefill_tokens=16, cpu_threads=1,
     )  # fmt: skip

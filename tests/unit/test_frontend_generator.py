@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -10,11 +9,11 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.model_fixtures import hf_from_dir, hf_greedy, tiny_hf_model
-from tests.waiting import LIVENESS_S
+from tests.waiting import LIVENESS_S, drive_until
 from wire.schema import Job, SamplingParams
 from worker.frontend.engine_generator import EngineGenerator
 from worker.metrics import WorkerMetrics
-from worker.scheduler.config import RunConfig
+from worker.scheduler.config import SchedulerProcessConfig
 
 
 @pytest.fixture(scope="module")
@@ -27,10 +26,12 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _poll_all(backend, count: int, timeout_s: float = LIVENESS_S) -> dict:
     results: dict = {}
-    deadline = time.monotonic() + timeout_s
-    while len(results) < count and time.monotonic() < deadline:
-        for result in backend.poll(0.5):
-            results[result.id] = result
+    drive_until(
+        lambda: len(results) >= count,
+        lambda: results.update({result.id: result for result in backend.poll(0.5)}),
+        lambda: f"{count} results (only {sorted(results)})",
+        timeout_s=timeout_s,
+    )
     return results
 
 
@@ -44,7 +45,9 @@ def test_jobs_round_trip_and_bad_ones_fail_alone(model_dir: Path, monkeypatch: p
 
     real_build_result = generator_module.build_result
     monkeypatch.setattr(generator_module, "build_result", build_result)
-    backend = EngineGenerator(RunConfig.from_options(str(model_dir), device="cpu", max_running_reqs=4))
+    backend = EngineGenerator(
+        SchedulerProcessConfig.from_options(str(model_dir), device="cpu", max_running_reqs=4)
+    )
     try:
         assert backend.slots == 4  # the consumer's default read window
         assert backend.free_capacity() == 8 * 4
@@ -89,4 +92,4 @@ def test_jobs_round_trip_and_bad_ones_fail_alone(model_dir: Path, monkeypatch: p
 
 def test_unknown_engine_option_is_named() -> None:
     with pytest.raises(TypeError, match="pagesize"):
-        RunConfig.from_options("x", pagesize=4)
+        SchedulerProcessConfig.from_options("x", pagesize=4)

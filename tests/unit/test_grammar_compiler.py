@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.model_fixtures import load_grammars, smollm2_dir  # noqa: F401  (fixture)
-from tests.waiting import LIVENESS_S
+from tests.waiting import LIVENESS_S, drive_until, wait_until
 from wire.schema import SamplingParams
 from worker.engine.grammar import GrammarError, Grammars, grammar_key
 from worker.engine.grammar_compiler import BackgroundCompiler, Outcome
@@ -40,12 +40,20 @@ assert SLOW is not None
 
 def _until(compiler: BackgroundCompiler, count: int, timeout_s: float = LIVENESS_S) -> list[Outcome]:
     done: list[Outcome] = []
-    deadline = time.monotonic() + timeout_s
-    while len(done) < count:
-        done += compiler.poll()
+
+    def take() -> None:
+        done.extend(compiler.poll())
         compiler.wait(0.02)
-        assert time.monotonic() < deadline, f"only {done} within {timeout_s} s"
+
+    drive_until(
+        lambda: len(done) >= count, take, lambda: f"{count} outcomes (only {done})", timeout_s=timeout_s
+    )
     return done
+
+
+def _nothing_yet(compiler: BackgroundCompiler) -> None:
+    assert compiler.poll() == []
+    compiler.wait(0.02)
 
 
 def _alive(pid: int) -> bool:
@@ -81,11 +89,13 @@ def test_grammars_from_the_child_equal_grammars_compiled_here(smollm2_dir: Path)
         assert background.submit("c", invalid) is None
         assert background.background is not None
         done: dict[str, object] = {}
-        deadline = time.monotonic() + LIVENESS_S
-        while len(done) < 3:
+        waiter = background.background
+
+        def take() -> None:
             done.update(background.poll())
-            background.background.wait(0.02)
-            assert time.monotonic() < deadline
+            waiter.wait(0.02)
+
+        drive_until(lambda: len(done) >= 3, take, "three outcomes")
         assert done["a"] is done["b"]
         assert json.loads(done["a"].serialize_json()) == json.loads(here.compile(schema).serialize_json())  # type: ignore[attr-defined]
         error = done["c"]
@@ -115,10 +125,11 @@ def test_a_crashing_child_fails_the_key_it_was_compiling_only(compiler: Backgrou
     then ends) answers the key it was compiling with that reason; the next key compiles in a new child."""
     compiler.submit("victim", SLOW)
     compiler.submit("next", ("regex", "[a-z]+"))
-    deadline = time.monotonic() + LIVENESS_S
-    while compiler._running is None:  # the child is up and compiling the slow key
-        assert compiler.poll() == [] and time.monotonic() < deadline
-        compiler.wait(0.02)
+    drive_until(
+        lambda: compiler._running is not None,
+        lambda: _nothing_yet(compiler),
+        "the child to compile the slow key",
+    )
     pid = compiler.child_pid
     assert pid is not None
     os.kill(pid, signal.SIGKILL)
@@ -146,10 +157,7 @@ def test_cancelling_the_running_compile_stops_the_child(compiler: BackgroundComp
     """A compile no job waits for any more burns no CPU: its child is stopped at once, and
     the next key gets a new one."""
     compiler.submit("gone", SLOW)
-    deadline = time.monotonic() + LIVENESS_S
-    while compiler._running is None:
-        assert compiler.poll() == [] and time.monotonic() < deadline
-        compiler.wait(0.02)
+    drive_until(lambda: compiler._running is not None, lambda: _nothing_yet(compiler), "the child to compile")
     pid = compiler.child_pid
     assert pid is not None
     compiler.cancel("gone")
@@ -185,10 +193,7 @@ time.sleep(600)
         assert _alive(child_pid)
         parent.kill()
         parent.wait()
-        deadline = time.monotonic() + LIVENESS_S
-        while _alive(child_pid):
-            assert time.monotonic() < deadline, "the compiler outlived its parent"
-            time.sleep(0.05)
+        wait_until(lambda: not _alive(child_pid), "the compiler to die with its parent", poll_s=0.05)
     finally:
         parent.kill()
         parent.wait()
@@ -206,11 +211,13 @@ def test_a_key_that_failed_fails_at_once_next_time(smollm2_dir: Path) -> None:  
         assert grammars.submit("first", slow) is None
         assert grammars.background is not None
         done: list[tuple[str, object]] = []
-        deadline = time.monotonic() + LIVENESS_S
-        while not done:
-            done += grammars.poll()
-            grammars.background.wait(0.02)
-            assert time.monotonic() < deadline
+        waiter = grammars.background
+
+        def take() -> None:
+            done.extend(grammars.poll())
+            waiter.wait(0.02)
+
+        drive_until(lambda: bool(done), take, "the slow grammar's outcome")
         ((uid, error),) = done
         assert uid == "first" and isinstance(error, GrammarError) and "within 2 s" in str(error)
         with pytest.raises(GrammarError) as again:  # from submit itself: no poll, no child
@@ -246,11 +253,13 @@ def test_a_large_grammar_is_read_back_off_the_callers_thread(
         assert background.submit("big", schema) is None
         assert background.background is not None
         done: list[tuple[str, object]] = []
-        deadline = time.monotonic() + LIVENESS_S
-        while not done:
-            done += background.poll()
-            background.background.wait(0.02)
-            assert time.monotonic() < deadline
+        waiter = background.background
+
+        def take() -> None:
+            done.extend(background.poll())
+            waiter.wait(0.02)
+
+        drive_until(lambda: bool(done), take, "the big grammar's outcome")
         ((uid, compiled),) = done
         assert uid == "big" and not isinstance(compiled, GrammarError)
         assert read_on == ["grammar-reader"] and threading.current_thread().name != "grammar-reader"
@@ -336,15 +345,17 @@ def test_a_compile_over_the_memory_limit_fails_that_key_only(smollm2_dir: Path) 
         compiler.submit("next", ("regex", "[a-z]+"))
         done: dict[str, tuple[object, str | None]] = {}
         peak, baseline = 0, None
-        deadline = time.monotonic() + LIVENESS_S
-        while len(done) < 2:
+
+        def sample() -> None:  # the child's size, every 10 ms while it compiles
+            nonlocal peak, baseline
             done.update((o.uid, (o.compiled, o.error)) for o in compiler.poll())
             child = compiler._child
             if child is not None and child.memory is not None and "huge" not in done:
                 baseline = child.memory.baseline_bytes
                 peak = max(peak, resident_bytes(child.proc.pid) or 0)
-            time.sleep(0.01)
-            assert time.monotonic() < deadline
+            compiler.wait(0.01)
+
+        drive_until(lambda: len(done) >= 2, sample, "both outcomes")
         assert done["huge"][0] is None
         assert done["huge"][1] == (
             f"the grammar compiler went over its memory limit of 256 MiB above its {baseline >> 20} MiB "  # type: ignore[operator]

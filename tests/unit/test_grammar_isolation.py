@@ -56,7 +56,7 @@ def _nothing_left_behind(llm: LLM) -> Iterator[None]:
     out mid-run) is aborted and run out, so the next test starts from an idle scheduler."""
     yield
     scheduler = llm.scheduler
-    for uid in [*scheduler.groups, *scheduler.compiling.waiting]:
+    for uid in [*scheduler.groups, *scheduler.grammar_waits.waiting]:
         llm.io.put(AbortRequest(uid))
     scheduler.run_until_idle()
     llm.io.take_all()
@@ -181,7 +181,7 @@ def test_a_job_aborted_while_its_grammar_compiles_is_answered_once(llm: LLM) -> 
     while True:
         last = llm.scheduler.step(None, block=False)
         answers += [m for m in llm.io.take_all() if isinstance(m, RequestFinished)]
-        background = llm.scheduler.compiling.grammars.background  # type: ignore[union-attr]
+        background = llm.scheduler.grammar_waits.grammars.background  # type: ignore[union-attr]
         if last is None and llm.scheduler.idle and not background.pending:
             break
         assert time.perf_counter() - started < LIVENESS_S, "the compile was not stopped (a hang)"

@@ -9,13 +9,13 @@ import torch
 from tests.model_fixtures import tiny_hf_model
 from wire.schema import SamplingParams
 from worker.scheduler import InMemoryIO, build_scheduler
-from worker.scheduler.config import RunConfig
+from worker.scheduler.config import SchedulerProcessConfig
 from worker.scheduler.messages import GenerateRequest, RequestFinished
 
 
 def test_an_n_job_leaves_half_the_slots_to_jobs_that_wait(tmp_path) -> None:  # type: ignore[no-untyped-def]
     tiny_hf_model("llama").save_pretrained(tmp_path)
-    config = RunConfig.from_options(
+    config = SchedulerProcessConfig.from_options(
         str(tmp_path), device="cpu", attention="torch", page_size=4, num_pages=512, max_running_reqs=8
     )
     io = InMemoryIO()

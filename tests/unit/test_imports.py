@@ -49,8 +49,8 @@ LAYERS: list[set[str]] = [
     {"models"},
     {"attention"},  # reads the KV pool's layout; plans from a forward.BatchLayout
     {"engine"},
-    {"scheduler"},
-    {"frontend"},  # the Generator contract, the engine-backed generator, the scheduler process
+    {"scheduler"},  # the step loop; the scheduler process and its channel to the front end
+    {"frontend"},  # the Generator contract, the engine-backed generator, supervising the scheduler process
     {"metrics"},
     {"queue"},
     {"config"},  # the worker's TOML/env/flag settings (engine + queue)
@@ -67,7 +67,7 @@ TYPE_ONLY = {
     ("worker.forward", "worker.engine.sampler"): "ForwardInput names the sampling tensors the engine reads",
     ("worker.forward", "worker.engine.logprobs"): "ForwardOutput names the logprobs the engine returns",
     ("worker.frontend.engine_generator", "worker.config"): "create_generator is given the whole WorkerConfig",
-    ("worker.queue.factory", "worker.config"): "a generator factory is given the whole WorkerConfig",
+    ("worker.frontend.generators", "worker.config"): "a generator factory is given the whole WorkerConfig",
 }
 
 
@@ -258,7 +258,7 @@ def test_producer_wire_and_service_modules_load_neither_worker_nor_torch() -> No
 
 def test_the_cli_imports_no_torch() -> None:
     modules = loaded_after(
-        "import radixq.cli\nimport worker.cli\nimport worker.queue.consumer\nimport worker.queue.factory"
+        "import radixq.cli\nimport worker.cli\nimport worker.queue.consumer\nimport worker.frontend.generators"
     )
     assert {"radixq.cli", "worker.cli"} <= modules
     assert not any(m == "torch" or m.startswith("torch.") for m in modules)

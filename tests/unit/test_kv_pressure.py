@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from tests.model_fixtures import tiny_hf_model
 from wire.schema import SamplingParams
 from worker.scheduler import InMemoryIO, build_scheduler
-from worker.scheduler.config import RunConfig
+from worker.scheduler.config import SchedulerProcessConfig
 from worker.scheduler.messages import GenerateRequest, RequestFinished
 
 Job = tuple[list[int], int, int, int]  # prompt, n, max_tokens, arrival step
@@ -33,7 +33,7 @@ def tiny_dir(tmp_path_factory) -> Path:
 def run_workload(path: Path, jobs: list[Job], max_steps: int = 3000, **options) -> dict[str, list[list[int]]]:
     """Drive ``jobs`` through a fresh scheduler, checking page integrity after every step;
     return each job's choices' token ids."""
-    config = RunConfig.from_options(str(path), device="cpu", attention="torch", **options)
+    config = SchedulerProcessConfig.from_options(str(path), device="cpu", attention="torch", **options)
     io = InMemoryIO()
     scheduler = build_scheduler(config, io)
     last = None

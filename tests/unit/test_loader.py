@@ -12,8 +12,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from tests.model_fixtures import PagedRunner, tiny_hf_model  # noqa: E402
 from worker.models import gguf
+from worker.models.aliases import ALIASES, cache_root  # noqa: E402
 from worker.models.loader import load_model  # noqa: E402
-from worker.models.registry import ALIASES, cache_root  # noqa: E402
 
 
 def test_sharded_safetensors_match_hf(tmp_path):

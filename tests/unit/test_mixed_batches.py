@@ -9,7 +9,7 @@ import torch
 from tests.model_fixtures import hf_greedy, tiny_hf_model
 from wire.schema import SamplingParams
 from worker.scheduler import InMemoryIO, build_scheduler
-from worker.scheduler.config import RunConfig
+from worker.scheduler.config import SchedulerProcessConfig
 from worker.scheduler.messages import GenerateRequest, RequestFinished
 
 _GEN = torch.Generator().manual_seed(7)
@@ -27,7 +27,7 @@ def hf_and_dir(tmp_path_factory):
 @pytest.mark.parametrize("overlap", [True, False])
 def test_long_prompt_stalls_neither_decoding_nor_short_jobs(hf_and_dir, overlap: bool) -> None:
     model, path = hf_and_dir
-    config = RunConfig.from_options(
+    config = SchedulerProcessConfig.from_options(
         str(path), device="cpu", attention="torch", page_size=4, max_prefill_tokens=16, overlap=overlap
     )
     io = InMemoryIO()

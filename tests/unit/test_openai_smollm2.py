@@ -6,7 +6,6 @@ generate gives for that prompt alone."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +16,12 @@ from openai.types.chat import ChatCompletion
 
 from producer.jsonl import output_record, parse_line
 from tests.model_fixtures import smollm2_dir  # noqa: F401  (fixture)
-from tests.waiting import LIVENESS_S
+from tests.waiting import drive_until
 from wire.schema import Result
 from worker.frontend.engine_generator import EngineGenerator
+from worker.frontend.prompts import PromptLists
 from worker.queue.held import envelope
-from worker.queue.prompts import PromptLists
-from worker.scheduler.config import RunConfig
+from worker.scheduler.config import SchedulerProcessConfig
 
 pytestmark = pytest.mark.model
 MAX_NEW = 6
@@ -68,21 +67,24 @@ def test_openai_lines_on_the_real_model(smollm2_dir: Path) -> None:  # noqa: F81
         parse_line(_line("multi", "/v1/completions", multi), 2),
     ]
     generator = PromptLists(
-        EngineGenerator(RunConfig.from_options(str(smollm2_dir), device="cpu", max_running_reqs=4))
+        EngineGenerator(
+            SchedulerProcessConfig.from_options(str(smollm2_dir), device="cpu", max_running_reqs=4)
+        )
     )
     try:
-        deadline = time.monotonic() + LIVENESS_S
-        while generator.free_capacity() == 0:  # the scheduler process is loading
-            assert time.monotonic() < deadline
-            generator.poll(0.2)
+        # the scheduler process is loading
+        drive_until(lambda: generator.free_capacity() > 0, lambda: generator.poll(0.2), "the engine to load")
         for job in jobs:
             generator.submit(job)
         results: dict[str, Result] = {}
-        deadline = time.monotonic() + LIVENESS_S
-        while len(results) < len(jobs):
-            assert time.monotonic() < deadline
-            by_id = {job.id: job for job in jobs}
-            results |= {r.id: envelope(r, by_id[r.id], 0, "w", generator.model_name) for r in generator.poll(0.5)}
+        by_id = {job.id: job for job in jobs}
+
+        def take() -> None:
+            results.update(
+                {r.id: envelope(r, by_id[r.id], 0, "w", generator.model_name) for r in generator.poll(0.5)}
+            )
+
+        drive_until(lambda: len(results) >= len(jobs), take, "every result")
     finally:
         generator.close()
 

@@ -9,14 +9,13 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from producer.outfile import OutputFile
 from producer.outlock import OutputBusy, lock_path, output_lock
-from tests.waiting import LIVENESS_S
+from tests.waiting import wait_until
 
 
 def test_a_second_writer_is_refused_naming_the_first(tmp_path: Path) -> None:
@@ -73,14 +72,15 @@ def test_the_lock_goes_with_a_killed_holder(tmp_path: Path) -> None:
         holder.kill()
         holder.wait()
     assert lock_path(out).exists()  # left behind by the kill
-    deadline = time.monotonic() + LIVENESS_S
-    while True:
+
+    def opens() -> bool:
         try:
             with OutputFile(out):
-                break
+                return True
         except OutputBusy:  # NOTE: the kernel drops a dead process's locks as it reaps it
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+            return False
+
+    wait_until(opens, "the killed holder's lock to go", poll_s=0.05)
     assert not lock_path(out).exists()
 
 

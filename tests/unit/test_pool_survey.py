@@ -82,7 +82,7 @@ def test_reclaim_looks_where_the_survey_saw_a_stopped_consumer_and_a_sweep_every
     Client(fake_redis, partitions=0).enqueue([Job(id=f"j{i}", prompt="p") for i in range(3)])
     fake_redis.xreadgroup(keys.group, "holder", {keys.jobs: ">"}, count=10)
     _beat(fake_redis, "holder", age_ms=0 if holder_beats else 60_000)  # 60 s: two intervals long past
-    time.sleep(0.03)  # idle past min_idle (20 ms)
+    time.sleep(0.03)  # simulated latency: idle past min_idle (20 ms)
     queue = RedisJobQueue(fake_redis, keys.queue, "taker", 20, 600_000)
     assert queue.prepare()
     survey = queue.survey(max_age_s=60.0)

@@ -5,19 +5,18 @@ generator's deterministic text, recomputed here from each sub-job's id."""
 from __future__ import annotations
 
 import json
-import time
 
 from openai.types import Completion
 
 from producer.jsonl import output_record, parse_line
 from tests.fake_generator import FakeGenerator, fake_text
 from tests.unit.queue_worlds import MemoryWorld, config_for, step_until
-from tests.waiting import LIVENESS_S
+from tests.waiting import drive_until
 from wire.schema import Job, Result, SamplingParams, error_result
 from worker.frontend.contract import ENGINE_CRASH
+from worker.frontend.prompts import PromptLists, sub_job_id
 from worker.queue.consumer import Consumer
 from worker.queue.held import envelope
-from worker.queue.prompts import PromptLists, sub_job_id
 
 
 class _Scripted(FakeGenerator):
@@ -38,10 +37,9 @@ class _Scripted(FakeGenerator):
 
 def _poll_until(generator: PromptLists, count: int) -> list[Result]:
     results: list[Result] = []
-    deadline = time.monotonic() + LIVENESS_S
-    while len(results) < count:
-        assert time.monotonic() < deadline
-        results += generator.poll(0.01)
+    drive_until(
+        lambda: len(results) >= count, lambda: results.extend(generator.poll(0.01)), f"{count} results"
+    )
     return results
 
 

@@ -14,7 +14,7 @@ import pytest
 from producer.client import Client
 from tests.fake_generator import FakeGenerator
 from tests.unit.queue_worlds import World, config_for, make_world
-from tests.waiting import LIVENESS_S
+from tests.waiting import LIVENESS_S, drive_until
 from wire.keys import QueueKeys
 from wire.routing import partition_of, prefix_key, qualify, split_id
 from wire.schema import Job
@@ -63,11 +63,12 @@ def group_jobs(keys: list[str], per_group: int, seed: int = 0, tag: str = "") ->
 
 
 def run_until(consumers: list[Consumer], world: World, done: int, timeout_s: float = LIVENESS_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while world.done() < done:
-        assert time.monotonic() < deadline, f"only {world.done()} of {done} done"
-        for consumer in consumers:
-            consumer.guarded(consumer.step)
+    drive_until(
+        lambda: world.done() >= done,
+        lambda: [consumer.guarded(consumer.step) for consumer in consumers],
+        lambda: f"{done} done (only {world.done()})",
+        timeout_s=timeout_s,
+    )
 
 
 def warm(consumers: list[Consumer], rounds: int = 3) -> None:
@@ -75,7 +76,7 @@ def warm(consumers: list[Consumer], rounds: int = 3) -> None:
     for _ in range(rounds):
         for consumer in consumers:
             consumer.guarded(consumer.step)
-        time.sleep(0.03)
+        time.sleep(0.03)  # simulated latency: the heartbeat interval passes between rounds
 
 
 def runner_of(world: World) -> dict[str, str]:
@@ -223,10 +224,12 @@ def test_a_dead_workers_groups_and_jobs_move_to_a_live_one(kind: str) -> None:
             consumer.guarded(consumer.step)
     assert c2.held == 10
     run_until([c1], world, 20)
-    deadline = time.monotonic() + LIVENESS_S
-    while c1._survey is None or c1._survey.own != list(range(P)):  # c2's beat ages out: its partitions move
-        assert time.monotonic() < deadline
-        c1.guarded(c1.step)
+    # c2's beat ages out: its partitions move
+    drive_until(
+        lambda: c1._survey is not None and c1._survey.own == list(range(P)),
+        lambda: c1.guarded(c1.step),
+        "c1 to own every partition",
+    )
     assert set(runner_of(world).values()) == {"c1"}
     world.enqueue(group_jobs([k for k, owner in keys.items() if owner == "c2"], 3, tag="late"))
     run_until([c1], world, 26)
@@ -266,14 +269,15 @@ def test_a_dead_letter_goes_back_to_its_partition(fake_redis: fakeredis.FakeRedi
         return Consumer(queue, FakeGenerator(capacity=4, latency_s=3600), config)
 
     holder, other = consumer("c1"), consumer("c2")
-    deadline = time.monotonic() + LIVENESS_S
-    while holder.held == 0:  # c1 takes it (by ownership or stealing), then stops renewing: it "died"
-        assert time.monotonic() < deadline
-        holder.guarded(holder.step)
-    while not client.dead_letters():  # c2 reclaims it: a second delivery, over max_attempts
-        assert time.monotonic() < deadline
+    # c1 takes it (by ownership or stealing), then stops renewing: it "died"
+    drive_until(lambda: holder.held > 0, lambda: holder.guarded(holder.step), "c1 to hold the job")
+
+    def other_steps() -> None:
         other.guarded(other.step)
-        time.sleep(0.01)
+        time.sleep(0.01)  # simulated latency: the held entry ages towards min_idle between steps
+
+    # c2 reclaims it: a second delivery, over max_attempts
+    drive_until(lambda: bool(client.dead_letters()), other_steps, "the job to reach the dead letters")
     assert client.requeue_dead() == ["lost"]
     stream = QueueKeys().partition(partition_of(prefix_key(job), P))
     assert [f[b"id"] for _, f in fake_redis.xrange(stream)][-1] == b"lost"
@@ -287,7 +291,7 @@ def test_a_small_queue_is_shared_by_the_live_workers(kind: str) -> None:
     for _ in range(3):
         for consumer in pool:
             consumer.guarded(consumer.step)
-            time.sleep(0.02)
+            time.sleep(0.02)  # simulated latency: time passes between the consumers' steps
     assert [c.held for c in pool] == [5, 5]  # a fair share each, though one could hold all 10
 
 
@@ -297,7 +301,7 @@ def test_heartbeat_reports_tokens_and_prefix_keys(kind: str) -> None:
     jobs = group_jobs(["g0", "g1", "g2"], 4)
     world.enqueue(jobs)
     run_until([consumer], world, len(jobs))
-    time.sleep(0.03)
+    time.sleep(0.03)  # simulated latency: the next heartbeat falls due
     consumer.guarded(consumer.step)
     beat = consumer.tally
     assert beat.prompt_tokens == sum(

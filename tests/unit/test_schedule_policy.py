@@ -15,7 +15,7 @@ from wire.schema import SamplingParams
 from worker.kvcache.allocator import PageAllocator
 from worker.kvcache.radix import RadixCache
 from worker.scheduler import InMemoryIO, build_scheduler
-from worker.scheduler.config import RunConfig
+from worker.scheduler.config import SchedulerProcessConfig
 from worker.scheduler.messages import GenerateRequest, RequestFinished
 from worker.scheduler.req import PendingReq, RequestGroup
 from worker.scheduler.waiting import WaitQueue
@@ -137,7 +137,7 @@ def test_shuffled_groups_hit_the_cache_like_grouped_ones(tiny_dir: Path) -> None
     prefixes = [[rng.randrange(1, 250) for _ in range(40)] for _ in range(4)]
     prompts = [p + [rng.randrange(1, 250) for _ in range(4)] for p in prefixes for _ in range(3)]
     rng.shuffle(prompts)
-    config = RunConfig.from_options(
+    config = SchedulerProcessConfig.from_options(
         str(tiny_dir),
         device="cpu",
         attention="torch",

@@ -11,13 +11,13 @@ import torch
 from tests.model_fixtures import tiny_hf_model
 from wire.schema import SamplingParams
 from worker.scheduler import InMemoryIO, build_scheduler
-from worker.scheduler.config import RunConfig
+from worker.scheduler.config import SchedulerProcessConfig
 from worker.scheduler.messages import GenerateRequest, RequestFinished
 
 
 def test_finished_messages_carry_the_load_after_their_step(tmp_path) -> None:
     tiny_hf_model("llama").save_pretrained(tmp_path)
-    config = RunConfig.from_options(
+    config = SchedulerProcessConfig.from_options(
         str(tmp_path), device="cpu", attention="torch", page_size=2, num_pages=64, overlap=False
     )
     io = InMemoryIO()

@@ -12,7 +12,7 @@ import torch
 from tests.model_fixtures import hf_greedy, tiny_hf_model
 from wire.schema import SamplingParams
 from worker.scheduler import InMemoryIO, build_scheduler, run_scheduler
-from worker.scheduler.config import RunConfig
+from worker.scheduler.config import SchedulerProcessConfig
 from worker.scheduler.messages import (
     AbortRequest,
     GenerateRequest,
@@ -33,8 +33,8 @@ def hf_and_dir(tmp_path_factory):
     return model, path
 
 
-def _config(path: Path, **options) -> RunConfig:
-    return RunConfig.from_options(str(path), device="cpu", attention="torch", **options)
+def _config(path: Path, **options) -> SchedulerProcessConfig:
+    return SchedulerProcessConfig.from_options(str(path), device="cpu", attention="torch", **options)
 
 
 def test_run_scheduler_ready_results_shutdown(hf_and_dir) -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from wire.schema import SamplingParams
 from worker.scheduler import InMemoryIO, build_scheduler
-from worker.scheduler.config import RunConfig
+from worker.scheduler.config import SchedulerProcessConfig
 from worker.scheduler.hooks import StepHooks
 from worker.scheduler.messages import GenerateRequest, RequestFinished
 from worker.scheduler.profile import StepProfiler
@@ -34,7 +34,7 @@ def model_json(tmp_path_factory) -> Path:
 
 
 def _scheduler(model_json: Path, overlap: bool):
-    config = RunConfig.from_options(
+    config = SchedulerProcessConfig.from_options(
         str(model_json),
         load_format="dummy",
         device="cpu",

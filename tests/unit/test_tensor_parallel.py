@@ -18,7 +18,7 @@ from tests.model_fixtures import smollm2_dir, tiny_hf_model  # noqa: F401  (a fi
 from tests.tp_harness import assert_left_cleanly, assert_same_generation, greedy, run_workload
 from worker.models.config import ModelConfig
 from worker.models.loader import rank_shard
-from worker.scheduler.config import RunConfig
+from worker.scheduler.config import SchedulerProcessConfig
 from worker.scheduler.messages import GenerateRequest
 
 LOGPROB_ATOL = 1e-4
@@ -50,8 +50,8 @@ def workload() -> list[GenerateRequest]:
     return requests
 
 
-def engine_config(model_dir: Path, tp: int) -> RunConfig:
-    return RunConfig.from_options(
+def engine_config(model_dir: Path, tp: int) -> SchedulerProcessConfig:
+    return SchedulerProcessConfig.from_options(
         str(model_dir),
         device="cpu",
         tensor_parallel_size=tp,
@@ -166,8 +166,8 @@ def test_smollm2_tp3_generates_what_tp1_generates(smollm2_dir: Path) -> None:  #
         for i in range(4)
     ]
 
-    def config(tp: int) -> RunConfig:
-        return RunConfig.from_options(
+    def config(tp: int) -> SchedulerProcessConfig:
+        return SchedulerProcessConfig.from_options(
             str(smollm2_dir), device="cpu", tensor_parallel_size=tp, page_size=4, num_pages=24,
             max_running_reqs=4, max_prefill_tokens=32, output_reserve_ratio=0.0, cpu_threads=1,
         )  # fmt: skip

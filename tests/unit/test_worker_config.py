@@ -20,7 +20,7 @@ from worker.config import (
     write_settings_table,
 )
 from worker.engine.config import EngineConfig
-from worker.models.registry import DEFAULT_MODEL
+from worker.models.aliases import DEFAULT_MODEL
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

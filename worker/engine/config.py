@@ -10,11 +10,9 @@ from dataclasses import dataclass
 
 from worker.attention.names import ATTENTION_CHOICES, DECODE_KERNELS
 from worker.kvcache.names import KV_CACHE_DTYPES, KV_SCALES
+from worker.models.aliases import DEFAULT_MODEL
 from worker.models.names import DTYPES, LOAD_FORMATS, QUANTIZATIONS
-from worker.models.registry import DEFAULT_MODEL
-from worker.options import check_options, option
-
-_AT_LEAST_1 = (lambda n: n >= 1, "must be >= 1")
+from worker.options import at_least, check_options, option, within
 
 
 @dataclass(frozen=True)
@@ -36,26 +34,24 @@ class EngineConfig:
     dtype: str = option(
         "auto", "`auto` (bfloat16 on CUDA, float32 on CPU), `float32`, `float16`, `bfloat16`", choices=DTYPES
     )
-    page_size: int = option(16, "tokens per KV page (prefix sharing is by whole pages)", check=_AT_LEAST_1)
+    page_size: int = option(16, "tokens per KV page (prefix sharing is by whole pages)", check=at_least(1))
     num_pages: int | None = option(
         None,
         "KV pool size; empty: from `mem_fraction` of free GPU memory, or `cpu_kv_gib` on CPU",
-        check=(lambda n: n is None or n >= 1, "must be >= 1"),
+        check=at_least(1),
     )
     mem_fraction: float = option(
-        0.85, "share of free GPU memory for the KV pool", check=(lambda x: 0 < x <= 1, "must be in (0, 1]")
+        0.85, "share of free GPU memory for the KV pool", check=within(0, 1, low_open=True)
     )
     cpu_kv_gib: float = option(1.0, "KV pool size on CPU (resident only as its pages are first written)")
     cpu_threads: int = option(
         0,
         "torch threads of a CPU engine (0: every core the process may use, within a container's CPU quota); "
         "`radixq run --workers N` gives each worker cores / N unless this is a count",
-        check=(lambda n: n >= 0, "must be >= 0 (0: every core)"),
+        check=at_least(0, "0: every core"),
     )
-    max_running_reqs: int = option(256, "requests decoding at once", check=_AT_LEAST_1)
-    max_seq_len: int | None = option(
-        None, "context length; empty: the model's", check=(lambda n: n is None or n >= 2, "must be >= 2")
-    )
+    max_running_reqs: int = option(256, "requests decoding at once", check=at_least(1))
+    max_seq_len: int | None = option(None, "context length; empty: the model's", check=at_least(2))
     kv_cache_dtype: str = option(
         "auto",
         "`auto` (the model's dtype) or `fp8_e4m3`: half the KV bytes, twice the tokens in memory",
@@ -89,7 +85,7 @@ class EngineConfig:
         None,
         "largest decode batch captured as a CUDA graph; empty: `max_running_reqs` (a larger decode batch "
         "runs eagerly, host-bound)",
-        check=(lambda n: n is None or n >= 1, "must be >= 1"),
+        check=at_least(1),
     )
     triton: bool = option(True, "fused Triton kernels on CUDA (false: the torch paths, for ablation)")
     onednn: bool = option(
@@ -104,7 +100,7 @@ class EngineConfig:
         "`CUDA_VISIBLE_DEVICES` (`--gpus`); rank 0 schedules, the others follow its batches; structured "
         "output is refused with N > 1. When it pays over a pool of TP=1 workers: docs/engine.md, Tensor parallelism",
         flags=("--tensor-parallel-size", "--tp"),
-        check=_AT_LEAST_1,
+        check=at_least(1),
     )
 
     def __post_init__(self) -> None:

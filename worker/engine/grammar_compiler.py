@@ -112,7 +112,7 @@ class _Child:
         finally:
             os.close(to_child_r)
             os.close(from_child_w)
-        self.outbox = Connection(to_child_w, readable=False)
+        self.to_child = Connection(to_child_w, readable=False)
         self.replies: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self.arrived = threading.Event()
         self.started_s = time.monotonic()
@@ -162,7 +162,7 @@ class _Child:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
-        self.outbox.close()
+        self.to_child.close()
 
     def exit_reason(self) -> str:
         if self.memory is not None and self.memory.exceeded is not None:
@@ -299,7 +299,7 @@ class BackgroundCompiler:
             return
         key = next(iter(self._waiting))
         try:
-            child.outbox.send_bytes(json.dumps({"field": key[0], "text": key[1]}).encode())
+            child.to_child.send_bytes(json.dumps({"field": key[0], "text": key[1]}).encode())
         except OSError:
             return  # the child is gone: its EOF is read at the next poll
         self._running = (key, time.monotonic())

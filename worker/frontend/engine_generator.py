@@ -24,12 +24,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from wire.schema import Job, Result, Timings, error_result
-from worker.frontend.channel import PeerGone
 from worker.frontend.contract import ABORTED, ENGINE_CRASH, GeneratorUnavailable
 from worker.frontend.process import SchedulerProcess
 from worker.frontend.results import build_result
 from worker.models.tokenizer import NoTokenizer, load_tokenizer_or_none, prompt_ids
-from worker.scheduler.config import RunConfig
+from worker.scheduler.channel import PeerGone
+from worker.scheduler.config import SchedulerProcessConfig
 from worker.scheduler.messages import AbortRequest, GenerateRequest, RequestFinished
 
 if TYPE_CHECKING:
@@ -67,7 +67,7 @@ class EngineGenerator:
 
     def __init__(
         self,
-        config: RunConfig,
+        config: SchedulerProcessConfig,
         *,
         log_level: str = "INFO",
         ready_timeout_s: float = 900,
@@ -336,4 +336,4 @@ class EngineGenerator:
 
 def create_engine_generator(config: WorkerConfig) -> EngineGenerator:
     """The engine generator of a worker (the factory ``[worker] generator = "engine"`` names)."""
-    return EngineGenerator(config.run_config, log_level=config.worker.log_level)
+    return EngineGenerator(config.process_config, log_level=config.worker.log_level)

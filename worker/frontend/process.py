@@ -1,6 +1,6 @@
 """One scheduler process and the channel to it (the front end starts a new one after a crash).
 
-The process runs ``python -m worker.frontend.scheduler_main`` in a session of its own (a Ctrl-C meant
+The process runs ``python -m worker.scheduler.main`` in a session of its own (a Ctrl-C meant
 for the worker does not reach it: the worker drains first, then stops it) with SIGKILL as its
 parent-death signal (it never outlives the worker, ``kill -9`` included). Each incarnation
 gets fresh sockets, so nothing sent to a dead one can reach the next.
@@ -19,8 +19,8 @@ from pathlib import Path
 from wire.lifetime import start_child
 from wire.owned_dirs import owned_dir, remove_stale_dirs
 from worker.engine.threads import openmp_env
-from worker.frontend.channel import FrontendChannel, PeerGone
-from worker.scheduler.config import RunConfig
+from worker.scheduler.channel import FrontendChannel, PeerGone
+from worker.scheduler.config import SchedulerProcessConfig
 from worker.scheduler.messages import (
     RANK_LOST_EXIT,
     Inbound,
@@ -49,7 +49,7 @@ class EngineStartError(RuntimeError):
 
 
 class SchedulerProcess:
-    def __init__(self, config: RunConfig, log_level: str = "INFO") -> None:
+    def __init__(self, config: SchedulerProcessConfig, log_level: str = "INFO") -> None:
         self.config = config
         self.ready: SchedulerReady | None = None
         self.failure: SchedulerFailed | None = None
@@ -66,7 +66,7 @@ class SchedulerProcess:
         args = [
             sys.executable,
             "-m",
-            "worker.frontend.scheduler_main",
+            "worker.scheduler.main",
             self._channel.inbound_addr,
             self._channel.outbound_addr,
             config.to_json(),

@@ -14,7 +14,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from worker.models.registry import cache_root
+from worker.models.aliases import cache_root
 
 log = logging.getLogger(__name__)
 

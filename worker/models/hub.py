@@ -7,7 +7,7 @@ Which ``--model`` values are hub ids, decided before anything slow starts
 
     exists on disk                    a path (file or folder)
     /x, ./x, ~/x, a.gguf, a/b/c       a path that is not there: refused
-    an alias (worker.models.registry) the bundled model
+    an alias (worker.models.aliases) the bundled model
     org/name (one slash)              a hub id: from the cache, else downloaded
     anything else (``no-such-model``)  refused at once, unless the cache holds it
 

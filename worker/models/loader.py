@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from worker.models import hub
+from worker.models.aliases import ALIASES
 from worker.models.architectures import check_quantization
 from worker.models.config import ModelConfig, config_json_path
 from worker.models.decoder import CausalLM
@@ -25,7 +26,6 @@ from worker.models.fp8_checkpoint import (
 )
 from worker.models.gguf import ensure_converted
 from worker.models.names import LOAD_FORMATS
-from worker.models.registry import ALIASES
 from worker.models.weights import dummy_weights
 
 log = logging.getLogger(__name__)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +43,18 @@ def load_tokenizer_or_none(path: str) -> PreTrainedTokenizerBase | None:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         logger.warning("no tokenizer at %s (%s): token ids only, no text", path, exc)
         return None
+
+
+def detokenizer(tokenizer: Any) -> Callable[[list[int]], str] | None:
+    """The text of token ids (special tokens skipped) through ``tokenizer``, as the scheduler
+    matches stop strings; None without a tokenizer (stop strings then never match)."""
+    if tokenizer is None:
+        return None
+
+    def detokenize(token_ids: list[int]) -> str:
+        return str(tokenizer.decode(token_ids, skip_special_tokens=True))
+
+    return detokenize
 
 
 def _message_dict(message: Any, index: int) -> dict[str, str]:

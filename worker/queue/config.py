@@ -8,7 +8,7 @@ import socket
 from dataclasses import dataclass, field
 
 from wire.keys import DEFAULT_QUEUE
-from worker.options import check_options, option
+from worker.options import above, at_least, check_options, option
 from worker.queue.routing import STEAL_AFTER_S
 
 
@@ -20,49 +20,45 @@ def default_worker_name() -> str:
 class ConsumerConfig:
     queue: str = DEFAULT_QUEUE
     name: str = field(default_factory=default_worker_name)
-    block_s: float = option(
-        1.0, "longest wait for new entries while nothing is held", check=(lambda x: x >= 0, "must be >= 0")
-    )
-    poll_s: float = option(
-        0.02, "longest wait for results while jobs are held", check=(lambda x: x >= 0, "must be >= 0")
-    )
-    read_batch: int = option(256, "most entries one read returns", check=(lambda n: n >= 1, "must be >= 1"))
+    block_s: float = option(1.0, "longest wait for new entries while nothing is held", check=at_least(0))
+    poll_s: float = option(0.02, "longest wait for results while jobs are held", check=at_least(0))
+    read_batch: int = option(256, "most entries one read returns", check=at_least(1))
     read_window: int = option(
         0,
         "most jobs held at once (0: two per running slot of the engine; never more than the engine takes, "
         "8 per slot, nor than a fair share of the queue's jobs over the live workers)",
-        check=(lambda n: n >= 0, "must be >= 0 (0: two per slot of the engine)"),
+        check=at_least(0, "0: two per slot of the engine"),
     )
     steal_after_s: float = option(
         STEAL_AFTER_S,
         "a partition's backlog must be this old before a worker that ran dry steals from it (its owner first)",
-        check=(lambda x: x >= 0, "must be >= 0"),
+        check=at_least(0),
     )
     survey_s: float = option(
         0.5,
         "how old the pool's survey of the backlog, live workers and partition owners may be (one worker "
         "takes it for all; a worker reads it when it has room)",
-        check=(lambda x: x > 0, "must be > 0"),
+        check=above(0),
     )
     min_idle_s: float = option(
         60.0,
         "an entry idle this long belongs to a dead worker and is reclaimed",
-        check=(lambda x: x > 0, "must be > 0"),
+        check=above(0),
     )
     max_attempts: int = option(
         3,
         "deliveries (or crashes of the engine while run alone) before the dead-letter stream",
-        check=(lambda n: n >= 1, "must be >= 1"),
+        check=at_least(1),
     )
     heartbeat_s: float = option(
         2.0,
         "how often the worker writes its heartbeat",
-        check=(lambda x: x >= 0, "must be >= 0 (0: every step)"),
+        check=at_least(0, "0: every step"),
     )
     drain_timeout_s: float = option(
         30.0,
         "SIGTERM to exit, all of it: finishing, giving back, stopping",
-        check=(lambda x: x >= 0, "must be >= 0"),
+        check=at_least(0),
     )
     max_backoff_s: float = option(5.0, "longest wait between tries while Redis is unavailable")
     trim_jobs: bool = option(

@@ -1,6 +1,6 @@
 """SchedulerConfig: the options the scheduler reads and the engine does not (admission, the
 prefix cache, step budgets, structured output's limits, profiling, injected faults), and
-RunConfig: an engine's options with its scheduler's, as one scheduler process is given them.
+SchedulerProcessConfig: an engine's options with its scheduler's, as one scheduler process is given them.
 
 Both tables of options are read from the ``[engine]`` table of a worker's TOML, the
 ``RADIXQ_<KEY>`` environment and the ``radixq worker`` flags (worker.config); each field is
@@ -17,7 +17,7 @@ from typing import Any
 from worker.engine.config import EngineConfig
 from worker.engine.faults import Fault
 from worker.kvcache.names import PREFIX_CACHES
-from worker.options import check_options, option
+from worker.options import above, at_least, check_options, option, within
 from worker.scheduler.names import SCHEDULE_POLICIES
 
 
@@ -30,7 +30,7 @@ class SchedulerConfig:
     max_prefill_tokens: int = option(
         8192,
         "token budget of one prefill step (longer prompts are chunked)",
-        check=(lambda n: n >= 1, "must be >= 1"),
+        check=at_least(1),
     )
     cache: str = option("radix", "`radix` or `naive` (no sharing)", choices=tuple(PREFIX_CACHES))
     schedule_policy: str = option(
@@ -47,18 +47,18 @@ class SchedulerConfig:
     output_reserve_ratio: float = option(
         0.5,
         "share of remaining output reserved in the KV pool at admission",
-        check=(lambda x: 0 <= x <= 1, "must be in [0, 1]"),
+        check=within(0, 1),
     )
     grammar_timeout_s: float = option(
         60.0,
         "seconds a job's grammar may take to compile (in a child process); a longer compile fails that job only",
-        check=(lambda x: x > 0, "must be > 0"),
+        check=above(0),
     )
     grammar_memory_mib: int = option(
         2048,
         "MiB one grammar compile may add to the compiler process (its size at rest, about 400 MiB, not "
         "counted); a compile that needs more fails that job only",
-        check=(lambda n: n >= 16, "must be >= 16"),
+        check=at_least(16),
     )
     step_profile: bool = option(False, "record every scheduler step and log a summary at exit (profiling)")
     fault: str = option(
@@ -78,14 +78,14 @@ SCHEDULER_OPTIONS = frozenset(f.name for f in dataclasses.fields(SchedulerConfig
 
 
 @dataclass(frozen=True)
-class RunConfig:
+class SchedulerProcessConfig:
     """An engine's options and its scheduler's: what a scheduler process runs with."""
 
     engine: EngineConfig
     scheduler: SchedulerConfig = SchedulerConfig()
 
     @classmethod
-    def from_options(cls, model: str, **options: Any) -> RunConfig:
+    def from_options(cls, model: str, **options: Any) -> SchedulerProcessConfig:
         """Build from keyword options of either table, naming any unknown one."""
         unknown = sorted(set(options) - ENGINE_OPTIONS - SCHEDULER_OPTIONS - {"model"})
         if unknown:
@@ -95,12 +95,12 @@ class RunConfig:
         scheduler = {k: v for k, v in options.items() if k in SCHEDULER_OPTIONS}
         return cls(EngineConfig(model=model, **engine), SchedulerConfig(**scheduler))
 
-    def replace(self, **options: Any) -> RunConfig:
+    def replace(self, **options: Any) -> SchedulerProcessConfig:
         """A copy with ``options`` (of either table) changed."""
         merged = {**dataclasses.asdict(self.engine), **dataclasses.asdict(self.scheduler), **options}
-        return RunConfig.from_options(merged.pop("model"), **merged)
+        return SchedulerProcessConfig.from_options(merged.pop("model"), **merged)
 
-    def resolved(self) -> RunConfig:
+    def resolved(self) -> SchedulerProcessConfig:
         """A copy with the engine's "auto" device resolved (EngineConfig.resolved)."""
         return dataclasses.replace(self, engine=self.engine.resolved())
 
@@ -115,6 +115,6 @@ class RunConfig:
         )
 
     @classmethod
-    def from_json(cls, text: str) -> RunConfig:
+    def from_json(cls, text: str) -> SchedulerProcessConfig:
         tables = json.loads(text)
         return cls(EngineConfig(**tables["engine"]), SchedulerConfig(**tables["scheduler"]))

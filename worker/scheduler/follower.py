@@ -3,7 +3,7 @@
 Started by its group's leader (worker.scheduler.tp.TPGroup) with SIGKILL as parent-death
 signal. It joins the group, builds the same engine and scheduler as rank 0 on its share of
 the model, and runs the leader's inbound messages until the leader forwards a ShutdownRequest.
-Exit codes as worker.frontend.scheduler_main's.
+Exit codes as worker.scheduler.main's.
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ def main(argv: list[str]) -> int:
     )
     from worker.distributed import init_tp
     from worker.engine.engine import rank_device
-    from worker.scheduler.config import RunConfig
+    from worker.scheduler.config import SchedulerProcessConfig
     from worker.scheduler.run import serve
     from worker.scheduler.tp import FollowerIO
 
-    config = RunConfig.from_json(config_json).resolved()
+    config = SchedulerProcessConfig.from_json(config_json).resolved()
     device = str(rank_device(config.engine.device, int(rank), int(size)))
     return serve(
         config,

@@ -15,7 +15,7 @@ import torch
 from worker.distributed import LEFT_ALONE, LEFT_DESTROYED, close_tp, init_tp, teardown_stuck, tp_info
 from worker.engine.engine import Engine, rank_device
 from worker.engine.faults import Fault
-from worker.scheduler.config import RunConfig
+from worker.scheduler.config import SchedulerProcessConfig
 from worker.scheduler.messages import SchedulerFailed, SchedulerIO, SchedulerReady
 from worker.scheduler.scheduler import Scheduler
 from worker.scheduler.stop import Detokenize
@@ -24,7 +24,9 @@ from worker.scheduler.tp import LeaderIO, TPGroup, check_shardable
 logger = logging.getLogger(__name__)
 
 
-def build_scheduler(config: RunConfig, io: SchedulerIO, detokenize: Detokenize | None = None) -> Scheduler:
+def build_scheduler(
+    config: SchedulerProcessConfig, io: SchedulerIO, detokenize: Detokenize | None = None
+) -> Scheduler:
     """Load the model and wire a Scheduler to ``io`` (no message sent yet)."""
     return Scheduler(Engine(config.engine.resolved()), config.scheduler, io, detokenize)
 
@@ -41,20 +43,6 @@ def ready_message(scheduler: Scheduler) -> SchedulerReady:
     )
 
 
-def tokenizer_detokenize(model_path: str) -> Detokenize | None:
-    """A detokenize callable from the model directory's tokenizer, or None when it has none."""
-    from worker.models.tokenizer import load_tokenizer_or_none
-
-    tokenizer = load_tokenizer_or_none(model_path)
-    if tokenizer is None:
-        return None
-
-    def detokenize(token_ids: list[int]) -> str:
-        return str(tokenizer.decode(token_ids, skip_special_tokens=True))
-
-    return detokenize
-
-
 class LoadError(Exception):
     """The engine could not be built (model, options, device): the worker cannot start."""
 
@@ -63,7 +51,9 @@ def one_line(exc: BaseException) -> str:
     return " ".join(f"{type(exc).__name__}: {exc}".split())
 
 
-def _lead_group(config: RunConfig, io: SchedulerIO, log_level: str) -> tuple[SchedulerIO, TPGroup | None]:
+def _lead_group(
+    config: SchedulerProcessConfig, io: SchedulerIO, log_level: str
+) -> tuple[SchedulerIO, TPGroup | None]:
     """With tensor_parallel_size > 1 in a process not yet in a group: start the followers,
     join the group as rank 0, and forward every receive to them (worker.scheduler.tp)."""
     size = config.engine.tensor_parallel_size
@@ -80,7 +70,10 @@ def _lead_group(config: RunConfig, io: SchedulerIO, log_level: str) -> tuple[Sch
 
 
 def run_scheduler(
-    config: RunConfig, io: SchedulerIO, detokenize: Detokenize | None = None, log_level: str = "INFO"
+    config: SchedulerProcessConfig,
+    io: SchedulerIO,
+    detokenize: Detokenize | None = None,
+    log_level: str = "INFO",
 ) -> None:
     """Load the engine, send SchedulerReady, then serve until a ShutdownRequest.
 
@@ -98,7 +91,9 @@ def run_scheduler(
             io, group = _lead_group(config, io, log_level)
             scheduler = build_scheduler(config, io, detokenize)
             if scheduler.detokenize is None:
-                scheduler.detokenize = tokenizer_detokenize(str(scheduler.engine.loaded.path))
+                from worker.models.tokenizer import detokenizer, load_tokenizer_or_none
+
+                scheduler.detokenize = detokenizer(load_tokenizer_or_none(str(scheduler.engine.loaded.path)))
             # NOTE: injected failures fire on the leader only (a follower's would read as a lost rank)
             scheduler.fault = Fault.parse(config.scheduler.fault) if tp_info().leader else None
         except Exception as exc:
@@ -110,7 +105,9 @@ def run_scheduler(
         leave_group(scheduler, group, clean)
 
 
-def _serve_loaded(config: RunConfig, scheduler: Scheduler, io: SchedulerIO, group: TPGroup | None) -> None:
+def _serve_loaded(
+    config: SchedulerProcessConfig, scheduler: Scheduler, io: SchedulerIO, group: TPGroup | None
+) -> None:
     profiler = None
     if config.scheduler.step_profile:  # profiling runs only: records every step
         from worker.scheduler.profile import StepProfiler
@@ -166,8 +163,10 @@ class ClosableIO(SchedulerIO, Protocol):
     def close(self) -> None: ...
 
 
-def serve(config: RunConfig, io: ClosableIO, log_level: str, join: Callable[[], object] | None = None) -> int:
-    """A scheduler process's life (worker.frontend.scheduler_main, worker.scheduler.follower):
+def serve(
+    config: SchedulerProcessConfig, io: ClosableIO, log_level: str, join: Callable[[], object] | None = None
+) -> int:
+    """A scheduler process's life (worker.scheduler.main, worker.scheduler.follower):
     ``join`` (a follower joining its group) then run_scheduler; the process's exit code: 0 after
     a ShutdownRequest, 2 when the engine cannot be built (already reported on ``io``), 1 on a
     crash (its traceback printed). A rank whose group teardown never returned ends here with

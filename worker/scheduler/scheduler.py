@@ -99,12 +99,12 @@ class Scheduler:
         self._eos_token_ids = np.fromiter(engine.eos_token_ids, dtype=np.int64)
         self.groups: dict[str, RequestGroup] = {}
         self.retracting: list[Req] = []
-        self.outbox: list[Outbound] = []
+        self.outgoing: list[Outbound] = []  # answers sent to the front end at the end of this iteration
         self.stats = Stats()
         self.shutdown = False
         self.fault: Fault | None = None  # injected failures (tests only)
         self.hooks: StepHooks | None = None  # step observer (profiling), worker.scheduler.hooks
-        self.compiling = GrammarWaits(  # structured output's waiting room
+        self.grammar_waits = GrammarWaits(  # structured output's waiting room
             engine, config.grammar_timeout_s, config.grammar_memory_mib
         )
         self._launching: list[Req] = []  # NOTE: the requests of the step under way, named if it fails
@@ -140,9 +140,11 @@ class Scheduler:
         assert last is self._in_flight, "step() was given a step other than the one it returned last"
         self._in_flight = None  # NOTE: from here on ``last`` is this call's to process
         busy = last is not None or self.prefill.runnable or self.decode.runnable
-        for message in self.io.receive(block=block and not (busy or self.compiling) and not self.shutdown):
+        for message in self.io.receive(
+            block=block and not (busy or self.grammar_waits) and not self.shutdown
+        ):
             self._handle(message)
-        if self.compiling:
+        if self.grammar_waits:
             self._admit_compiled(wait_s=0.0 if busy else 0.01)
         started_s = time.perf_counter()
         self._launching = []
@@ -157,9 +159,9 @@ class Scheduler:
             self._process(current)
             current = None
         self._finish_retractions()
-        if self.outbox:
-            self.io.send(self._with_load(self.outbox, time.perf_counter() - started_s))
-            self.outbox = []
+        if self.outgoing:
+            self.io.send(self._with_load(self.outgoing, time.perf_counter() - started_s))
+            self.outgoing = []
         if current is None and not self.prefill.runnable and not self.decode.runnable:
             self.cache.check_integrity([])
         self._in_flight = current
@@ -179,7 +181,11 @@ class Scheduler:
     @property
     def idle(self) -> bool:
         return not (
-            self.prefill.runnable or self.decode.runnable or self.groups or self.compiling or self._in_flight
+            self.prefill.runnable
+            or self.decode.runnable
+            or self.groups
+            or self.grammar_waits
+            or self._in_flight
         )
 
     def failing_uids(self) -> list[str]:
@@ -206,7 +212,7 @@ class Scheduler:
                 self.shutdown = True
 
     def _reject(self, uid: str, prompt_len: int, code: str, why: str) -> None:
-        self.outbox.append(
+        self.outgoing.append(
             RequestFinished(
                 uid=uid,
                 choices=[],
@@ -218,7 +224,7 @@ class Scheduler:
         )
 
     def _admit_request(self, msg: GenerateRequest) -> None:
-        if msg.uid in self.groups or msg.uid in self.compiling:
+        if msg.uid in self.groups or msg.uid in self.grammar_waits:
             refused: tuple[str, str] | None = ("invalid_job", f"request {msg.uid!r} is already running")
         else:
             refused = refusal(msg, self.engine.max_seq_len, self.engine.vocab_size)
@@ -232,8 +238,8 @@ class Scheduler:
             refused = ("invalid_job", "structured output is not supported with tensor_parallel_size > 1")
         compiled = None
         if refused is None and msg.sampling.structured is not None:
-            compiled, refused = self.compiling.submit(msg)
-            if msg.uid in self.compiling:
+            compiled, refused = self.grammar_waits.submit(msg)
+            if msg.uid in self.grammar_waits:
                 return None  # admitted once its grammar is compiled (_admit_compiled)
         if refused is not None:
             return self._reject(msg.uid, len(msg.input_ids), *refused)
@@ -242,9 +248,9 @@ class Scheduler:
     def _start_group(self, msg: GenerateRequest, compiled: Any) -> None:
         group, choices = make_group(msg, self.engine.max_seq_len)
         if msg.sampling.structured is not None:
-            assert self.compiling.grammars is not None
+            assert self.grammar_waits.grammars is not None
             for choice in choices:
-                choice.grammar = self.compiling.grammars.matcher(compiled)
+                choice.grammar = self.grammar_waits.grammars.matcher(compiled)
         self.groups[msg.uid] = group
         self.prefill.add(choices[0])
         group.held_back = choices[1:]  # NOTE: admitted once the first choice's prompt KV is cached
@@ -252,7 +258,7 @@ class Scheduler:
     def _admit_compiled(self, wait_s: float) -> None:
         """Admit the requests whose grammar compiled, refuse those whose grammar failed; waits
         up to ``wait_s`` for the compiler when nothing else is to do."""
-        for msg, compiled, refused in self.compiling.finished(wait_s):
+        for msg, compiled, refused in self.grammar_waits.finished(wait_s):
             if refused is not None:
                 self._reject(msg.uid, len(msg.input_ids), *refused)
                 continue
@@ -265,7 +271,7 @@ class Scheduler:
 
     def close(self) -> None:
         """Stop the grammar compiler's process, if one was started."""
-        self.compiling.close()
+        self.grammar_waits.close()
 
     def _fail_unschedulable(self) -> None:
         """Nothing is in flight and nothing could be launched although requests wait: the one
@@ -285,7 +291,7 @@ class Scheduler:
         self._abort(group.uid, code="internal", why=why)
 
     def _abort(self, uid: str, code: str = "aborted", why: str = "aborted by the front end") -> None:
-        compiling = self.compiling.abort(uid)
+        compiling = self.grammar_waits.abort(uid)
         if compiling is not None:
             return self._reject(uid, len(compiling.input_ids), code, why)
         group = self.groups.pop(uid, None)
@@ -369,7 +375,7 @@ class Scheduler:
         bitmask while the pass may still run on the device; masking and sampling queue behind it."""
         if step is None or step.output is not None:
             return step
-        grammars = self.compiling.grammars
+        grammars = self.grammar_waits.grammars
         assert grammars is not None
         matchers = [r.pending.grammar if r.produces_token and not r.finished else None for r in step.reqs]
         bitmask = grammars.token_bitmask(matchers)
@@ -494,7 +500,7 @@ class Scheduler:
         )
         if group.done and self.groups.pop(group.uid, None) is not None:
             self.stats.cached_tokens += group.cached_tokens or 0
-            self.outbox.append(
+            self.outgoing.append(
                 RequestFinished(
                     uid=group.uid,
                     choices=[group.choices[i] for i in range(group.n)],

@@ -38,7 +38,7 @@ import zmq
 from wire.lifetime import start_child
 from worker.distributed import NVLS_OFF_ENV, free_loopback_address
 from worker.engine.config import EngineConfig
-from worker.scheduler.config import RunConfig
+from worker.scheduler.config import SchedulerProcessConfig
 from worker.scheduler.messages import RANK_LOST_EXIT, Inbound, Outbound, SchedulerIO, encoder
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,7 @@ def check_shardable(config: EngineConfig) -> None:
 class TPGroup:
     """The leader's side: the follower processes, the frame socket and the watchdog."""
 
-    def __init__(self, config: RunConfig, log_level: str = "INFO") -> None:
+    def __init__(self, config: SchedulerProcessConfig, log_level: str = "INFO") -> None:
         self.size = config.engine.tensor_parallel_size
         self.init_method = free_loopback_address()
         self._ctx = zmq.Context()

@@ -4,15 +4,15 @@
 value is a ``"module:callable"`` import path (tests use ``tests.fake_generator:create_generator``).
 The module is imported only when the generator is built, so nothing heavy loads before that.
 A factory takes the worker's frozen configuration (worker.config.WorkerConfig). What it builds
-is wrapped in worker.queue.prompts.PromptLists, which runs jobs with several prompts.
+is wrapped in worker.frontend.prompts.PromptLists, which runs jobs with several prompts.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from worker.frontend.prompts import PromptLists
 from worker.lazy import load_callable
-from worker.queue.prompts import PromptLists
 
 if TYPE_CHECKING:
     from worker.config import WorkerConfig

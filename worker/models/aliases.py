@@ -1,4 +1,4 @@
-"""Named models: short aliases for bundled weights, and the cache where converted copies live."""
+"""Model aliases: short names for bundled weights, and the cache where converted copies live."""
 
 from __future__ import annotations
 

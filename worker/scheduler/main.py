@@ -1,4 +1,4 @@
-"""The scheduler process: ``python -m worker.frontend.scheduler_main INBOUND OUTBOUND CONFIG_JSON LOG_LEVEL``.
+"""The scheduler process: ``python -m worker.scheduler.main INBOUND OUTBOUND CONFIG_JSON LOG_LEVEL``.
 
 Started by the front end (worker.frontend.process) in a session of its own with a parent-death
 signal: a Ctrl-C meant for the worker never reaches it, and it never outlives the worker.
@@ -18,11 +18,13 @@ def main(argv: list[str]) -> int:
         level=log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s[scheduler]: %(message)s",
     )
-    from worker.frontend.channel import ZmqSchedulerIO
-    from worker.scheduler.config import RunConfig
+    from worker.scheduler.channel import ZmqSchedulerIO
+    from worker.scheduler.config import SchedulerProcessConfig
     from worker.scheduler.run import serve
 
-    return serve(RunConfig.from_json(config_json), ZmqSchedulerIO(inbound_addr, outbound_addr), log_level)
+    return serve(
+        SchedulerProcessConfig.from_json(config_json), ZmqSchedulerIO(inbound_addr, outbound_addr), log_level
+    )
 
 
 if __name__ == "__main__":
