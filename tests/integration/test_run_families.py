@@ -19,6 +19,23 @@ pytestmark = pytest.mark.integration
 MAX_TOKENS = 6
 
 
+def run_on_cpu(source: Path, out: Path, model_dir: Path):
+    """`radixq run SOURCE -o OUT --model DIR` on the CPU, as a newcomer types it."""
+    return radixq(
+        "run",
+        str(source),
+        "-o",
+        str(out),
+        "--model",
+        str(model_dir),
+        "--device",
+        "cpu",
+        "--timeout",
+        "200",
+        timeout_s=300,
+    )
+
+
 @pytest.mark.parametrize("kind", ["gemma3", "qwen3_moe"])
 def test_run_a_family_directory_with_its_chat_template(kind: str, tmp_path: Path) -> None:
     from transformers import AutoTokenizer
@@ -37,19 +54,7 @@ def test_run_a_family_directory_with_its_chat_template(kind: str, tmp_path: Path
         "".join(json.dumps({**r, "max_tokens": MAX_TOKENS, "temperature": 0.0}) + "\n" for r in rows)
     )
     out = tmp_path / "out.jsonl"
-    args = [
-        "run",
-        str(source),
-        "-o",
-        str(out),
-        "--model",
-        str(model_dir),
-        "--device",
-        "cpu",
-        "--timeout",
-        "200",
-    ]
-    done = radixq(*args, timeout_s=300)
+    done = run_on_cpu(source, out, model_dir)
     assert done.returncode == 1, done.stderr[-3000:]  # the image row is an error row
     got = {row["id"]: row for row in map(json.loads, out.read_text().splitlines())}
     assert list(got) == [r["id"] for r in rows]
@@ -90,19 +95,7 @@ def test_run_a_compressed_tensors_fp8_directory(tmp_path: Path) -> None:
         json.dumps({"id": "c", "messages": chats[0], "max_tokens": MAX_TOKENS, "temperature": 0}) + "\n"
     )
     out = tmp_path / "out.jsonl"
-    args = [
-        "run",
-        str(source),
-        "-o",
-        str(out),
-        "--model",
-        str(model_dir),
-        "--device",
-        "cpu",
-        "--timeout",
-        "200",
-    ]
-    done = radixq(*args, timeout_s=300)
+    done = run_on_cpu(source, out, model_dir)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "12 projections in FP8, published compressed-tensors channel" in done.stderr  # the worker's log
     (row,) = map(json.loads, out.read_text().splitlines())
