@@ -23,8 +23,9 @@ truncate, and Triton on sm90 never moves a float8 ``tl.dot``'s sum out of it by 
 sm90 and multiplies in fp16 instead. The gate/up GEMM therefore converts its e4m3 operands to
 fp16 (exact: every e4m3 value is an fp16 value) and accumulates their exact products in
 float32 on every tile: its output is rounded to bf16 and quantized per row again, where sums
-off by even 1e-4 move some rows' maximum across a bf16 rounding step, and with it the e4m3
-scale of every element of those rows. The down GEMM keeps e4m3 operands and adds each BLOCK_K step's product into a
+off by 1e-4 to 2e-3 move 0.4-13% of the elements across an e4m3 rounding midpoint, and some
+rows' maximum, and with it their scale (a power-of-two scale removes the second, not the
+first: benchmarks/fp8_accumulation.py ``--scales``). The down GEMM keeps e4m3 operands and adds each BLOCK_K step's product into a
 float32 accumulator (``acc += dot``, which Triton does not fold into the dot for float8
 operands): its output is not quantized again, and one promotion per 64-256 products keeps
 it within 2e-4 of the exact sum even at K = 14,336 (without: 1e-2). ``FAST_FP8`` multiplies
