@@ -32,7 +32,7 @@ finally:
 from tests.unit.test_moe import oracle_route  # noqa: E402
 from worker.kernels.fused_moe import align_entries, fused_moe, fused_route, max_sorted_rows  # noqa: E402
 from worker.kernels.moe import experts_loop, route  # noqa: E402
-from worker.kernels.moe_tiles import MoeTiles, moe_tiles, rule_tiles  # noqa: E402
+from worker.kernels.moe_tiles import TUNED, MoeTiles, moe_tiles, rule_tiles  # noqa: E402
 from worker.models.fp8 import quantize_channels  # noqa: E402
 
 # Tiny tiles: H=48 and I=40 are not multiples of 32, so the masked K loop and the wrapped last
@@ -170,16 +170,23 @@ def test_layout_sorts_every_entry_once_into_its_experts_blocks(num_tokens, top_k
 
 
 def test_tiles_follow_rows_per_expert():
-    # decode of a 128-expert top-8 model (64 tokens: 4 rows per expert) vs its prefill (8,192 tokens)
-    assert moe_tiles(128, 2048, 768, 64 * 8, fp8=False).block_m == 16
-    assert moe_tiles(128, 2048, 768, 8192 * 8, fp8=False).block_m == 128
-    assert moe_tiles(8, 4096, 14336, 64 * 2, fp8=True).block_m == 32  # 16 rows per expert
+    # the rule, on a shape without measured tiles: decode of a 128-expert top-8 model (64 tokens:
+    # 4 rows per expert) vs its prefill (8,192 tokens)
+    assert (128, 1024, 512, False) not in TUNED and (128, 1024, 512, True) not in TUNED
+    assert moe_tiles(128, 1024, 512, 64 * 8, fp8=False).block_m == 16
+    assert moe_tiles(128, 1024, 512, 8192 * 8, fp8=False).block_m == 128
+    assert moe_tiles(8, 1024, 512, 64 * 2, fp8=True).block_m == 32  # 16 rows per expert
     # FP8 decode at 1,024 x 8 over 128 experts (64 rows each): block_m 64 (moe_tiles' rule)
-    assert moe_tiles(128, 2048, 768, 1024 * 8, fp8=True).block_m == 64
-    assert moe_tiles(128, 2048, 768, 1024 * 8, fp8=False).block_m == 128
-    assert moe_tiles(128, 2048, 768, 4096 * 8, fp8=True).block_m == 128
+    assert moe_tiles(128, 1024, 512, 1024 * 8, fp8=True).block_m == 64
+    assert moe_tiles(128, 1024, 512, 1024 * 8, fp8=False).block_m == 128
+    assert moe_tiles(128, 1024, 512, 4096 * 8, fp8=True).block_m == 128
+    # measured tiles win where a shape has them (Qwen3-30B-A3B's FP8 experts at decode's 64 rows)
+    assert moe_tiles(128, 2048, 768, 1024 * 8, fp8=True) == TUNED[(128, 2048, 768, True)][1][1]
     for fp8, tiles in RULE_TILES:
         assert tiles.shared_bytes(fp8) <= H200_SHARED_BYTES, tiles
+    for (_, _, _, fp8), buckets in TUNED.items():
+        assert [bound for bound, _ in buckets] == sorted(bound for bound, _ in buckets)
+        assert all(tiles.shared_bytes(fp8) <= H200_SHARED_BYTES for _, tiles in buckets)
     with pytest.raises(ValueError, match="power of two"):
         MoeTiles(block_m=24, gate_up_n=16, down_n=16, block_k=16)
 
