@@ -69,13 +69,16 @@ def check_model(
                 "or a Hugging Face id (org/name)"
             )
         return
-    snapshot = hub.cached(model)
-    if snapshot is None and not download:
-        return
-    try:
-        snapshot = snapshot or hub.snapshot(model, say)
-    except hub.HubUnavailable as exc:
-        raise PreflightError(str(exc)) from None
+    if download:
+        try:
+            snapshot = hub.snapshot(model, say)  # the cached one, else downloaded
+        except hub.HubUnavailable as exc:
+            raise PreflightError(str(exc)) from None
+    else:
+        found = hub.cached(model)
+        if found is None:
+            return
+        snapshot = found
     if (snapshot / "config.json").is_file():
         _check_config(model, snapshot / "config.json")
 

@@ -60,38 +60,32 @@ class MoeTiles:
 # 64 +- 8 rows per expert, padded to 1.5 blocks of 64 on average instead of one block of 128,
 # a quarter less work for the fp16 gate/up GEMM (vLLM's H100 FP8 table for E=128/N=768 also
 # picks M=64 at 512 and 1,024 tokens).
+_TILE_16 = MoeTiles(16, 64, 128, 128, 1, 4, 3)
+_TILE_32 = MoeTiles(32, 64, 128, 128, 8, 4, 3)
+_TILE_64 = MoeTiles(64, 64, 128, 64, 8, 4, 3)
+_TILE_128 = MoeTiles(128, 128, 256, 64, 8, 8, 4)
+_FP8_TILE_16 = replace(_TILE_16, block_k=256)
+_FP8_TILE_32 = replace(_TILE_32, block_k=256)
+
 _RULE: dict[bool, tuple[tuple[float, MoeTiles], ...]] = {
-    False: (
-        (8, MoeTiles(16, 64, 128, 128, 1, 4, 3)),
-        (16, MoeTiles(32, 64, 128, 128, 8, 4, 3)),
-        (32, MoeTiles(64, 64, 128, 64, 8, 4, 3)),
-        (float("inf"), MoeTiles(128, 128, 256, 64, 8, 8, 4)),
-    ),
-    True: (
-        (8, MoeTiles(16, 64, 128, 256, 1, 4, 3)),
-        (16, MoeTiles(32, 64, 128, 256, 8, 4, 3)),
-        (64, MoeTiles(64, 64, 128, 64, 8, 4, 3)),
-        (float("inf"), MoeTiles(128, 128, 256, 64, 8, 8, 4)),
-    ),
+    False: ((8, _TILE_16), (16, _TILE_32), (32, _TILE_64), (float("inf"), _TILE_128)),
+    True: ((8, _FP8_TILE_16), (16, _FP8_TILE_32), (64, _TILE_64), (float("inf"), _TILE_128)),
 }
 
 # (E, hidden, intermediate, fp8) -> ((rows per expert at most, tiles), ...), ascending.
-# Measured on one H200 (docs/performance.md, "MoE tiles, measured"; 2026-12-04): for FP8
+# Measured on one H200 (docs/performance.md, "The exact FP8 MoE kernel on one H200", its
+# "Tiles, measured"; 2026-12-04): for FP8
 # Qwen3-30B-A3B experts the block_m 32 tile (fp16 products in mma.sync) beats block_m 64 at
 # decode's 64 rows per expert (405 vs 501 us at 1,024 tokens), and block_m 64 beats 128 at
 # prefill (2,058 vs 2,162 us at 8,192 tokens); for FP8 Mixtral experts block_m 64 beats 128 at
 # 256 rows per expert (2,255 vs 2,612 us at 1,024 tokens).
 TUNED: dict[tuple[int, int, int, bool], tuple[tuple[float, MoeTiles], ...]] = {
-    (128, 2048, 768, True): (
-        (8, MoeTiles(16, 64, 128, 256, 1, 4, 3)),
-        (64, MoeTiles(32, 64, 128, 256, 8, 4, 3)),
-        (float("inf"), MoeTiles(64, 64, 128, 64, 8, 4, 3)),
-    ),
+    (128, 2048, 768, True): ((8, _FP8_TILE_16), (64, _FP8_TILE_32), (float("inf"), _TILE_64)),
     (8, 4096, 14336, True): (
-        (8, MoeTiles(16, 64, 128, 256, 1, 4, 3)),
-        (16, MoeTiles(32, 64, 128, 256, 8, 4, 3)),
-        (256, MoeTiles(64, 64, 128, 64, 8, 4, 3)),
-        (float("inf"), MoeTiles(128, 128, 256, 64, 8, 8, 4)),
+        (8, _FP8_TILE_16),
+        (16, _FP8_TILE_32),
+        (256, _TILE_64),
+        (float("inf"), _TILE_128),
     ),
 }
 
