@@ -14,7 +14,9 @@ parallelism) or ``queue-Nw`` (N workers on the one queue, a GPU each: a pool; ``
 both); KV, when given, is passed as the engine option ``kv_cache_dtype`` (``auto``,
 ``fp8_e4m3``); without it the option is not passed at all (``--kv-cache-dtype`` sets it
 for every variant); WEIGHTS is the engine option ``quantization`` (``none``, ``fp8``;
-``--quantization`` sets it for every variant that names none). Protocol: ``--rounds N`` rounds, each running every variant once in
+``--quantization`` sets it for every variant that names none); further ``:KEY=VALUE`` fields
+are engine options of that variant alone (``engine:fp8_e4m3:fp8:moe_fp8_sums=tile``; VALUE
+read as JSON when it parses, else as a string). Protocol: ``--rounds N`` rounds, each running every variant once in
 turn (interleaved, one engine at a time, each built afresh; with several presets, every
 variant of the first, then of the next, in each round); the median counts. By default
 (``--rounds 0``) N is 3 when every run of the first round took over 30 s, else 5 (issue
@@ -108,14 +110,24 @@ class Variant:
     mode: str  # "engine" | "queue" | "queue-tpN" | "queue-Nw" | "queue-tpN-Mw"
     kv_cache_dtype: str | None
     quantization: str | None = None
+    options: tuple[tuple[str, Any], ...] = ()  # further engine options, KEY=VALUE fields
 
     @classmethod
     def parse(cls, text: str, default_kv: str | None, default_quantization: str | None = None) -> Variant:
-        mode, _, rest = text.strip().partition(":")
-        kv, _, quantization = rest.partition(":")
+        parts = text.strip().split(":")
+        mode, kv, quantization, fields = parts[0], "".join(parts[1:2]), "".join(parts[2:3]), parts[3:]
         if mode != "engine" and not QUEUE_MODE.fullmatch(mode):
             raise ValueError(f"variant {text!r}: MODE must be engine or queue (queue-tpN, queue-Nw)")
-        return cls(mode, kv or default_kv, quantization or default_quantization)
+        options = []
+        for field in fields:
+            key, sep, value = field.partition("=")
+            if not sep or not key:
+                raise ValueError(f"variant {text!r}: {field!r} is not KEY=VALUE")
+            try:
+                options.append((key, json.loads(value)))
+            except json.JSONDecodeError:
+                options.append((key, value))
+        return cls(mode, kv or default_kv, quantization or default_quantization, tuple(options))
 
     @property
     def tp(self) -> int:
@@ -140,12 +152,13 @@ class Variant:
             self.mode
             + (f" kv={self.kv_cache_dtype}" if self.kv_cache_dtype else "")
             + (f" w={self.quantization}" if self.quantization else "")
+            + "".join(f" {key}={value}" for key, value in self.options)
         )
 
     @property
     def engine(self) -> Variant:
         """The engine-alone variant of the same KV and weights (a queue run's baseline)."""
-        return Variant("engine", self.kv_cache_dtype, self.quantization)
+        return Variant("engine", self.kv_cache_dtype, self.quantization, self.options)
 
 
 def at_scale_workload(preset: Preset, seed: int) -> Workload:
@@ -369,7 +382,7 @@ def _run_variant(
 
     preset = preset_of(args, name)
     warmup = warmup_workload(preset.prompt_len, preset.output_len)
-    options = engine_options(args, preset, v.kv_cache_dtype, v.quantization, v.tp)
+    options = {**engine_options(args, preset, v.kv_cache_dtype, v.quantization, v.tp), **dict(v.options)}
     workloads = [(r, at_scale_workload(preset, args.seed + r)) for r in rounds]
     if not v.workers:
         done = [

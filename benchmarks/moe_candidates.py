@@ -1,9 +1,12 @@
 """The MoE kernels benchmarks/moe_kernel.py times, each as ``prepare(layer, inputs) -> call``,
 and the timing itself.
 
-    triton      worker.kernels.fused_moe (bf16; FP8 per-channel weights, per-token activations)
-    triton-fast the same with ``fast_fp8`` (FP8 only: both sums in the FP8 tensor core's
-                accumulator, the faster and less exact variant; the price of exactness)
+    triton      worker.kernels.fused_moe (bf16; FP8 per-channel weights, per-token activations;
+                FP8 gate/up products exact in fp16)
+    triton-tile the same with ``fp8_sums="tile"`` (FP8 only: gate/up in the FP8 tensor cores,
+                sums moved to float32 every K tile)
+    triton-fast the same with ``fp8_sums="fast"`` (FP8 only: the gate/up sum wholly in the FP8
+                tensor core's accumulator)
     flashinfer  flashinfer.fused_moe.cutlass_fused_moe 0.6.6 (bf16; FP8 per-tensor scales, the
                 only FP8 scheme it takes on sm90: weights per expert, activations static,
                 calibrated on this input; the input's quantization is inside the timed call)
@@ -28,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from tests.moe_oracle import uniform_routing  # noqa: E402
+from tests.moe_oracle import float64_truth, uniform_routing  # noqa: E402
 from worker.kernels import ops  # noqa: E402
 from worker.models.fp8 import emulated_fp8_matmul, quantize_channels  # noqa: E402
 
@@ -98,19 +101,27 @@ class Inputs:
 
 
 def prepare_triton(
-    layer: Layer, inputs: Inputs, tiles: object = None, fast_fp8: bool = False
+    layer: Layer, inputs: Inputs, tiles: object = None, fp8_sums: str = "exact"
 ) -> Callable[[], torch.Tensor]:
     from worker.kernels.fused_moe import fused_moe
 
     scales = dict(w13_scale=layer.w13_scale, w2_scale=layer.w2_scale) if layer.fp8 else {}
     return lambda: fused_moe(
-        inputs.x, layer.w13, layer.w2, inputs.topk_weights, inputs.topk_ids, tiles=tiles, fast_fp8=fast_fp8,
+        inputs.x, layer.w13, layer.w2, inputs.topk_weights, inputs.topk_ids, tiles=tiles, fp8_sums=fp8_sums,
         **scales,
     )  # fmt: skip
 
 
+def prepare_triton_tile(layer: Layer, inputs: Inputs, tiles: object = None) -> Callable[[], torch.Tensor]:
+    return prepare_triton(layer, inputs, tiles, fp8_sums="tile")
+
+
 def prepare_triton_fast(layer: Layer, inputs: Inputs, tiles: object = None) -> Callable[[], torch.Tensor]:
-    return prepare_triton(layer, inputs, tiles, fast_fp8=True)
+    return prepare_triton(layer, inputs, tiles, fp8_sums="fast")
+
+
+# the fp8_sums of each Triton candidate (worker.kernels.moe_tiles.tile_dtype picks its tiles)
+TRITON_SUMS = {"triton": "exact", "triton-tile": "tile", "triton-fast": "fast"}
 
 
 def oracle(layer: Layer, inputs: Inputs) -> torch.Tensor:
@@ -119,6 +130,14 @@ def oracle(layer: Layer, inputs: Inputs) -> torch.Tensor:
 
     scales = dict(w13_scale=layer.w13_scale, w2_scale=layer.w2_scale) if layer.fp8 else {}
     return experts_loop(inputs.x, layer.w13, layer.w2, inputs.topk_weights, inputs.topk_ids, **scales)
+
+
+def truth(layer: Layer, inputs: Inputs) -> torch.Tensor:
+    """The layer in float64 on the same (dequantized) weights with nothing rounded or quantized
+    in between (tests.moe_oracle.float64_truth): what the FP8 arithmetic of every candidate, the
+    loop's included, approximates (benchmarks/moe_kernel.py ``--truth``)."""
+    return float64_truth(inputs.x, layer.w13, layer.w2, inputs.topk_weights, inputs.topk_ids,
+                         layer.w13_scale, layer.w2_scale)  # fmt: skip
 
 
 def _expert_linear(layer: Layer, h: torch.Tensor, expert: int, down: bool) -> torch.Tensor:
@@ -206,15 +225,17 @@ def _per_tensor(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 PREPARE = {
-    "triton": prepare_triton, "triton-fast": prepare_triton_fast, "flashinfer": prepare_flashinfer, "loop": prepare_loop,
+    "triton": prepare_triton, "triton-tile": prepare_triton_tile, "triton-fast": prepare_triton_fast,
+    "flashinfer": prepare_flashinfer, "loop": prepare_loop,
 }  # fmt: skip
 GRAPHED = {
     "triton": True,
+    "triton-tile": True,
     "triton-fast": True,
     "flashinfer": True,
     "loop": False,
 }  # the loop syncs on the host
-FP8_ONLY = {"triton-fast"}  # candidates that differ from another only on FP8 experts
+FP8_ONLY = {"triton-tile", "triton-fast"}  # candidates that differ from another only on FP8 experts
 
 
 def time_call(call: Callable[[], torch.Tensor], reps: int, graphed: bool) -> tuple[float, str]:

@@ -3,12 +3,14 @@ configs/*.json) at 64, 1,024 and 8,192 tokens, bf16 and FP8 experts, uniform ran
 (k distinct experts per token), dummy weights.
 
 Candidates (benchmarks/moe_candidates.py): ``triton`` (worker.kernels.fused_moe),
-``triton-fast`` (the same with ``fast_fp8``: FP8 cells only), ``flashinfer`` (cutlass_fused_moe;
+``triton-tile`` and ``triton-fast`` (the same with ``fp8_sums`` "tile" and "fast": FP8 cells only), ``flashinfer`` (cutlass_fused_moe;
 in a child process, since its first call JIT-builds for minutes and may fail: the child gets
 what is left of ``--budget-s`` and its result, or why there is none, is reported), ``loop``
 (torch loop over experts, FP8 through torch._scaled_mm: the speed baseline). Every candidate's
 error, the loop's included, is measured against worker.kernels.moe.experts_loop (float32 sums,
-FP8 products exact).
+FP8 products exact); ``--truth`` adds each one's error against the float64 truth (the same
+weights, nothing rounded or quantized between the GEMMs) beside the loop's own, as the norm
+ratio ||got - truth|| / ||truth|| and the max ratio: how much of the FP8 error is the kernel's.
 
 Per cell: median of ``--reps`` calls between CUDA events after 3 warm-up calls, replayed from
 a CUDA graph where the call captures (the loop syncs on the host, so it runs eagerly);
@@ -19,6 +21,8 @@ goes, a Markdown table last, and writes everything with ``--out``.
     python benchmarks/moe_kernel.py --out moe.json                        # ~3 min on an H200
     python benchmarks/moe_kernel.py --candidates flashinfer --budget-s 570  # its JIT build, a call of its own
     python benchmarks/moe_kernel.py --sweep --models qwen3-30b-a3b --dtypes bf16   # Triton tiles per cell
+    python benchmarks/moe_kernel.py --sweep --wide --candidates triton-tile,triton-fast --dtypes fp8 \
+        --tokens 1024,8192 --write-tiles moe_tiles.json     # RADIXQ_MOE_TILES=moe_tiles.json uses them
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -37,9 +42,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 from model_shape import ModelShape  # noqa: E402
-from moe_candidates import FP8_ONLY, GRAPHED, PREPARE, ExpertShape, Inputs, Layer, oracle, time_call  # noqa: E402
+from moe_candidates import (  # noqa: E402
+    FP8_ONLY,
+    GRAPHED,
+    PREPARE,
+    TRITON_SUMS,
+    ExpertShape,
+    Inputs,
+    Layer,
+    oracle,
+    time_call,
+    truth,
+)
 
-from tests.moe_oracle import relative_error  # noqa: E402
+from tests.moe_oracle import relative_error, truth_errors  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS = ("qwen3-30b-a3b", "mixtral-8x7b")
@@ -51,14 +67,20 @@ def expert_shape(model: str) -> ExpertShape:
 
 
 def measure(args: argparse.Namespace, model: str, layer: Layer, inputs: Inputs, reference: torch.Tensor,
-            candidate: str, tiles: object = None) -> dict:  # fmt: skip
-    """One row: the candidate's time and rates on these inputs, or why it has none."""
+            candidate: str, tiles: object = None, exact: torch.Tensor | None = None) -> dict:  # fmt: skip
+    """One row: the candidate's time and rates on these inputs, or why it has none; with
+    ``exact`` (the float64 truth) its errors against that too, beside the loop's."""
     shape, tokens = layer.shape, inputs.x.shape[0]
     row = {"model": model, "dtype": "fp8" if layer.fp8 else "bf16", "tokens": tokens, "candidate": candidate,
            "active_experts": inputs.active_experts}  # fmt: skip
     try:
         call = PREPARE[candidate](layer, inputs, tiles) if tiles else PREPARE[candidate](layer, inputs)
-        row["rel_err"] = relative_error(call(), reference)
+        got = call()
+        row["rel_err"] = relative_error(got, reference)
+        if exact is not None:
+            row["truth_rms"], row["truth_max"] = truth_errors(got, exact)
+            row["loop_truth_rms"], row["loop_truth_max"] = truth_errors(reference, exact)
+        del got
         ms, row["mode"] = time_call(call, args.reps, GRAPHED[candidate])
     except Exception as e:  # noqa: BLE001 - a candidate that fails is reported, the rest go on
         torch.cuda.synchronize()
@@ -83,14 +105,15 @@ def bench(args: argparse.Namespace, candidates: list[str], deadline: float, emit
                     continue
                 inputs = Inputs.random(shape, tokens, seed=tokens)
                 reference = oracle(layer, inputs)
+                exact = truth(layer, inputs) if args.truth else None
                 for candidate in candidates:
                     if candidate in FP8_ONLY and not layer.fp8:
                         continue
-                    if candidate.startswith("triton") and args.sweep:
+                    if candidate in TRITON_SUMS and args.sweep:
                         sweep(args, model, layer, inputs, reference, emit, candidate)
                     else:
-                        emit(measure(args, model, layer, inputs, reference, candidate))
-                del inputs, reference
+                        emit(measure(args, model, layer, inputs, reference, candidate, exact=exact))
+                del inputs, reference, exact
             del layer
             torch.cuda.empty_cache()
 
@@ -105,17 +128,40 @@ def sweep(
     candidate: str = "triton",
 ) -> None:
     """A Triton candidate under each tile configuration of moe_tiles.sweep_tiles; the best last."""
-    from worker.kernels.moe_tiles import sweep_tiles
+    from worker.kernels.moe_tiles import sweep_tiles, tile_dtype
 
     rows = []
-    for tiles in sweep_tiles(layer.fp8):
-        row = {**measure(args, model, layer, inputs, reference, candidate, tiles), "tiles": repr(tiles)}
+    for tiles in sweep_tiles(tile_dtype(layer.fp8, TRITON_SUMS[candidate]), wide=args.wide):
+        row = {**measure(args, model, layer, inputs, reference, candidate, tiles), "tiles": asdict(tiles)}
         rows.append(row)
         took = f"{row['time_us']:,.1f} us" if row["status"] == "ok" else row["status"]
         print(f"sweep {candidate} {model} {row['dtype']} {row['tokens']} tokens, {tiles}: {took}", flush=True)
     ok = [r for r in rows if r["status"] == "ok"]
     best = min(ok, key=lambda r: r["time_us"]) if ok else rows[0]
-    emit({**best, "candidate": f"{candidate} (best tiles)"})
+    emit({**best, "candidate": f"{candidate} (best tiles)", "best_tiles": best.get("tiles")})
+
+
+def write_tiles(rows: list[dict], path: str) -> None:
+    """The sweep's best tiles as a RADIXQ_MOE_TILES table (worker.kernels.moe_tiles): per
+    model and kind, the best of each token count up to its rows per expert (the last one
+    unbounded), the rule's buckets below the smallest count measured."""
+    from worker.kernels.moe_tiles import MoeTiles, rule_buckets, table_to_json, tile_dtype
+
+    best: dict[tuple, list[tuple[float, MoeTiles]]] = {}
+    for r in rows:
+        if r.get("best_tiles") and r.get("status") == "ok":
+            shape = expert_shape(r["model"])
+            kind = tile_dtype(r["dtype"] == "fp8", TRITON_SUMS[r["candidate"].split(" ")[0]])
+            key = (shape.num_experts, shape.hidden, shape.inter, kind)
+            tiles = MoeTiles(**r["best_tiles"])
+            best.setdefault(key, []).append((r["tokens"] * shape.top_k / shape.num_experts, tiles))
+    tables = {}
+    for key, measured in best.items():
+        measured.sort(key=lambda item: item[0])
+        below = [(b, t) for b, t in rule_buckets(key[3]) if b < measured[0][0]]
+        tables[key] = (*below, *measured[:-1], (float("inf"), measured[-1][1]))
+    Path(path).write_text(table_to_json(tables))
+    print(f"moe_kernel: wrote {len(tables)} measured tables to {path}", flush=True)
 
 
 def run_flashinfer(args: argparse.Namespace, seconds: float) -> list[dict]:
@@ -176,22 +222,29 @@ def print_table(rows: list[dict]) -> None:
     loop_us = {(r["model"], r["dtype"], r["tokens"]): r["time_us"] for r in rows
                if r.get("candidate") == "loop" and r.get("status") == "ok"}  # fmt: skip
     print(
-        "\n| model | experts | tokens | kernel | mode | time (us) | TFLOP/s | weight TB/s | active experts | vs loop | error vs experts_loop |"
+        "\n| model | experts | tokens | kernel | mode | time (us) | TFLOP/s | weight TB/s | active experts | vs loop "
+        "| error vs experts_loop | vs float64 (rms, max) | loop vs float64 (rms, max) |"
     )
-    print("| --- | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| --- | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
         head = (
             f"| {r.get('model', '-')} | {r.get('dtype', '-')} | {r.get('tokens', '-')} | {r['candidate']} |"
         )
         if r.get("status") != "ok":
-            print(f"{head} - | {r['status']} | | | | | |")
+            print(f"{head} - | {r['status']} | | | | | | | |")
             continue
         loop = loop_us.get((r["model"], r["dtype"], r["tokens"]))
         speedup = f"{loop / r['time_us']:.1f}x" if loop else "-"
         print(
             f"{head} {r['mode']} | {r['time_us']:,.1f} | {r['tflops']:.1f} | {r['weight_tbps']:.2f} | "
-            f"{r['active_experts']} | {speedup} | {r['rel_err']:.1e} |"
+            f"{r['active_experts']} | {speedup} | {r['rel_err']:.1e} | {_truth(r, '')} | {_truth(r, 'loop_')} |"
         )
+
+
+def _truth(row: dict, prefix: str) -> str:
+    if f"{prefix}truth_rms" not in row:
+        return "-"
+    return f"{row[prefix + 'truth_rms']:.2e}, {row[prefix + 'truth_max']:.1e}"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -205,6 +258,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--budget-s", type=float, default=170.0, help="cells past it are skipped")
     parser.add_argument("--sweep", action="store_true", help="time the Triton kernel under every sweep tile")
+    parser.add_argument("--wide", action="store_true", help="--sweep: also other block_k and stage counts")
+    parser.add_argument(
+        "--write-tiles", default=None, help="--sweep: write the best tiles for RADIXQ_MOE_TILES"
+    )
+    parser.add_argument("--truth", action="store_true", help="errors against the float64 truth too")
     parser.add_argument(
         "--work-dir", default=os.environ.get("OUT", "/tmp"), help="the flashinfer child's log"
     )
@@ -237,6 +295,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
             emit(row)
     if args.out:
         Path(args.out).write_text(json.dumps({"rows": rows, "args": vars(args)}, indent=1))
+    if args.write_tiles:
+        write_tiles(rows, args.write_tiles)
     print(f"\nmoe_kernel: {time.perf_counter() - began:.0f} s")
     print_table(rows)
     return rows

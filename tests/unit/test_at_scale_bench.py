@@ -160,6 +160,22 @@ def test_moe_presets_point_at_the_published_shapes():
         assert ModelShape.from_config(json.loads(Path(preset.model).read_text())).layers > 0
 
 
+def test_variant_fields_past_the_weights_are_engine_options():
+    """engine:KV:WEIGHTS:KEY=VALUE...: options of that variant alone, JSON values where they
+    parse; the EngineConfig accepts them as given (or refuses them, naming the option)."""
+    from worker.engine.config import EngineConfig
+
+    v = Variant.parse("engine:fp8_e4m3:fp8:moe_fp8_sums=tile:max_running_reqs=12", None)
+    assert v.options == (("moe_fp8_sums", "tile"), ("max_running_reqs", 12))
+    assert v.name == "engine kv=fp8_e4m3 w=fp8 moe_fp8_sums=tile max_running_reqs=12"
+    assert Variant.parse("queue::fp8:moe_fp8_sums=fast", None).engine.options == (("moe_fp8_sums", "fast"),)
+    assert EngineConfig(**dict(v.options)).moe_fp8_sums == "tile"
+    with pytest.raises(ValueError, match="moe_fp8_sums"):
+        EngineConfig(moe_fp8_sums="fastest")
+    with pytest.raises(ValueError, match="not KEY=VALUE"):
+        Variant.parse("engine:auto:none:moe_fp8_sums", None)
+
+
 def test_queue_variants_name_their_workers_and_ranks(monkeypatch: pytest.MonkeyPatch):
     """queue-tpN: one worker over N GPUs (tensor_parallel_size passed); queue-Nw: N workers, a
     GPU each, in the order this process sees them."""

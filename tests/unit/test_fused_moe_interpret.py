@@ -32,14 +32,15 @@ finally:
 from tests.unit.test_moe import oracle_route  # noqa: E402
 from worker.kernels.fused_moe import align_entries, fused_moe, fused_route, max_sorted_rows  # noqa: E402
 from worker.kernels.moe import experts_loop, route  # noqa: E402
-from worker.kernels.moe_tiles import TUNED, MoeTiles, moe_tiles, rule_tiles  # noqa: E402
+from worker.kernels.moe_tiles import KINDS, TILES_ENV, TUNED, MoeTiles, moe_tiles, rule_tiles, table_to_json  # noqa: E402
 from worker.models.fp8 import quantize_channels  # noqa: E402
 
 # Tiny tiles: H=48 and I=40 are not multiples of 32, so the masked K loop and the wrapped last
 # column block both run; block_m 16 pads every expert's run.
 TILES = MoeTiles(block_m=16, gate_up_n=16, down_n=32, block_k=32)
-# every tile the rule can pick: (fp8, tiles)
-RULE_TILES = [(fp8, tiles) for fp8 in (False, True) for tiles in rule_tiles(fp8)]
+# every tile the rule can pick: (kind, tiles); the e4m3-wgmma kinds share one list, run as "tile"
+RULE_TILES = [(kind, tiles) for kind in ("bf16", "fp8", "fp8-tile") for tiles in rule_tiles(kind)]
+SUMS = {"bf16": "exact", "fp8": "exact", "fp8-tile": "tile"}
 H200_SHARED_BYTES = 227 * 2**10  # the most shared memory one block may use on sm90
 
 
@@ -92,21 +93,23 @@ def test_fp8_experts_match_the_quantized_loop():
         x, w13_q.float() * w13_scale[..., None], w2_q.float() * w2_scale[..., None], weights, ids
     )
     assert relative_error(got, plain) > 10 * relative_error(got, want)
-    # the tensor-core accumulation variant computes the same values where sums are exact
-    fast = fused_moe(x, w13_q, w2_q, weights, ids, tiles=TILES, fast_fp8=True, **scales)
-    assert relative_error(fast, want) < 1e-3
+    # the tensor-core accumulation variants compute the same values where sums are exact
+    for sums in ("tile", "fast"):
+        other = fused_moe(x, w13_q, w2_q, weights, ids, tiles=TILES, fp8_sums=sums, **scales)
+        assert relative_error(other, want) < 1e-3, sums
+    with pytest.raises(ValueError, match="fp8_sums='fastest'"):
+        fused_moe(x, w13_q, w2_q, weights, ids, tiles=TILES, fp8_sums="fastest", **scales)
 
 
-@pytest.mark.parametrize(
-    ("fp8", "tiles"), RULE_TILES, ids=[f"{'fp8' if f else 'bf16'}-{t.block_m}" for f, t in RULE_TILES]
-)
-def test_every_rule_tile_matches_the_loop(fp8: bool, tiles: MoeTiles):
+@pytest.mark.parametrize(("kind", "tiles"), RULE_TILES, ids=[f"{k}-{t.block_m}" for k, t in RULE_TILES])
+def test_every_rule_tile_matches_the_loop(kind: str, tiles: MoeTiles):
     """The decode and prefill tiles forced on a small layer: H=300 and I=200 make several K
     steps (the last one masked) and column blocks (the last one wrapped) for each. bf16 tiles
     (float32 model dtype, see the FP8 test's NOTE): 520 entries over 4 experts need several
     blocks per expert even at block_m 128, and more row blocks than one GROUP_M sweep (a partial
     last group). FP8 tiles (the same indexing, plus scales and the fp16 conversion): 48 entries,
     since the interpreter runs each quantized row as a program of its own."""
+    fp8 = kind != "bf16"
     tokens = 24 if fp8 else 260
     w13, w2, gen = experts(4, 300, 200, torch.float32, seed=17)
     x = torch.randn(tokens, 300, generator=gen)
@@ -117,7 +120,7 @@ def test_every_rule_tile_matches_the_loop(fp8: bool, tiles: MoeTiles):
     else:
         assert align_entries(ids, 4, tiles.block_m).num_blocks > tiles.group_m
         assert int(torch.bincount(ids.reshape(-1).long()).max()) > tiles.block_m  # a run of several blocks
-    got = fused_moe(x, w13, w2, weights, ids, tiles=tiles, **scales)
+    got = fused_moe(x, w13, w2, weights, ids, tiles=tiles, fp8_sums=SUMS[kind], **scales)
     assert relative_error(got, experts_loop(x, w13, w2, weights, ids, **scales)) < (1e-3 if fp8 else 1e-5)
 
 
@@ -172,23 +175,45 @@ def test_layout_sorts_every_entry_once_into_its_experts_blocks(num_tokens, top_k
 def test_tiles_follow_rows_per_expert():
     # the rule, on a shape without measured tiles: decode of a 128-expert top-8 model (64 tokens:
     # 4 rows per expert) vs its prefill (8,192 tokens)
-    assert (128, 1024, 512, False) not in TUNED and (128, 1024, 512, True) not in TUNED
-    assert moe_tiles(128, 1024, 512, 64 * 8, fp8=False).block_m == 16
-    assert moe_tiles(128, 1024, 512, 8192 * 8, fp8=False).block_m == 128
-    assert moe_tiles(8, 1024, 512, 64 * 2, fp8=True).block_m == 32  # 16 rows per expert
+    assert not any((128, 1024, 512, kind) in TUNED for kind in KINDS)
+    assert moe_tiles(128, 1024, 512, 64 * 8, "bf16").block_m == 16
+    assert moe_tiles(128, 1024, 512, 8192 * 8, "bf16").block_m == 128
+    assert moe_tiles(8, 1024, 512, 64 * 2, "fp8").block_m == 32  # 16 rows per expert
     # FP8 decode at 1,024 x 8 over 128 experts (64 rows each): block_m 64 (moe_tiles' rule)
-    assert moe_tiles(128, 1024, 512, 1024 * 8, fp8=True).block_m == 64
-    assert moe_tiles(128, 1024, 512, 1024 * 8, fp8=False).block_m == 128
-    assert moe_tiles(128, 1024, 512, 4096 * 8, fp8=True).block_m == 128
+    assert moe_tiles(128, 1024, 512, 1024 * 8, "fp8").block_m == 64
+    assert moe_tiles(128, 1024, 512, 1024 * 8, "bf16").block_m == 128
+    assert moe_tiles(128, 1024, 512, 4096 * 8, "fp8").block_m == 128
+    # e4m3 straight into wgmma: twice the exact FP8 tile's block_k from 64 rows
+    assert (
+        moe_tiles(128, 1024, 512, 1024 * 8, "fp8-fast").block_k
+        == 2 * moe_tiles(128, 1024, 512, 1024 * 8, "fp8").block_k
+    )
     # measured tiles win where a shape has them (Qwen3-30B-A3B's FP8 experts at decode's 64 rows)
-    assert moe_tiles(128, 2048, 768, 1024 * 8, fp8=True) == TUNED[(128, 2048, 768, True)][1][1]
-    for fp8, tiles in RULE_TILES:
-        assert tiles.shared_bytes(fp8) <= H200_SHARED_BYTES, tiles
-    for (_, _, _, fp8), buckets in TUNED.items():
+    assert moe_tiles(128, 2048, 768, 1024 * 8, "fp8") == TUNED[(128, 2048, 768, "fp8")][1][1]
+    for kind in KINDS:
+        for tiles in rule_tiles(kind):
+            assert tiles.shared_bytes(kind) <= H200_SHARED_BYTES, (kind, tiles)
+    for (_, _, _, kind), buckets in TUNED.items():
         assert [bound for bound, _ in buckets] == sorted(bound for bound, _ in buckets)
-        assert all(tiles.shared_bytes(fp8) <= H200_SHARED_BYTES for _, tiles in buckets)
+        assert all(tiles.shared_bytes(kind) <= H200_SHARED_BYTES for _, tiles in buckets)
     with pytest.raises(ValueError, match="power of two"):
         MoeTiles(block_m=24, gate_up_n=16, down_n=16, block_k=16)
+
+
+def test_a_tiles_file_overrides_the_table(tmp_path, monkeypatch):
+    """RADIXQ_MOE_TILES: a measured table (as benchmarks/moe_kernel.py --write-tiles writes it)
+    wins over TUNED and the rule for its shape and kind alone; a broken file is refused."""
+    mine = MoeTiles(64, 128, 128, 128, 4, 8, 4)
+    path = tmp_path / "tiles.json"
+    path.write_text(table_to_json({(128, 2048, 768, "fp8-fast"): ((64, mine), (float("inf"), mine))}))
+    monkeypatch.setenv(TILES_ENV, str(path))
+    assert moe_tiles(128, 2048, 768, 1024 * 8, "fp8-fast") == mine
+    assert moe_tiles(128, 2048, 768, 1024 * 8, "fp8") == TUNED[(128, 2048, 768, "fp8")][1][1]
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"128,2048,768,fp8": [[64, {"block_m": 64}]]}')
+    monkeypatch.setenv(TILES_ENV, str(bad))
+    with pytest.raises(ValueError, match="not a table of MoE tiles"):
+        moe_tiles(128, 2048, 768, 1024 * 8, "fp8")
 
 
 @pytest.mark.parametrize(("num_experts", "top_k"), [(8, 2), (6, 3), (128, 8)])

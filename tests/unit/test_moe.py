@@ -93,6 +93,28 @@ def test_fp8_experts_match_the_oracle_scheme() -> None:
     torch.testing.assert_close(captured, got, atol=1e-5, rtol=1e-5)
 
 
+def test_the_float64_truth_is_the_unquantized_oracle() -> None:
+    """tests.moe_oracle.float64_truth (what the GPU test and benchmarks/moe_kernel.py --truth
+    measure FP8 arithmetic against): the oracle without activation quantization, on FP8 weights
+    dequantized by their scales; the FP8 loop is measurably off it."""
+    from tests.moe_oracle import float64_truth, truth_errors
+    from worker.models.fp8 import quantize_channels
+
+    x, w13, w2, logits = weights(torch.float32, seed=2)
+    topk_weights, topk_ids = route(logits, K, True)
+    want = oracle_experts(x, w13, w2, topk_weights, topk_ids)
+    # (the oracle rounds its intermediate to float32: 1e-5)
+    torch.testing.assert_close(float64_truth(x, w13, w2, topk_weights, topk_ids), want, atol=1e-5, rtol=1e-4)
+    (q13, s13), (q2, s2) = quantize_channels(w13), quantize_channels(w2)
+    truth = float64_truth(x, q13, q2, topk_weights, topk_ids, s13, s2)
+    dequantized = oracle_experts(x, q13.double() * s13.double()[..., None], q2.double() * s2.double()[..., None],
+                                 topk_weights, topk_ids)  # fmt: skip
+    torch.testing.assert_close(truth, dequantized, atol=1e-5, rtol=1e-4)
+    loop = experts_loop(x, q13, q2, topk_weights, topk_ids, w13_scale=s13, w2_scale=s2)
+    rms, worst = truth_errors(loop, truth)
+    assert 1e-3 < rms < 1e-1 and rms <= worst * 10
+
+
 def test_quantize_model_puts_experts_in_fp8(tmp_path) -> None:
     from tests.family_fixtures import family_dir
     from worker.models.loader import load_model

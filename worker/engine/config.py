@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from worker.attention.names import ATTENTION_CHOICES, DECODE_KERNELS
 from worker.kvcache.names import KV_CACHE_DTYPES, KV_SCALES
 from worker.models.aliases import DEFAULT_MODEL
-from worker.models.names import DTYPES, LOAD_FORMATS, QUANTIZATIONS
+from worker.models.names import DTYPES, LOAD_FORMATS, MOE_FP8_SUMS, QUANTIZATIONS
 from worker.options import at_least, check_options, option, within
 
 
@@ -88,6 +88,13 @@ class EngineConfig:
         check=at_least(1),
     )
     triton: bool = option(True, "fused Triton kernels on CUDA (false: the torch paths, for ablation)")
+    moe_fp8_sums: str = option(
+        "exact",
+        "FP8 MoE experts on CUDA, the gate/up GEMM: `exact` (products in fp16: the expert loop's values), "
+        "`tile` (FP8 tensor cores, sums moved to float32 every K tile), `fast` (the whole sum in the FP8 "
+        "tensor core's accumulator); the quality and speed of each: docs/models.md",
+        choices=MOE_FP8_SUMS,
+    )
     onednn: bool = option(
         True,
         "float32 linear layers on CPU through oneDNN, about twice MKL's speed here (false: torch's default, "

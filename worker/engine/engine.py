@@ -14,6 +14,7 @@ from worker.engine.config import EngineConfig
 from worker.engine.logprobs import pack_with_tokens, raw_logprobs, unpack
 from worker.forward import ForwardBatch, ForwardInput, ForwardOutput
 from worker.kvcache.pool import KVPool, cache_dtype_of
+from worker.models.moe import SparseMoE
 
 if TYPE_CHECKING:
     from worker.engine.graph import GraphRunner
@@ -99,6 +100,9 @@ class Engine:
             tp_rank=self.tp.rank,
             tp_size=self.tp.size,
         )
+        for module in self.loaded.model.modules():
+            if isinstance(module, SparseMoE):
+                module.fp8_sums = config.moe_fp8_sums
         from worker.kernels.cpu_linear import onednn_linears, use_onednn
 
         use_onednn(config.onednn)

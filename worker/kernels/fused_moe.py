@@ -13,11 +13,13 @@
 
 FP8 (w13 and w2 in float8_e4m3fn): ``w13_scale`` [E, 2I] and ``w2_scale`` [E, H] float32, one
 scale per output channel (as worker.models.fp8.Fp8Linear); the activations are quantized per
-row before each GEMM (``max|row| / 448``, worker.kernels.ops.quantize_fp8_rows). The gate/up
-GEMM multiplies the e4m3 values in fp16 (exact products, float32 sums), the down GEMM in e4m3
-with its sum moved to float32 every K tile: within bf16 rounding of the float32 expert loop
-(moe_triton's module docstring says why the gate/up GEMM must be exact). ``fast_fp8`` keeps
-both sums in the FP8 tensor core's ~13-bit accumulator instead (faster prefill, 3e-2 off).
+row before each GEMM (``max|row| / 448``, worker.kernels.ops.quantize_fp8_rows). ``fp8_sums``
+(FP8_SUMS) picks the gate/up GEMM's arithmetic: ``exact`` multiplies the e4m3 values in fp16
+(exact products, float32 sums: within bf16 rounding of the float32 expert loop), ``tile`` in
+the FP8 tensor cores with the sum moved to float32 every K tile, ``fast`` with the whole sum in
+their ~13-bit accumulator (faster prefill; both 2-4e-2 off the loop, about as far from float64
+as the loop: moe_triton's module docstring). The down GEMM multiplies in e4m3 with its sum
+moved to float32 every K tile in every mode.
 
 Steps (worker.kernels.moe_triton draws the layout): the align kernels sort the T*k entries by
 expert into runs padded to the tile's ``block_m``, inside buffers sized by a static bound, on the
@@ -36,8 +38,9 @@ from typing import Any, NamedTuple, NoReturn
 
 import torch
 
-from worker.kernels.moe_tiles import MoeTiles, moe_tiles
+from worker.kernels.moe_tiles import MoeTiles, moe_tiles, tile_dtype
 from worker.kernels.ops import quantize_fp8_rows, triton_block
+from worker.models.names import MOE_FP8_SUMS as FP8_SUMS
 
 _COUNT_CELLS = 4096  # entries x experts of one count/place program's one-hot tile
 _SCAN_BLOCK = 1024
@@ -126,19 +129,22 @@ def fused_moe(
     w13_scale: torch.Tensor | None = None,
     w2_scale: torch.Tensor | None = None,
     tiles: MoeTiles | None = None,
-    fast_fp8: bool = False,
+    fp8_sums: str = "exact",
 ) -> torch.Tensor:
     """The routed experts' output [T, H] in x's dtype (module docstring); ``tiles`` overrides
-    the launch configuration worker.kernels.moe_tiles picks; ``fast_fp8`` (FP8 experts only)
-    accumulates in the FP8 tensor core (benchmarks/moe_kernel.py's ``triton-fast``)."""
+    the launch configuration worker.kernels.moe_tiles picks; ``fp8_sums`` (FP8_SUMS; FP8
+    experts only) the gate/up GEMM's arithmetic (benchmarks/moe_kernel.py's ``triton``,
+    ``triton-tile``, ``triton-fast``)."""
     num_tokens, hidden, num_experts, inter, top_k, fp8 = _check(
         x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale
     )
+    if fp8_sums not in FP8_SUMS:
+        raise ValueError(f"fused_moe: fp8_sums={fp8_sums!r}, expected one of {list(FP8_SUMS)}")
     out = torch.empty((num_tokens, hidden), dtype=x.dtype, device=x.device)
     if num_tokens == 0:
         return out
     num_entries = num_tokens * top_k
-    tiles = tiles or moe_tiles(num_experts, hidden, inter, num_entries, fp8)
+    tiles = tiles or moe_tiles(num_experts, hidden, inter, num_entries, tile_dtype(fp8, fp8_sums))
     ids = topk_ids.to(torch.int32).contiguous()
     weights = topk_weights.contiguous().reshape(-1)
     layout = align_entries(ids, num_experts, tiles.block_m)
@@ -158,7 +164,7 @@ def fused_moe(
         a, a_scale, w13, w13_scale if fp8 else w13, act, layout.sorted_rows, layout.block_expert,
         num_entries, hidden, inter, a.stride(0), w13.stride(0), w13.stride(1),
         w13_scale.stride(0) if w13_scale is not None else 0, act.stride(0), layout.num_blocks, n_blocks,
-        TOP_K=top_k, FP8=fp8, FAST_FP8=fast_fp8, DOT_F32=dot_f32, EVEN_K=hidden % tiles.block_k == 0,
+        TOP_K=top_k, FP8=fp8, FP8_SUMS=FP8_SUMS.index(fp8_sums), DOT_F32=dot_f32, EVEN_K=hidden % tiles.block_k == 0,
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.gate_up_n, BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m, **launch,
     )  # fmt: skip
     if fp8:
@@ -172,7 +178,7 @@ def fused_moe(
         b, b_scale, w2, w2_scale if fp8 else w2, weights, parts, layout.sorted_rows, layout.block_expert,
         num_entries, inter, hidden, b.stride(0), w2.stride(0), w2.stride(1),
         w2_scale.stride(0) if w2_scale is not None else 0, parts.stride(0), layout.num_blocks, n_blocks,
-        FP8=fp8, FAST_FP8=fast_fp8, DOT_F32=dot_f32, EVEN_K=inter % tiles.block_k == 0,
+        FP8=fp8, DOT_F32=dot_f32, EVEN_K=inter % tiles.block_k == 0,
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.down_n, BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m, **launch,
     )  # fmt: skip
     block = min(_SUM_BLOCK, triton_block(hidden))

@@ -129,9 +129,10 @@ def moe_experts(
     *,
     w13_scale: torch.Tensor | None = None,
     w2_scale: torch.Tensor | None = None,
+    fp8_sums: str = "exact",
 ) -> torch.Tensor:
     """experts_loop's values: the fused kernel on CUDA when Triton is on (the engine's
-    ``triton`` setting), else the loop."""
+    ``triton`` setting) with ``fp8_sums`` its FP8 gate/up arithmetic (fused_moe), else the loop."""
     if x.is_cuda and _triton() is not None:
         try:
             from worker.kernels.fused_moe import fused_moe
@@ -140,5 +141,7 @@ def moe_experts(
                 _WARNED.append(True)
                 log.warning("fused MoE kernel unavailable (%s): experts run one at a time", exc)
         else:
-            return fused_moe(x, w13, w2, topk_weights, topk_ids, w13_scale=w13_scale, w2_scale=w2_scale)
+            return fused_moe(
+                x, w13, w2, topk_weights, topk_ids, w13_scale=w13_scale, w2_scale=w2_scale, fp8_sums=fp8_sums
+            )
     return experts_loop(x, w13, w2, topk_weights, topk_ids, w13_scale=w13_scale, w2_scale=w2_scale)

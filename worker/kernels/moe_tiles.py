@@ -8,14 +8,34 @@ tables vLLM ships for its Triton fused MoE (E=128/N=768 and E=8/N=14336 on the H
 restated by rows per expert; ``TUNED`` holds what the benchmark sweep
 (``benchmarks/moe_kernel.py --sweep``) measured best per shape, where it differs.
 
-FP8 tiles of 64 rows or more (wgmma) multiply gate/up in fp16 (fused_moe's module docstring)
-and hold those operands twice in shared memory: the e4m3 pipeline stages and one fp16 copy of
-the converted tile.
+Tiles are chosen per kind of expert arithmetic (``tile_dtype``): ``bf16``, ``fp8`` (fused_moe's
+``fp8_sums="exact"``: FP8 tiles of 64 rows or more, wgmma, multiply gate/up in fp16 and hold
+those operands twice in shared memory, the e4m3 pipeline stages and one fp16 copy of the
+converted tile), ``fp8-tile`` and ``fp8-fast`` (e4m3 operands straight into the tensor cores:
+one byte per element in every stage, so twice the bf16 tile's block_k fits).
+
+``RADIXQ_MOE_TILES`` may name a JSON file of measured tables in TUNED's form
+(``benchmarks/moe_kernel.py --sweep --write-tiles PATH`` writes one for the GPU it runs on):
+its entries take precedence over TUNED's, shape by shape.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import functools
+import json
+import os
+from dataclasses import asdict, dataclass, replace
+
+KINDS = ("bf16", "fp8", "fp8-tile", "fp8-fast")
+TILES_ENV = "RADIXQ_MOE_TILES"
+
+
+def tile_dtype(fp8: bool, fp8_sums: str = "exact") -> str:
+    """The kind of arithmetic tiles are chosen for (module docstring): bf16 experts, or FP8
+    ones with fused_moe's ``fp8_sums``."""
+    if not fp8:
+        return "bf16"
+    return "fp8" if fp8_sums == "exact" else f"fp8-{fp8_sums}"
 
 
 @dataclass(frozen=True)
@@ -36,14 +56,15 @@ class MoeTiles:
     num_warps: int = 4
     num_stages: int = 3
 
-    def shared_bytes(self, fp8: bool) -> int:
+    def shared_bytes(self, kind: str) -> int:
         """Shared memory of the software pipeline: ``num_stages`` copies of the larger GEMM's
-        operand tiles (gate/up reads two weight tiles per step), and for FP8 one fp16 copy of
-        the gate/up tiles it converts (at most; small tiles convert in registers)."""
+        operand tiles (gate/up reads two weight tiles per step), and for exact FP8 one fp16
+        copy of the gate/up tiles it converts (at most; small tiles convert in registers)."""
         per_k = max(self.block_m + 2 * self.gate_up_n, self.block_m + self.down_n)
-        if not fp8:
+        if kind == "bf16":
             return self.num_stages * per_k * self.block_k * 2
-        return self.num_stages * per_k * self.block_k + (self.block_m + 2 * self.gate_up_n) * self.block_k * 2
+        stages = self.num_stages * per_k * self.block_k
+        return stages + (self.block_m + 2 * self.gate_up_n) * self.block_k * 2 if kind == "fp8" else stages
 
     def __post_init__(self) -> None:
         for name in ("block_m", "gate_up_n", "down_n", "block_k"):
@@ -66,22 +87,32 @@ _TILE_64 = MoeTiles(64, 64, 128, 64, 8, 4, 3)
 _TILE_128 = MoeTiles(128, 128, 256, 64, 8, 8, 4)
 _FP8_TILE_16 = replace(_TILE_16, block_k=256)
 _FP8_TILE_32 = replace(_TILE_32, block_k=256)
+# e4m3 straight into wgmma (fp8-tile, fp8-fast): the bf16 tiles' bytes per stage at twice the
+# block_k, one stage fewer at block_m 128 (147 KB)
+_FP8_TILE_64 = replace(_TILE_64, block_k=128)
+_FP8_TILE_128 = replace(_TILE_128, block_k=128, num_stages=3)
 
-_RULE: dict[bool, tuple[tuple[float, MoeTiles], ...]] = {
-    False: ((8, _TILE_16), (16, _TILE_32), (32, _TILE_64), (float("inf"), _TILE_128)),
-    True: ((8, _FP8_TILE_16), (16, _FP8_TILE_32), (64, _TILE_64), (float("inf"), _TILE_128)),
+_EXACT_FP8 = ((8, _FP8_TILE_16), (16, _FP8_TILE_32), (64, _TILE_64), (float("inf"), _TILE_128))
+_WGMMA_FP8 = ((8, _FP8_TILE_16), (16, _FP8_TILE_32), (64, _FP8_TILE_64), (float("inf"), _FP8_TILE_128))
+Table = tuple[tuple[float, MoeTiles], ...]  # (rows per expert at most, tiles), ascending
+
+_RULE: dict[str, Table] = {
+    "bf16": ((8, _TILE_16), (16, _TILE_32), (32, _TILE_64), (float("inf"), _TILE_128)),
+    "fp8": _EXACT_FP8,
+    "fp8-tile": _WGMMA_FP8,
+    "fp8-fast": _WGMMA_FP8,
 }
 
-# (E, hidden, intermediate, fp8) -> ((rows per expert at most, tiles), ...), ascending.
+# (E, hidden, intermediate, kind) -> ((rows per expert at most, tiles), ...), ascending.
 # Measured on one H200 (docs/performance.md, "The exact FP8 MoE kernel on one H200", its
 # "Tiles, measured"; 2026-12-04): for FP8
 # Qwen3-30B-A3B experts the block_m 32 tile (fp16 products in mma.sync) beats block_m 64 at
 # decode's 64 rows per expert (405 vs 501 us at 1,024 tokens), and block_m 64 beats 128 at
 # prefill (2,058 vs 2,162 us at 8,192 tokens); for FP8 Mixtral experts block_m 64 beats 128 at
 # 256 rows per expert (2,255 vs 2,612 us at 1,024 tokens).
-TUNED: dict[tuple[int, int, int, bool], tuple[tuple[float, MoeTiles], ...]] = {
-    (128, 2048, 768, True): ((8, _FP8_TILE_16), (64, _FP8_TILE_32), (float("inf"), _TILE_64)),
-    (8, 4096, 14336, True): (
+TUNED: dict[tuple[int, int, int, str], Table] = {
+    (128, 2048, 768, "fp8"): ((8, _FP8_TILE_16), (64, _FP8_TILE_32), (float("inf"), _TILE_64)),
+    (8, 4096, 14336, "fp8"): (
         (8, _FP8_TILE_16),
         (16, _FP8_TILE_32),
         (256, _TILE_64),
@@ -90,35 +121,91 @@ TUNED: dict[tuple[int, int, int, bool], tuple[tuple[float, MoeTiles], ...]] = {
 }
 
 
-def rule_tiles(fp8: bool) -> list[MoeTiles]:
-    """Every tile the rule may pick for these experts, smallest bucket first."""
-    return [tiles for _, tiles in _RULE[fp8]]
+def rule_buckets(kind: str) -> Table:
+    """The rule's (rows per expert at most, tiles) for this kind of experts, ascending."""
+    return _RULE[kind]
 
 
-def sweep_tiles(fp8: bool, shared_limit: int = 200 * 2**10) -> list[MoeTiles]:
+def rule_tiles(kind: str) -> list[MoeTiles]:
+    """Every tile the rule may pick for this kind of experts, smallest bucket first."""
+    return [tiles for _, tiles in _RULE[kind]]
+
+
+def sweep_tiles(kind: str, shared_limit: int = 200 * 2**10, wide: bool = False) -> list[MoeTiles]:
     """What ``benchmarks/moe_kernel.py --sweep`` times: the rule's tiles, each also with the
-    other warp count and with half and twice its column blocks, where they fit in shared memory."""
+    other warp count and with half and twice its column blocks, where they fit in shared
+    memory; ``wide`` adds half and twice the block_k and one pipeline stage more or fewer."""
     found: dict[MoeTiles, None] = {}
-    for t in rule_tiles(fp8):
-        for variant in (
+    for t in rule_tiles(kind):
+        variants = [
             t,
             replace(t, num_warps=12 - t.num_warps),
             replace(t, gate_up_n=max(16, t.gate_up_n // 2), down_n=max(16, t.down_n // 2)),
             replace(t, gate_up_n=t.gate_up_n * 2, down_n=t.down_n * 2),
-        ):
-            if variant.shared_bytes(fp8) <= shared_limit:
+        ]
+        if wide:
+            variants += [
+                replace(t, block_k=max(16, t.block_k // 2)),
+                replace(t, block_k=t.block_k * 2),
+                replace(t, num_stages=t.num_stages + 1),
+                replace(t, num_stages=max(2, t.num_stages - 1)),
+            ]
+        for variant in variants:
+            if variant.shared_bytes(kind) <= shared_limit:
                 found[variant] = None
     return list(found)
 
 
-def moe_tiles(num_experts: int, hidden: int, inter: int, num_entries: int, fp8: bool) -> MoeTiles:
+def table_to_json(tables: dict[tuple[int, int, int, str], Table]) -> str:
+    """TUNED's form as JSON (``RADIXQ_MOE_TILES``): "E,H,I,kind" -> [[max rows per expert or
+    null for the last bucket, {tile fields}], ...]."""
+    out = {
+        ",".join(map(str, key)): [
+            [None if bound == float("inf") else bound, asdict(t)] for bound, t in buckets
+        ]
+        for key, buckets in tables.items()
+    }
+    return json.dumps(out, indent=1)
+
+
+@functools.cache
+def _file_tables(path: str) -> dict[tuple[int, int, int, str], Table]:
+    try:
+        raw = json.loads(open(path).read())
+        tables = {}
+        for key, buckets in raw.items():
+            e, h, i, kind = key.split(",")
+            if kind not in KINDS:
+                raise ValueError(f"kind {kind!r} not in {list(KINDS)}")
+            table = tuple(
+                (float("inf") if b is None else float(b), MoeTiles(**fields)) for b, fields in buckets
+            )
+            if not table or table[-1][0] != float("inf"):
+                raise ValueError(f"{key}: the last bucket's bound must be null (unbounded)")
+            tables[(int(e), int(h), int(i), kind)] = table
+    except (OSError, ValueError, TypeError, AttributeError) as exc:
+        raise ValueError(f"{TILES_ENV}={path}: not a table of MoE tiles ({exc})") from exc
+    return tables
+
+
+def _tuned(key: tuple[int, int, int, str]) -> Table:
+    path = os.environ.get(TILES_ENV)
+    if path:
+        found = _file_tables(path).get(key)
+        if found:
+            return found
+    return TUNED.get(key, ())
+
+
+def moe_tiles(num_experts: int, hidden: int, inter: int, num_entries: int, kind: str) -> MoeTiles:
     """The tiles for ``num_entries`` (tokens x top-k) routed over ``num_experts`` experts of
-    this shape: the tuned entry when there is one, else the rule."""
+    this shape and ``kind`` (tile_dtype): a measured entry when there is one
+    (``RADIXQ_MOE_TILES``, then TUNED), else the rule."""
     rows_per_expert = num_entries / num_experts
-    for bound, tiles in TUNED.get((num_experts, hidden, inter, fp8), ()):
+    for bound, tiles in _tuned((num_experts, hidden, inter, kind)):
         if rows_per_expert <= bound:
             return tiles
-    for bound, tiles in _RULE[fp8]:
+    for bound, tiles in _RULE[kind]:
         if rows_per_expert <= bound:
             return tiles
     raise AssertionError("the rule's last bucket is unbounded")

@@ -16,22 +16,24 @@ grid may be sized by a static upper bound (CUDA-graph capturable, no host sync).
 change with the number of tokens are not specialised on (``do_not_specialize``): a new batch
 size never compiles a kernel again in the middle of a run.
 
-FP8 products (``FAST_FP8`` off, the default): Hopper's FP8 tensor cores (wgmma, which Triton
-uses for tiles of 64 rows or more) keep about 13 bits of mantissa in their accumulator and
-truncate, and Triton on sm90 never moves a float8 ``tl.dot``'s sum out of it by default
-(``max_num_imprecise_acc`` 2**30); tiles under 64 rows use mma.sync, which has no FP8 form on
-sm90 and multiplies in fp16 instead. The gate/up GEMM therefore converts its e4m3 operands to
-fp16 (exact: every e4m3 value is an fp16 value) and accumulates their exact products in
-float32 on every tile: its output is rounded to bf16 and quantized per row again, where sums
-off by 1e-4 to 2e-3 move 0.4-13% of the elements across an e4m3 rounding midpoint, and some
-rows' maximum, and with it their scale (a power-of-two scale removes the second, not the
-first: benchmarks/fp8_accumulation.py ``--scales``). The down GEMM keeps e4m3 operands and adds each BLOCK_K step's product into a
-float32 accumulator (``acc += dot``, which Triton does not fold into the dot for float8
-operands): its output is not quantized again, and one promotion per 64-256 products keeps
-it within 2e-4 of the exact sum even at K = 14,336 (without: 1e-2). ``FAST_FP8`` multiplies
-both in e4m3 with the whole K loop in the tensor core's accumulator (vLLM's per-channel
-path): faster where FLOPs bound, 3e-2 off the exact loop from 1,024 tokens. (Figures: the CPU
-model of that accumulator in benchmarks/fp8_accumulation.py.)
+FP8 products, ``FP8_SUMS`` (fused_moe's ``fp8_sums``): Hopper's FP8 tensor cores (wgmma,
+which Triton uses for tiles of 64 rows or more) keep about 13 bits of mantissa in their
+accumulator and truncate, and Triton on sm90 never moves a float8 ``tl.dot``'s sum out of it by
+default (``max_num_imprecise_acc`` 2**30); tiles under 64 rows use mma.sync, which has no FP8
+form on sm90 and multiplies in fp16 instead (exact in every mode). ``EXACT`` (0): the gate/up
+GEMM converts its e4m3 operands to fp16 (exact: every e4m3 value is an fp16 value) and
+accumulates their exact products in float32, so its output, rounded to bf16 and quantized per
+row again, is the float32 expert loop's to the last bit of each e4m3 rounding (sums off by 1e-4
+to 2e-3 move 0.4-13% of the intermediate's elements across an e4m3 rounding midpoint, and some
+rows' maximum with their scale: benchmarks/fp8_accumulation.py). ``TILE`` (1): e4m3 operands,
+each BLOCK_K step's product added into a float32 accumulator (``acc += dot``, which Triton does
+not fold into the dot for float8 operands). ``FAST`` (2): e4m3 operands with the whole K loop
+in the tensor core's accumulator (vLLM's per-channel path). TILE and FAST are 2-4e-2 off the
+exact loop from 1,024 tokens (each flipped element moves a whole e4m3 step) while their error
+against float64 is within a few percent of the loop's own (benchmarks/moe_kernel.py
+``--truth``). The down GEMM's output is not quantized again: it always keeps e4m3 operands
+with its sum moved to float32 every BLOCK_K (one promotion per 64-256 products keeps it within
+2e-4 of the exact sum even at K = 14,336; without: 1e-2).
 """
 
 from __future__ import annotations
@@ -129,7 +131,7 @@ def moe_gate_up_kernel(
     x_ptr, x_scale_ptr, w_ptr, w_scale_ptr, out_ptr, sorted_ptr, block_expert_ptr,
     num_entries, hidden, inter, stride_x, stride_we, stride_wn, stride_se, stride_out,
     num_m_blocks, num_n_blocks,
-    TOP_K: tl.constexpr, FP8: tl.constexpr, FAST_FP8: tl.constexpr, DOT_F32: tl.constexpr,
+    TOP_K: tl.constexpr, FP8: tl.constexpr, FP8_SUMS: tl.constexpr, DOT_F32: tl.constexpr,
     EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
 ):  # fmt: skip
@@ -137,7 +139,7 @@ def moe_gate_up_kernel(
     block of expert e, where w[e] = [gate (inter rows); up (inter rows)] of [hidden] each. Gate
     and up are rounded to the output dtype before the SiLU-mul, as two linear layers would be.
     FP8: x is e4m3 with one scale per token, w e4m3 with one scale per output row, multiplied
-    in fp16 unless FAST_FP8 (module docstring)."""
+    and summed as FP8_SUMS says (module docstring)."""
     expert, rows, valid, pid_n = _block(
         sorted_ptr, block_expert_ptr, num_entries, num_m_blocks, num_n_blocks, BLOCK_M, GROUP_M
     )
@@ -164,10 +166,14 @@ def moe_gate_up_kernel(
             up = tl.load(up_ptrs, mask=in_k[:, None], other=0.0)
         if DOT_F32:
             a, gate, up = a.to(tl.float32), gate.to(tl.float32), up.to(tl.float32)
-        elif FP8 and not FAST_FP8:
+        elif FP8 and FP8_SUMS == 0:
             a, gate, up = a.to(tl.float16), gate.to(tl.float16), up.to(tl.float16)
-        acc_gate = tl.dot(a, gate, acc_gate)
-        acc_up = tl.dot(a, up, acc_up)
+        if FP8 and FP8_SUMS == 1:
+            acc_gate += tl.dot(a, gate)  # NOTE: not tl.dot(a, gate, acc): see moe_down_kernel
+            acc_up += tl.dot(a, up)
+        else:
+            acc_gate = tl.dot(a, gate, acc_gate)
+            acc_up = tl.dot(a, up, acc_up)
         a_ptrs += BLOCK_K
         gate_ptrs += BLOCK_K
         up_ptrs += BLOCK_K
@@ -189,14 +195,14 @@ def moe_down_kernel(
     a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, topk_weights_ptr, out_ptr, sorted_ptr, block_expert_ptr,
     num_entries, inter, hidden, stride_a, stride_we, stride_wn, stride_se, stride_out,
     num_m_blocks, num_n_blocks,
-    FP8: tl.constexpr, FAST_FP8: tl.constexpr, DOT_F32: tl.constexpr, EVEN_K: tl.constexpr,
+    FP8: tl.constexpr, DOT_F32: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
     """out[r, n] = topk_weights[r] * (a[r] . w_e[n]) for the sorted rows r of a block of expert e
     (a [entries, inter], w[e] [hidden, inter]); the product is rounded to the output dtype before
     the routing weight, as the expert's down projection would be. FP8: scales as in
     moe_gate_up_kernel with a quantized per entry, e4m3 products moved to the float32
-    accumulator every BLOCK_K unless FAST_FP8 (module docstring)."""
+    accumulator every BLOCK_K (module docstring)."""
     expert, rows, valid, pid_n = _block(
         sorted_ptr, block_expert_ptr, num_entries, num_m_blocks, num_n_blocks, BLOCK_M, GROUP_M
     )
@@ -219,7 +225,7 @@ def moe_down_kernel(
             w = tl.load(w_ptrs, mask=in_k[:, None], other=0.0)
         if DOT_F32:
             a, w = a.to(tl.float32), w.to(tl.float32)
-        if FP8 and not FAST_FP8:
+        if FP8:
             acc += tl.dot(a, w)  # NOTE: not tl.dot(a, w, acc): that sum would stay in the tensor core
         else:
             acc = tl.dot(a, w, acc)

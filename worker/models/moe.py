@@ -6,7 +6,9 @@
     (FP8: w13/w2 in e4m3 with w13_scale [E, 2I], w2_scale [E, H]; worker.models.fp8)
 
 ``forward`` routes (worker.kernels.moe.route) and runs the experts
-(worker.kernels.moe.moe_experts: the fused kernel on CUDA, the expert loop elsewhere). Under
+(worker.kernels.moe.moe_experts: the fused kernel on CUDA, the expert loop elsewhere);
+``fp8_sums`` is the fused kernel's FP8 gate/up arithmetic (the engine option ``moe_fp8_sums``,
+set by worker.engine.engine after loading). Under
 tensor parallelism each rank holds every expert's share of the intermediate rows (I / tp)
 and the partial sums are all-reduced; the router is replicated.
 """
@@ -38,6 +40,7 @@ class SparseMoE(nn.Module):
         self.w2_scale: nn.Parameter | None
         self.register_parameter("w13_scale", None)  # FP8 only (quantize_fp8)
         self.register_parameter("w2_scale", None)
+        self.fp8_sums = "exact"
 
     def weight_pieces(self) -> dict[str, Piece]:
         inter, pieces = self.intermediate_size, {}
@@ -51,8 +54,9 @@ class SparseMoE(nn.Module):
         """x: the normed hidden states [T, H] in the model dtype."""
         topk_weights, topk_ids = route(self.gate(x), self.top_k, self.renormalize)
         out = moe_experts(
-            x, self.w13, self.w2, topk_weights, topk_ids, w13_scale=self.w13_scale, w2_scale=self.w2_scale
-        )
+            x, self.w13, self.w2, topk_weights, topk_ids,
+            w13_scale=self.w13_scale, w2_scale=self.w2_scale, fp8_sums=self.fp8_sums,
+        )  # fmt: skip
         return all_reduce(out) if self.tp_size > 1 else out
 
     def set_fp8(
