@@ -263,3 +263,23 @@ def time_call(call: Callable[[], torch.Tensor], reps: int, graphed: bool) -> tup
         end.synchronize()
         times.append(start.elapsed_time(end))
     return statistics.median(times), mode
+
+
+def kernel_times(call: Callable[[], torch.Tensor], reps: int = 10) -> dict[str, float]:
+    """Microseconds per call spent in each GPU kernel of ``call`` (torch.profiler over ``reps``
+    eager calls after a warm-up; a kernel's time does not depend on how it was launched): where
+    a fused MoE call's time goes (benchmarks/moe_kernel.py ``--kernels``)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    call()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            call()
+        torch.cuda.synchronize()
+    totals: dict[str, float] = {}
+    for event in prof.key_averages():
+        device_us = getattr(event, "self_device_time_total", 0.0) or 0.0
+        if device_us > 0:
+            totals[event.key[:60]] = totals.get(event.key[:60], 0.0) + device_us / reps
+    return dict(sorted(totals.items(), key=lambda item: -item[1]))

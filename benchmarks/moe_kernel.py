@@ -11,6 +11,8 @@ error, the loop's included, is measured against worker.kernels.moe.experts_loop 
 FP8 products exact); ``--truth`` adds each one's error against the float64 truth (the same
 weights, nothing rounded or quantized between the GEMMs) beside the loop's own, as the norm
 ratio ||got - truth|| / ||truth|| and the max ratio: how much of the FP8 error is the kernel's.
+``--kernels`` adds, for the Triton candidates, the time of each GPU kernel of one call (align,
+quantization, the two GEMMs, the sum: torch.profiler), to see where a call's time goes.
 
 Per cell: median of ``--reps`` calls between CUDA events after 3 warm-up calls, replayed from
 a CUDA graph where the call captures (the loop syncs on the host, so it runs eagerly);
@@ -50,6 +52,7 @@ from moe_candidates import (  # noqa: E402
     ExpertShape,
     Inputs,
     Layer,
+    kernel_times,
     oracle,
     time_call,
     truth,
@@ -82,6 +85,10 @@ def measure(args: argparse.Namespace, model: str, layer: Layer, inputs: Inputs, 
             row["loop_truth_rms"], row["loop_truth_max"] = truth_errors(reference, exact)
         del got
         ms, row["mode"] = time_call(call, args.reps, GRAPHED[candidate])
+        if args.kernels and candidate in TRITON_SUMS:
+            row["kernels_us"] = kernel_times(call)
+            print(f"kernels {candidate} {model} {row['dtype']} {tokens}: " + ", ".join(
+                f"{name} {us:,.1f} us" for name, us in row["kernels_us"].items()), flush=True)  # fmt: skip
     except Exception as e:  # noqa: BLE001 - a candidate that fails is reported, the rest go on
         torch.cuda.synchronize()
         return {**row, "status": f"failed: {type(e).__name__}: {str(e).splitlines()[0][:160]}"}
@@ -263,6 +270,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--write-tiles", default=None, help="--sweep: write the best tiles for RADIXQ_MOE_TILES"
     )
     parser.add_argument("--truth", action="store_true", help="errors against the float64 truth too")
+    parser.add_argument(
+        "--kernels", action="store_true", help="Triton candidates: time per GPU kernel of a call"
+    )
     parser.add_argument(
         "--work-dir", default=os.environ.get("OUT", "/tmp"), help="the flashinfer child's log"
     )

@@ -50,3 +50,37 @@ def test_table_reports_failures_and_the_loop_ratio(capsys: pytest.CaptureFixture
     assert lines[2].startswith("| m | bf16 | 64 | triton | graph | 50.0 |") and "| 8.0x |" in lines[2]
     assert "| 1.0x |" in lines[3]
     assert "build or first call not finished" in lines[4]
+
+
+def test_sweep_rows_become_a_tiles_file(tmp_path, monkeypatch: pytest.MonkeyPatch):
+    """--write-tiles: each token count's best tiles up to its rows per expert, the last one
+    unbounded, the rule below the smallest count; RADIXQ_MOE_TILES then picks them."""
+    from dataclasses import asdict
+
+    from moe_kernel import write_tiles
+
+    from worker.kernels.moe_tiles import TILES_ENV, TUNED, MoeTiles, moe_tiles, rule_buckets
+
+    decode, prefill = MoeTiles(32, 64, 128, 128, 8, 4, 3), MoeTiles(64, 64, 128, 128, 8, 4, 4)
+    cell = {"model": "qwen3-30b-a3b", "dtype": "fp8", "status": "ok", "candidate": "triton-fast (best tiles)"}
+    rows = [{**cell, "tokens": 1024, "best_tiles": asdict(decode)}, {**cell, "tokens": 8192, "best_tiles": asdict(prefill)},
+            {**cell, "tokens": 64, "status": "failed: x", "best_tiles": None}]  # fmt: skip
+    path = tmp_path / "tiles.json"
+    write_tiles(rows, str(path))
+    monkeypatch.setenv(TILES_ENV, str(path))
+    shape = (128, 2048, 768)
+    assert moe_tiles(*shape, 1024 * 8, "fp8-fast") == decode  # 64 rows per expert
+    assert moe_tiles(*shape, 2048 * 8, "fp8-fast") == prefill  # past the last count measured
+    below = [tiles for bound, tiles in rule_buckets("fp8-fast") if bound < 64]
+    assert moe_tiles(*shape, 64 * 8, "fp8-fast") == below[0]  # 4 rows per expert: the rule's
+    tuned = TUNED[(*shape, "fp8-tile")][-1][1]  # another kind: the built-in table still
+    assert tuned != prefill and moe_tiles(*shape, 2048 * 8, "fp8-tile") == tuned
+
+
+def test_table_prints_errors_against_float64(capsys: pytest.CaptureFixture[str]):
+    row = {"model": "m", "dtype": "fp8", "tokens": 64, "active_experts": 8, "mode": "graph", "status": "ok",
+           "candidate": "triton-fast", "time_us": 50.0, "tflops": 1.0, "weight_tbps": 2.0, "rel_err": 3e-2,
+           "truth_rms": 0.0457, "truth_max": 0.059, "loop_truth_rms": 0.0456, "loop_truth_max": 0.05}  # fmt: skip
+    print_table([row])
+    line = capsys.readouterr().out.strip().splitlines()[2]
+    assert line.endswith("| 3.0e-02 | 4.57e-02, 5.9e-02 | 4.56e-02, 5.0e-02 |")
