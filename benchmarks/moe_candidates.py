@@ -120,7 +120,7 @@ def prepare_triton_fast(layer: Layer, inputs: Inputs, tiles: object = None) -> C
     return prepare_triton(layer, inputs, tiles, fp8_sums="fast")
 
 
-# the fp8_sums of each Triton candidate (worker.kernels.moe_tiles.tile_dtype picks its tiles)
+# the fp8_sums of each Triton candidate (worker.kernels.moe_tiles.tile_kind picks its tiles)
 TRITON_SUMS = {"triton": "exact", "triton-tile": "tile", "triton-fast": "fast"}
 
 

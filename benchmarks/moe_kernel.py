@@ -135,10 +135,10 @@ def sweep(
     candidate: str = "triton",
 ) -> None:
     """A Triton candidate under each tile configuration of moe_tiles.sweep_tiles; the best last."""
-    from worker.kernels.moe_tiles import sweep_tiles, tile_dtype
+    from worker.kernels.moe_tiles import sweep_tiles, tile_kind
 
     rows = []
-    for tiles in sweep_tiles(tile_dtype(layer.fp8, TRITON_SUMS[candidate]), wide=args.wide):
+    for tiles in sweep_tiles(tile_kind(layer.fp8, TRITON_SUMS[candidate]), wide=args.wide):
         row = {**measure(args, model, layer, inputs, reference, candidate, tiles), "tiles": asdict(tiles)}
         rows.append(row)
         took = f"{row['time_us']:,.1f} us" if row["status"] == "ok" else row["status"]
@@ -152,13 +152,13 @@ def write_tiles(rows: list[dict], path: str) -> None:
     """The sweep's best tiles as a RADIXQ_MOE_TILES table (worker.kernels.moe_tiles): per
     model and kind, the best of each token count up to its rows per expert (the last one
     unbounded), the rule's buckets below the smallest count measured."""
-    from worker.kernels.moe_tiles import MoeTiles, rule_buckets, table_to_json, tile_dtype
+    from worker.kernels.moe_tiles import MoeTiles, rule_buckets, table_to_json, tile_kind
 
     best: dict[tuple, list[tuple[float, MoeTiles]]] = {}
     for r in rows:
         if r.get("best_tiles") and r.get("status") == "ok":
             shape = expert_shape(r["model"])
-            kind = tile_dtype(r["dtype"] == "fp8", TRITON_SUMS[r["candidate"].split(" ")[0]])
+            kind = tile_kind(r["dtype"] == "fp8", TRITON_SUMS[r["candidate"].split(" ")[0]])
             key = (shape.num_experts, shape.hidden, shape.inter, kind)
             tiles = MoeTiles(**r["best_tiles"])
             best.setdefault(key, []).append((r["tokens"] * shape.top_k / shape.num_experts, tiles))

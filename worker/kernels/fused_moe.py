@@ -38,7 +38,7 @@ from typing import Any, NamedTuple, NoReturn
 
 import torch
 
-from worker.kernels.moe_tiles import MoeTiles, moe_tiles, tile_dtype
+from worker.kernels.moe_tiles import MoeTiles, moe_tiles, tile_kind
 from worker.kernels.ops import quantize_fp8_rows, triton_block
 from worker.models.names import MOE_FP8_SUMS as FP8_SUMS
 
@@ -144,7 +144,7 @@ def fused_moe(
     if num_tokens == 0:
         return out
     num_entries = num_tokens * top_k
-    tiles = tiles or moe_tiles(num_experts, hidden, inter, num_entries, tile_dtype(fp8, fp8_sums))
+    tiles = tiles or moe_tiles(num_experts, hidden, inter, num_entries, tile_kind(fp8, fp8_sums))
     ids = topk_ids.to(torch.int32).contiguous()
     weights = topk_weights.contiguous().reshape(-1)
     layout = align_entries(ids, num_experts, tiles.block_m)

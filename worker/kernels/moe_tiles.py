@@ -8,7 +8,7 @@ tables vLLM ships for its Triton fused MoE (E=128/N=768 and E=8/N=14336 on the H
 restated by rows per expert; ``TUNED`` holds what the benchmark sweep
 (``benchmarks/moe_kernel.py --sweep``) measured best per shape, where it differs.
 
-Tiles are chosen per kind of expert arithmetic (``tile_dtype``): ``bf16``, ``fp8`` (fused_moe's
+Tiles are chosen per kind of expert arithmetic (``tile_kind``): ``bf16``, ``fp8`` (fused_moe's
 ``fp8_sums="exact"``: FP8 tiles of 64 rows or more, wgmma, multiply gate/up in fp16 and hold
 those operands twice in shared memory, the e4m3 pipeline stages and one fp16 copy of the
 converted tile), ``fp8-tile`` and ``fp8-fast`` (e4m3 operands straight into the tensor cores:
@@ -30,7 +30,7 @@ KINDS = ("bf16", "fp8", "fp8-tile", "fp8-fast")
 TILES_ENV = "RADIXQ_MOE_TILES"
 
 
-def tile_dtype(fp8: bool, fp8_sums: str = "exact") -> str:
+def tile_kind(fp8: bool, fp8_sums: str = "exact") -> str:
     """The kind of arithmetic tiles are chosen for (module docstring): bf16 experts, or FP8
     ones with fused_moe's ``fp8_sums``."""
     if not fp8:
@@ -211,7 +211,7 @@ def _tuned(key: tuple[int, int, int, str]) -> Table:
 
 def moe_tiles(num_experts: int, hidden: int, inter: int, num_entries: int, kind: str) -> MoeTiles:
     """The tiles for ``num_entries`` (tokens x top-k) routed over ``num_experts`` experts of
-    this shape and ``kind`` (tile_dtype): a measured entry when there is one
+    this shape and ``kind`` (tile_kind): a measured entry when there is one
     (``RADIXQ_MOE_TILES``, then TUNED), else the rule."""
     rows_per_expert = num_entries / num_experts
     for bound, tiles in _tuned((num_experts, hidden, inter, kind)):
