@@ -9,9 +9,10 @@ import dataclasses
 from dataclasses import dataclass
 
 from worker.attention.names import ATTENTION_CHOICES, DECODE_KERNELS
+from worker.kernels.moe_tiles import FP8_SUMS
 from worker.kvcache.names import KV_CACHE_DTYPES, KV_SCALES
 from worker.models.aliases import DEFAULT_MODEL
-from worker.models.names import DTYPES, LOAD_FORMATS, MOE_FP8_SUMS, QUANTIZATIONS
+from worker.models.names import DTYPES, LOAD_FORMATS, QUANTIZATIONS
 from worker.options import at_least, check_options, option, within
 
 
@@ -94,7 +95,7 @@ class EngineConfig:
         "accumulator), `tile` (FP8 tensor cores, sums moved to float32 every K tile), `exact` (products in "
         "fp16: the expert loop's values, prefill MoE ~1.6x slower); all three as far from float64 as the "
         "loop: docs/models.md",
-        choices=MOE_FP8_SUMS,
+        choices=FP8_SUMS,
     )
     onednn: bool = option(
         True,

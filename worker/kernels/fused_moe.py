@@ -38,9 +38,8 @@ from typing import Any, NamedTuple, NoReturn
 
 import torch
 
-from worker.kernels.moe_tiles import MoeTiles, moe_tiles, tile_kind
+from worker.kernels.moe_tiles import FP8_SUMS, MoeTiles, moe_tiles, tile_kind
 from worker.kernels.ops import quantize_fp8_rows, triton_block
-from worker.models.names import MOE_FP8_SUMS as FP8_SUMS
 
 _COUNT_CELLS = 4096  # entries x experts of one count/place program's one-hot tile
 _SCAN_BLOCK = 1024

@@ -1,6 +1,5 @@
-"""How a model can be loaded and run, by name, torch-free (the settings ``load_format``,
-``dtype``, ``quantization`` and ``moe_fp8_sums`` take their choices from here;
-worker.models.loader, .fp8 and worker.kernels.fused_moe implement them)."""
+"""How a model can be loaded, by name, torch-free (the settings ``load_format``, ``dtype`` and
+``quantization`` take their choices from here; worker.models.loader and .fp8 implement them)."""
 
 from __future__ import annotations
 
@@ -9,5 +8,3 @@ DTYPES = ("auto", "float32", "float16", "bfloat16")  # "auto": bfloat16 on CUDA,
 # "auto": as the checkpoint is (FP8 if published in FP8, else the model dtype); "none": the model
 # dtype (an FP8 checkpoint dequantized at load); "fp8": every projection in FP8.
 QUANTIZATIONS = ("auto", "none", "fp8")
-# the FP8 MoE kernel's gate/up arithmetic (worker.kernels.fused_moe's ``fp8_sums``)
-MOE_FP8_SUMS = ("exact", "tile", "fast")
