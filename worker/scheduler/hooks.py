@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from worker.forward import ForwardInput, ForwardOutput
-    from worker.scheduler.scheduler import Step
+    from worker.scheduler.step import Step
 
 
 class StepHooks:

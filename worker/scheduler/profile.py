@@ -24,7 +24,8 @@ FULL_BATCH_SHARE = 0.98  # a "full" decode step runs at least this share of the 
 if TYPE_CHECKING:
     from worker.engine.engine import Engine
     from worker.forward import ForwardInput, ForwardOutput
-    from worker.scheduler.scheduler import Scheduler, Step
+    from worker.scheduler.scheduler import Scheduler
+    from worker.scheduler.step import Step
 
 
 @dataclass
