@@ -53,7 +53,7 @@ def main() -> None:
     start = time.perf_counter()
     results = llm.generate(prompts, sampling)
     elapsed = time.perf_counter() - start
-    grammars = llm.scheduler._grammars
+    grammars = llm.scheduler.grammar_waits.grammars
     assert grammars is not None
     compiled = grammars.compile(sampling)
     total = forced = 0
