@@ -195,6 +195,7 @@ def test_tiles_follow_rows_per_expert():
             assert tiles.shared_bytes(kind) <= H200_SHARED_BYTES, (kind, tiles)
     for (_, _, _, kind), buckets in TUNED.items():
         assert [bound for bound, _ in buckets] == sorted(bound for bound, _ in buckets)
+        assert buckets[-1][0] == float("inf")  # moe_tiles reads no other table after it
         assert all(tiles.shared_bytes(kind) <= H200_SHARED_BYTES for _, tiles in buckets)
     with pytest.raises(ValueError, match="power of two"):
         MoeTiles(block_m=24, gate_up_n=16, down_n=16, block_k=16)

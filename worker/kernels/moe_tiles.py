@@ -141,7 +141,7 @@ def rule_buckets(kind: str) -> Table:
 
 def rule_tiles(kind: str) -> list[MoeTiles]:
     """Every tile the rule may pick for this kind of experts, smallest bucket first."""
-    return [tiles for _, tiles in _RULE[kind]]
+    return [tiles for _, tiles in rule_buckets(kind)]
 
 
 def sweep_tiles(kind: str, shared_limit: int = 200 * 2**10, wide: bool = False) -> list[MoeTiles]:
@@ -201,13 +201,12 @@ def _file_tables(path: str) -> dict[tuple[int, int, int, str], Table]:
     return tables
 
 
-def _tuned(key: tuple[int, int, int, str]) -> Table:
+def _table(key: tuple[int, int, int, str]) -> Table:
+    """The buckets for (E, H, I, kind): ``RADIXQ_MOE_TILES``'s, else TUNED's, else the rule's
+    (each ends unbounded)."""
     path = os.environ.get(TILES_ENV)
-    if path:
-        found = _file_tables(path).get(key)
-        if found:
-            return found
-    return TUNED.get(key, ())
+    found = _file_tables(path).get(key) if path else None
+    return found or TUNED.get(key) or _RULE[key[3]]
 
 
 def moe_tiles(num_experts: int, hidden: int, inter: int, num_entries: int, kind: str) -> MoeTiles:
@@ -215,10 +214,7 @@ def moe_tiles(num_experts: int, hidden: int, inter: int, num_entries: int, kind:
     this shape and ``kind`` (tile_kind): a measured entry when there is one
     (``RADIXQ_MOE_TILES``, then TUNED), else the rule."""
     rows_per_expert = num_entries / num_experts
-    for bound, tiles in _tuned((num_experts, hidden, inter, kind)):
+    for bound, tiles in _table((num_experts, hidden, inter, kind)):
         if rows_per_expert <= bound:
             return tiles
-    for bound, tiles in _RULE[kind]:
-        if rows_per_expert <= bound:
-            return tiles
-    raise AssertionError("the rule's last bucket is unbounded")
+    raise AssertionError("every table's last bucket is unbounded")

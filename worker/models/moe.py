@@ -40,7 +40,7 @@ class SparseMoE(nn.Module):
         self.w2_scale: nn.Parameter | None
         self.register_parameter("w13_scale", None)  # FP8 only (quantize_fp8)
         self.register_parameter("w2_scale", None)
-        self.fp8_sums = "fast"  # EngineConfig.moe_fp8_sums' default
+        self.fp8_sums = "exact"  # fused_moe's own default; an Engine sets its moe_fp8_sums
 
     def weight_pieces(self) -> dict[str, Piece]:
         inter, pieces = self.intermediate_size, {}
