@@ -128,3 +128,25 @@ def test_quantize_model_puts_experts_in_fp8(tmp_path) -> None:
         assert block.w13.dtype == torch.float8_e4m3fn and block.w2.dtype == torch.float8_e4m3fn
         assert block.w13_scale is not None and block.w13_scale.shape == (8, 64)
         assert block.gate.weight.dtype == torch.float32  # the router stays in the model dtype
+
+
+def test_an_engine_with_moe_layers_refuses_a_bad_tiles_file_at_start(tmp_path, monkeypatch) -> None:
+    """RADIXQ_MOE_TILES that is not a table of tiles: the engine of a MoE model stops while it is
+    built, naming the variable and the file (not at its first MoE step); a dense model does not
+    read it."""
+    from tests.family_fixtures import tiny_config
+    from worker.kernels.moe_tiles import TILES_ENV
+    from worker.llm import LLM
+
+    bad = tmp_path / "tiles.json"
+    bad.write_text('{"128,2048,768,fp8": "not buckets"}')
+    monkeypatch.setenv(TILES_ENV, str(bad))
+    for kind in ("qwen3_moe", "mistral"):
+        model_dir = tmp_path / kind
+        model_dir.mkdir()
+        tiny_config(kind).to_json_file(model_dir / "config.json")
+        if kind == "qwen3_moe":
+            with pytest.raises(ValueError, match=f"{TILES_ENV}={bad}: not a table of MoE tiles"):
+                LLM(str(model_dir), device="cpu", load_format="dummy", page_size=4)
+        else:
+            LLM(str(model_dir), device="cpu", load_format="dummy", page_size=4)

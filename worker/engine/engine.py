@@ -100,9 +100,13 @@ class Engine:
             tp_rank=self.tp.rank,
             tp_size=self.tp.size,
         )
-        for module in self.loaded.model.modules():
-            if isinstance(module, SparseMoE):
-                module.fp8_sums = config.moe_fp8_sums
+        moe_layers = [m for m in self.loaded.model.modules() if isinstance(m, SparseMoE)]
+        for module in moe_layers:
+            module.fp8_sums = config.moe_fp8_sums
+        if moe_layers:
+            from worker.kernels.moe_tiles import check_tiles_file
+
+            check_tiles_file()
         from worker.kernels.cpu_linear import onednn_linears, use_onednn
 
         use_onednn(config.onednn)

@@ -201,6 +201,15 @@ def _file_tables(path: str) -> dict[tuple[int, int, int, str], Table]:
     return tables
 
 
+def check_tiles_file() -> None:
+    """Read ``RADIXQ_MOE_TILES`` now, when set: a ValueError naming it and the file if it is not
+    a table of tiles, so a bad file stops an engine with MoE layers at start-up rather than at
+    its first MoE step."""
+    path = os.environ.get(TILES_ENV)
+    if path:
+        _file_tables(path)
+
+
 def _table(key: tuple[int, int, int, str]) -> Table:
     """The buckets for (E, H, I, kind): ``RADIXQ_MOE_TILES``'s, else TUNED's, else the rule's
     (each ends unbounded)."""
