@@ -25,6 +25,7 @@ goes, a Markdown table last, and writes everything with ``--out``.
     python benchmarks/moe_kernel.py --sweep --models qwen3-30b-a3b --dtypes bf16   # Triton tiles per cell
     python benchmarks/moe_kernel.py --sweep --wide --candidates triton-tile,triton-fast --dtypes fp8 \
         --tokens 1024,8192 --write-tiles moe_tiles.json     # RADIXQ_MOE_TILES=moe_tiles.json uses them
+    python benchmarks/moe_kernel.py --sweep --swap --dtypes fp8 --tokens 64,1024  # transposed decode tiles
 """
 
 from __future__ import annotations
@@ -140,11 +141,16 @@ def sweep(
     emit,
     candidate: str = "triton",
 ) -> None:
-    """A Triton candidate under each tile configuration of moe_tiles.sweep_tiles; the best last."""
-    from worker.kernels.moe_tiles import sweep_tiles, tile_kind
+    """A Triton candidate under the tiles moe_tiles picks for this cell now, then each tile
+    configuration of moe_tiles.sweep_tiles; the best last."""
+    from worker.kernels.moe_tiles import moe_tiles, sweep_tiles, tile_kind
 
     rows = []
-    for tiles in sweep_tiles(tile_kind(layer.fp8, TRITON_SUMS[candidate]), wide=args.wide):
+    kind = tile_kind(layer.fp8, TRITON_SUMS[candidate])
+    shape = layer.shape
+    picked = moe_tiles(shape.num_experts, shape.hidden, shape.inter, inputs.x.shape[0] * shape.top_k, kind)
+    candidates = dict.fromkeys([picked, *sweep_tiles(kind, wide=args.wide, swap=args.swap)])
+    for tiles in candidates:
         row = {**measure(args, model, layer, inputs, reference, candidate, tiles), "tiles": asdict(tiles)}
         rows.append(row)
         took = f"{row['time_us']:,.1f} us" if row["status"] == "ok" else row["status"]
@@ -156,9 +162,10 @@ def sweep(
 
 def write_tiles(rows: list[dict], path: str) -> None:
     """The sweep's best tiles as a RADIXQ_MOE_TILES table (worker.kernels.moe_tiles): per
-    model and kind, the best of each token count up to its rows per expert (the last one
-    unbounded), the rule's buckets below the smallest count measured."""
-    from worker.kernels.moe_tiles import MoeTiles, rule_buckets, table_to_json, tile_kind
+    model and kind, the best of each token count up to its rows per expert; below the smallest
+    count and above the largest, the buckets moe_tiles uses now (a decode-sized sweep leaves
+    prefill's tiles as they are)."""
+    from worker.kernels.moe_tiles import MoeTiles, table_to_json, tile_kind, tile_table
 
     best: dict[tuple, list[tuple[float, MoeTiles]]] = {}
     for r in rows:
@@ -171,8 +178,10 @@ def write_tiles(rows: list[dict], path: str) -> None:
     tables = {}
     for key, measured in best.items():
         measured.sort(key=lambda item: item[0])
-        below = [(b, t) for b, t in rule_buckets(key[3]) if b < measured[0][0]]
-        tables[key] = (*below, *measured[:-1], (float("inf"), measured[-1][1]))
+        now = tile_table(key)
+        below = [(b, t) for b, t in now if b < measured[0][0]]
+        above = [(b, t) for b, t in now if b > measured[-1][0]]  # ends unbounded: every table does
+        tables[key] = (*below, *measured, *above)
     Path(path).write_text(table_to_json(tables))
     print(f"moe_kernel: wrote {len(tables)} measured tables to {path}", flush=True)
 
@@ -272,6 +281,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--budget-s", type=float, default=170.0, help="cells past it are skipped")
     parser.add_argument("--sweep", action="store_true", help="time the Triton kernel under every sweep tile")
     parser.add_argument("--wide", action="store_true", help="--sweep: also other block_k and stage counts")
+    parser.add_argument(
+        "--swap", action="store_true", help="--sweep: the rule's tiles and transposed (swap_ab) ones"
+    )
     parser.add_argument(
         "--write-tiles", default=None, help="--sweep: write the best tiles for RADIXQ_MOE_TILES"
     )

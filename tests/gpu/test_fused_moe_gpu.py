@@ -174,3 +174,35 @@ def test_cuda_graph_replays_new_routing(layer, fp8: bool):
         eager = fused_moe(x, w13, w2, topk_weights, topk_ids, **scales)
         assert torch.equal(out, eager), f"seed {seed}: the replay differs from an eager call"
         assert relative_error(out, experts_loop(x, w13, w2, topk_weights, topk_ids, **scales)) <= 1e-2
+
+
+# transposed tiles (swap_ab), a sample of what benchmarks/moe_kernel.py --sweep --swap times
+SWAPPED = (
+    MoeTiles(16, 64, 64, 128, 8, 4, 4, swap_ab=True),
+    MoeTiles(32, 64, 128, 256, 8, 4, 3, swap_ab=True),
+    MoeTiles(64, 128, 128, 128, 8, 4, 4, swap_ab=True),
+)
+
+
+@pytest.mark.parametrize("sums", ["bf16", "exact", "fast"])
+@pytest.mark.parametrize("tiles", SWAPPED, ids=[f"m{t.block_m}-n{t.gate_up_n}-k{t.block_k}" for t in SWAPPED])
+def test_swapped_tiles_at_1024_tokens(layer, tiles: MoeTiles, sums: str):
+    """The transposed products (the weights' columns as wgmma's rows, e4m3 operands at 16-64
+    rows per block): bf16 within 1e-2 of the loop; FP8 as close to float64 as the loop."""
+    from worker.kernels.fused_moe import fused_moe
+
+    name, (num_experts, top_k, hidden, _), bf16_weights, fp8_weights = layer
+    gen = torch.Generator().manual_seed(1024)
+    x = torch.randn(1024, hidden, generator=gen).bfloat16().cuda()
+    topk_weights, topk_ids = uniform_routing(1024, num_experts, top_k, gen, device="cuda")
+    if sums == "bf16":
+        got, want = run(bf16_weights, False, x, topk_weights, topk_ids, tiles)
+        assert relative_error(got, want) <= 1e-2, f"{name} {tiles}"
+        return
+    w13, w13_scale, w2, w2_scale = fp8_weights
+    scales = dict(w13_scale=w13_scale, w2_scale=w2_scale)
+    got = fused_moe(x, w13, w2, topk_weights, topk_ids, tiles=tiles, fp8_sums=sums, **scales)
+    truth = float64_truth(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale)
+    kernel_rms, _ = truth_errors(got, truth)
+    loop_rms, _ = truth_errors(experts_loop(x, w13, w2, topk_weights, topk_ids, **scales), truth)
+    assert kernel_rms <= 1.05 * loop_rms, f"{name} {tiles} {sums}: {kernel_rms:.3e} vs loop {loop_rms:.3e}"

@@ -40,7 +40,10 @@ from worker.models.fp8 import quantize_channels  # noqa: E402
 TILES = MoeTiles(block_m=16, gate_up_n=16, down_n=32, block_k=32)
 # every tile the rule can pick: (kind, tiles); the e4m3-wgmma kinds share one list, run as "tile"
 RULE_TILES = [(kind, tiles) for kind in ("bf16", "fp8", "fp8-tile") for tiles in rule_tiles(kind)]
-SUMS = {"bf16": "exact", "fp8": "exact", "fp8-tile": "tile"}
+# transposed tiles (swap_ab: the weights' columns as the tensor core's rows), as --sweep --swap times them
+SWAPPED = (MoeTiles(16, 64, 64, 64, 8, 4, 4, swap_ab=True), MoeTiles(32, 128, 128, 128, 8, 4, 3, swap_ab=True))
+RULE_TILES += [(kind, tiles) for kind in ("bf16", "fp8", "fp8-tile", "fp8-fast") for tiles in SWAPPED]
+SUMS = {"bf16": "exact", "fp8": "exact", "fp8-tile": "tile", "fp8-fast": "fast"}
 H200_SHARED_BYTES = 227 * 2**10  # the most shared memory one block may use on sm90
 
 
@@ -101,14 +104,17 @@ def test_fp8_experts_match_the_quantized_loop():
         fused_moe(x, w13_q, w2_q, weights, ids, tiles=TILES, fp8_sums="fastest", **scales)
 
 
-@pytest.mark.parametrize(("kind", "tiles"), RULE_TILES, ids=[f"{k}-{t.block_m}" for k, t in RULE_TILES])
+@pytest.mark.parametrize(
+    ("kind", "tiles"), RULE_TILES, ids=[f"{k}-{t.block_m}{'-swap' * t.swap_ab}" for k, t in RULE_TILES]
+)
 def test_every_rule_tile_matches_the_loop(kind: str, tiles: MoeTiles):
     """The decode and prefill tiles forced on a small layer: H=300 and I=200 make several K
     steps (the last one masked) and column blocks (the last one wrapped) for each. bf16 tiles
     (float32 model dtype, see the FP8 test's NOTE): 520 entries over 4 experts need several
     blocks per expert even at block_m 128, and more row blocks than one GROUP_M sweep (a partial
     last group). FP8 tiles (the same indexing, plus scales and the fp16 conversion): 48 entries,
-    since the interpreter runs each quantized row as a program of its own."""
+    since the interpreter runs each quantized row as a program of its own. Transposed tiles
+    (swap_ab) run the same sums as [columns, rows] products."""
     fp8 = kind != "bf16"
     tokens = 24 if fp8 else 260
     w13, w2, gen = experts(4, 300, 200, torch.float32, seed=17)

@@ -53,15 +53,16 @@ def test_table_reports_failures_and_the_loop_ratio(capsys: pytest.CaptureFixture
 
 
 def test_sweep_rows_become_a_tiles_file(tmp_path, monkeypatch: pytest.MonkeyPatch):
-    """--write-tiles: each token count's best tiles up to its rows per expert, the last one
-    unbounded, the rule below the smallest count; RADIXQ_MOE_TILES then picks them."""
+    """--write-tiles: each token count's best tiles up to its rows per expert; below the
+    smallest count and past the largest, the table in use (here TUNED's); RADIXQ_MOE_TILES then
+    picks them."""
     from dataclasses import asdict
 
     from moe_kernel import write_tiles
 
-    from worker.kernels.moe_tiles import TILES_ENV, TUNED, MoeTiles, moe_tiles, rule_buckets
+    from worker.kernels.moe_tiles import TILES_ENV, TUNED, MoeTiles, moe_tiles
 
-    decode, prefill = MoeTiles(32, 64, 128, 128, 8, 4, 3), MoeTiles(64, 64, 128, 128, 8, 4, 4)
+    decode, prefill = MoeTiles(32, 64, 128, 128, 8, 4, 3, swap_ab=True), MoeTiles(64, 64, 128, 128, 8, 4, 4)
     cell = {"model": "qwen3-30b-a3b", "dtype": "fp8", "status": "ok", "candidate": "triton-fast (best tiles)"}
     rows = [{**cell, "tokens": 1024, "best_tiles": asdict(decode)}, {**cell, "tokens": 8192, "best_tiles": asdict(prefill)},
             {**cell, "tokens": 64, "status": "failed: x", "best_tiles": None}]  # fmt: skip
@@ -69,12 +70,13 @@ def test_sweep_rows_become_a_tiles_file(tmp_path, monkeypatch: pytest.MonkeyPatc
     write_tiles(rows, str(path))
     monkeypatch.setenv(TILES_ENV, str(path))
     shape = (128, 2048, 768)
+    tuned = TUNED[(*shape, "fp8-fast")]
     assert moe_tiles(*shape, 1024 * 8, "fp8-fast") == decode  # 64 rows per expert
-    assert moe_tiles(*shape, 2048 * 8, "fp8-fast") == prefill  # past the last count measured
-    below = [tiles for bound, tiles in rule_buckets("fp8-fast") if bound < 64]
-    assert moe_tiles(*shape, 64 * 8, "fp8-fast") == below[0]  # 4 rows per expert: the rule's
-    tuned = TUNED[(*shape, "fp8-tile")][-1][1]  # another kind: the built-in table still
-    assert tuned != prefill and moe_tiles(*shape, 2048 * 8, "fp8-tile") == tuned
+    assert moe_tiles(*shape, 2048 * 8, "fp8-fast") == prefill  # up to 512 rows, the last count measured
+    assert tuned[-1][1] != prefill and moe_tiles(*shape, 16384 * 8, "fp8-fast") == tuned[-1][1]  # past it
+    assert moe_tiles(*shape, 64 * 8, "fp8-fast") == tuned[0][1]  # 4 rows per expert: below the first
+    other = TUNED[(*shape, "fp8-tile")][-1][1]  # another kind: the built-in table still
+    assert other != prefill and moe_tiles(*shape, 2048 * 8, "fp8-tile") == other
 
 
 def test_table_prints_errors_against_float64(capsys: pytest.CaptureFixture[str]):

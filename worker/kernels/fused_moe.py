@@ -164,7 +164,7 @@ def fused_moe(
         num_entries, hidden, inter, a.stride(0), w13.stride(0), w13.stride(1),
         w13_scale.stride(0) if w13_scale is not None else 0, act.stride(0), layout.num_blocks, n_blocks,
         TOP_K=top_k, FP8=fp8, FP8_SUMS=FP8_SUMS.index(fp8_sums), DOT_F32=dot_f32, EVEN_K=hidden % tiles.block_k == 0,
-        BLOCK_M=tiles.block_m, BLOCK_N=tiles.gate_up_n, BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m, **launch,
+        BLOCK_M=tiles.block_m, BLOCK_N=tiles.gate_up_n, BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m, SWAP_AB=tiles.swap_ab, **launch,
     )  # fmt: skip
     if fp8:
         rows = quantize_fp8_rows(act)
@@ -178,7 +178,7 @@ def fused_moe(
         num_entries, inter, hidden, b.stride(0), w2.stride(0), w2.stride(1),
         w2_scale.stride(0) if w2_scale is not None else 0, parts.stride(0), layout.num_blocks, n_blocks,
         FP8=fp8, DOT_F32=dot_f32, EVEN_K=inter % tiles.block_k == 0,
-        BLOCK_M=tiles.block_m, BLOCK_N=tiles.down_n, BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m, **launch,
+        BLOCK_M=tiles.block_m, BLOCK_N=tiles.down_n, BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m, SWAP_AB=tiles.swap_ab, **launch,
     )  # fmt: skip
     block = min(_SUM_BLOCK, triton_block(hidden))
     k.moe_sum_kernel[(num_tokens, -(-hidden // block))](

@@ -47,7 +47,9 @@ class MoeTiles:
     the intermediate per program of the gate/up GEMM, which reads a gate and an up tile of that
     width (its tile is 2 x gate_up_n wide); ``down_n`` hidden columns per program of the down
     GEMM; ``block_k`` the reduction step of both; ``group_m`` row blocks that sweep the columns
-    together (L2 reuse of their weight tiles)."""
+    together (L2 reuse of their weight tiles); ``swap_ab`` computes each tile transposed (the
+    weights' columns as the tensor core's rows, the block's rows as its columns: wgmma with
+    e4m3 operands for blocks of 16-32 rows, which would otherwise take mma.sync in fp16)."""
 
     block_m: int
     gate_up_n: int
@@ -56,6 +58,7 @@ class MoeTiles:
     group_m: int = 1
     num_warps: int = 4
     num_stages: int = 3
+    swap_ab: bool = False
 
     def shared_bytes(self, kind: str) -> int:
         """Shared memory of the software pipeline: ``num_stages`` copies of the larger GEMM's
@@ -144,10 +147,15 @@ def rule_tiles(kind: str) -> list[MoeTiles]:
     return [tiles for _, tiles in rule_buckets(kind)]
 
 
-def sweep_tiles(kind: str, shared_limit: int = 200 * 2**10, wide: bool = False) -> list[MoeTiles]:
+def sweep_tiles(
+    kind: str, shared_limit: int = 200 * 2**10, wide: bool = False, swap: bool = False
+) -> list[MoeTiles]:
     """What ``benchmarks/moe_kernel.py --sweep`` times: the rule's tiles, each also with the
     other warp count and with half and twice its column blocks, where they fit in shared
-    memory; ``wide`` adds half and twice the block_k and one pipeline stage more or fewer."""
+    memory; ``wide`` adds half and twice the block_k and one pipeline stage more or fewer;
+    ``swap`` times the rule's tiles and transposed ones (``swap_ab``) of 16-64 rows instead."""
+    if swap:
+        return [t for t in (*rule_tiles(kind), *_swapped(kind)) if t.shared_bytes(kind) <= shared_limit]
     found: dict[MoeTiles, None] = {}
     for t in rule_tiles(kind):
         variants = [
@@ -167,6 +175,18 @@ def sweep_tiles(kind: str, shared_limit: int = 200 * 2**10, wide: bool = False) 
             if variant.shared_bytes(kind) <= shared_limit:
                 found[variant] = None
     return list(found)
+
+
+def _swapped(kind: str) -> list[MoeTiles]:
+    """Transposed tiles for few rows per expert: 16, 32 or 64 rows (the tensor core's columns)
+    by 64 or 128 weight columns (its rows), 128 bytes of K in four stages or 256 in three."""
+    block_k = 64 if kind == "bf16" else 128
+    return [
+        MoeTiles(rows, up_n, down_n, k, 8, 4, 4 if k == block_k else 3, swap_ab=True)
+        for rows in (16, 32, 64)
+        for up_n, down_n in ((64, 64), (64, 128), (128, 128))
+        for k in (block_k, 2 * block_k)
+    ]
 
 
 def table_to_json(tables: dict[tuple[int, int, int, str], Table]) -> str:
@@ -210,7 +230,7 @@ def check_tiles_file() -> None:
         _file_tables(path)
 
 
-def _table(key: tuple[int, int, int, str]) -> Table:
+def tile_table(key: tuple[int, int, int, str]) -> Table:
     """The buckets for (E, H, I, kind): ``RADIXQ_MOE_TILES``'s, else TUNED's, else the rule's
     (each ends unbounded)."""
     path = os.environ.get(TILES_ENV)
@@ -223,7 +243,7 @@ def moe_tiles(num_experts: int, hidden: int, inter: int, num_entries: int, kind:
     this shape and ``kind`` (tile_kind): a measured entry when there is one
     (``RADIXQ_MOE_TILES``, then TUNED), else the rule."""
     rows_per_expert = num_entries / num_experts
-    for bound, tiles in _table((num_experts, hidden, inter, kind)):
+    for bound, tiles in tile_table((num_experts, hidden, inter, kind)):
         if rows_per_expert <= bound:
             return tiles
     raise AssertionError("every table's last bucket is unbounded")

@@ -126,6 +126,37 @@ def _block(sorted_ptr, block_expert_ptr, num_entries, num_m_blocks, num_n_blocks
     return expert, rows, rows < num_entries, pid % per_group // group_rows
 
 
+@triton.jit
+def _zeros(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP_AB: tl.constexpr):
+    """A float32 accumulator for a [BLOCK_M, BLOCK_N] tile, held as [BLOCK_N, BLOCK_M] when SWAP_AB."""
+    if SWAP_AB:
+        return tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    return tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+
+
+@triton.jit
+def _dot(a, b, acc, SWAP_AB: tl.constexpr, PROMOTE: tl.constexpr):
+    """acc + a . b for a [M, K] and b [K, N]; SWAP_AB: acc is held transposed ([N, M]) and gets
+    b^T . a^T, so the weights' columns are the tensor core's rows (wgmma takes 64 of them, and
+    e4m3 operands, where a block of 16-32 tokens would fall back to mma.sync and fp16).
+    PROMOTE: the product is added to acc in float32 (not folded into the tensor core's sum)."""
+    if SWAP_AB:
+        a, b = tl.trans(b), tl.trans(a)
+    if PROMOTE:
+        acc += tl.dot(a, b)
+    else:
+        acc = tl.dot(a, b, acc)
+    return acc
+
+
+@triton.jit
+def _unswap(acc, SWAP_AB: tl.constexpr):
+    """The accumulator as [M, N] (see _dot)."""
+    if SWAP_AB:
+        return tl.trans(acc)
+    return acc
+
+
 @triton.jit(do_not_specialize=["num_entries", "num_m_blocks"])
 def moe_gate_up_kernel(
     x_ptr, x_scale_ptr, w_ptr, w_scale_ptr, out_ptr, sorted_ptr, block_expert_ptr,
@@ -133,7 +164,7 @@ def moe_gate_up_kernel(
     num_m_blocks, num_n_blocks,
     TOP_K: tl.constexpr, FP8: tl.constexpr, FP8_SUMS: tl.constexpr, DOT_F32: tl.constexpr,
     EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
+    GROUP_M: tl.constexpr, SWAP_AB: tl.constexpr,
 ):  # fmt: skip
     """out[r, n] = silu(x[r // k] . gate_e[n]) * (x[r // k] . up_e[n]) for the sorted rows r of a
     block of expert e, where w[e] = [gate (inter rows); up (inter rows)] of [hidden] each. Gate
@@ -152,8 +183,8 @@ def moe_gate_up_kernel(
     a_ptrs = x_ptr + tokens[:, None] * stride_x + ks[None, :]
     gate_ptrs = w_ptr + expert * stride_we + wrapped[None, :] * stride_wn + ks[:, None]  # [K, N]
     up_ptrs = gate_ptrs + inter * stride_wn
-    acc_gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_gate = _zeros(BLOCK_M, BLOCK_N, SWAP_AB)
+    acc_up = _zeros(BLOCK_M, BLOCK_N, SWAP_AB)
     for k0 in range(0, hidden, BLOCK_K):
         if EVEN_K:
             a = tl.load(a_ptrs)
@@ -168,15 +199,17 @@ def moe_gate_up_kernel(
             a, gate, up = a.to(tl.float32), gate.to(tl.float32), up.to(tl.float32)
         elif FP8 and FP8_SUMS == 0:
             a, gate, up = a.to(tl.float16), gate.to(tl.float16), up.to(tl.float16)
-        if FP8 and FP8_SUMS == 1:
-            acc_gate += tl.dot(a, gate)  # NOTE: not tl.dot(a, gate, acc): see moe_down_kernel
-            acc_up += tl.dot(a, up)
+        if FP8 and FP8_SUMS == 1:  # NOTE: the sum promoted, not folded into the dot: see moe_down_kernel
+            acc_gate = _dot(a, gate, acc_gate, SWAP_AB, True)
+            acc_up = _dot(a, up, acc_up, SWAP_AB, True)
         else:
-            acc_gate = tl.dot(a, gate, acc_gate)
-            acc_up = tl.dot(a, up, acc_up)
+            acc_gate = _dot(a, gate, acc_gate, SWAP_AB, False)
+            acc_up = _dot(a, up, acc_up, SWAP_AB, False)
         a_ptrs += BLOCK_K
         gate_ptrs += BLOCK_K
         up_ptrs += BLOCK_K
+    acc_gate = _unswap(acc_gate, SWAP_AB)
+    acc_up = _unswap(acc_up, SWAP_AB)
     if FP8:
         x_scale = tl.load(x_scale_ptr + tokens)[:, None]
         scales = w_scale_ptr + expert * stride_se + wrapped
@@ -197,6 +230,7 @@ def moe_down_kernel(
     num_m_blocks, num_n_blocks,
     FP8: tl.constexpr, DOT_F32: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    SWAP_AB: tl.constexpr,
 ):  # fmt: skip
     """out[r, n] = topk_weights[r] * (a[r] . w_e[n]) for the sorted rows r of a block of expert e
     (a [entries, inter], w[e] [hidden, inter]); the product is rounded to the output dtype before
@@ -214,7 +248,7 @@ def moe_down_kernel(
     ks = tl.arange(0, BLOCK_K)
     a_ptrs = a_ptr + entries[:, None] * stride_a + ks[None, :]
     w_ptrs = w_ptr + expert * stride_we + wrapped[None, :] * stride_wn + ks[:, None]
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc = _zeros(BLOCK_M, BLOCK_N, SWAP_AB)
     for k0 in range(0, inter, BLOCK_K):
         if EVEN_K:
             a = tl.load(a_ptrs)
@@ -225,12 +259,11 @@ def moe_down_kernel(
             w = tl.load(w_ptrs, mask=in_k[:, None], other=0.0)
         if DOT_F32:
             a, w = a.to(tl.float32), w.to(tl.float32)
-        if FP8:
-            acc += tl.dot(a, w)  # NOTE: not tl.dot(a, w, acc): that sum would stay in the tensor core
-        else:
-            acc = tl.dot(a, w, acc)
+        # NOTE: FP8 promotes: a sum folded into the dot would stay in the tensor core
+        acc = _dot(a, w, acc, SWAP_AB, FP8)
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
+    acc = _unswap(acc, SWAP_AB)
     if FP8:
         acc = acc * tl.load(a_scale_ptr + entries)[:, None]
         acc = acc * tl.load(w_scale_ptr + expert * stride_se + wrapped)[None, :]
