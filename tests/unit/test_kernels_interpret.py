@@ -79,15 +79,26 @@ def test_gelu_tanh_and_mul(ops, dtype):
     torch.testing.assert_close(ops.act_and_mul(x, "gelu_pytorch_tanh"), want, **tol)
 
 
+@pytest.mark.parametrize("chunk", [8192, 512], ids=["chunks-8192", "chunks-512"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fused_sampling_draws_what_the_torch_sampler_draws(ops, dtype):
+def test_fused_sampling_draws_what_the_torch_sampler_draws(ops, dtype, chunk, monkeypatch):
+    """Rows summarised in chunks (2 or 18 a row), some masked out to -inf as a grammar masks
+    them (whole chunks, and all but a few tokens), greedy rows whose max is tied across chunks."""
     from wire.schema import SamplingParams
     from worker.engine.sampler import Sampler
+    from worker.kernels import sampling
     from worker.kernels.sampling import sample_unfiltered
     from worker.scheduler.prepare import sampling_tensors
 
+    monkeypatch.setattr(sampling, "_CHUNK", chunk)
+    monkeypatch.setattr(sampling, "_BLOCK", min(chunk, 2048))
     gen = torch.Generator().manual_seed(4)
-    logits = (torch.randn(24, 9000, generator=gen) * 4).to(dtype)  # the model's dtype
+    logits = torch.randn(24, 9000, generator=gen) * 4
+    logits[1, :6000] = float("-inf")  # whole chunks masked
+    logits[2, :] = float("-inf")
+    logits[2, [17, 4100, 8999]] = torch.tensor([0.5, 1.0, 0.7])  # three tokens allowed
+    logits[5, [100, 7000]] = 50.0  # greedy (row 5): a tie across chunks, the first wins
+    logits = logits.to(dtype)  # the model's dtype
     params = [
         SamplingParams(
             temperature=0.0 if i % 5 == 0 else 0.3 + 0.1 * i,

@@ -116,6 +116,11 @@ class Sampler:
             fused = sample_unfiltered(logits, t.temperature, t.seeds, t.steps, t.greedy)
             if fused is not None:
                 return fused
+        return self.sample_torch(logits, t)
+
+    def sample_torch(self, logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
+        """The draw in torch operations (any device): the rule the fused kernel follows, and
+        the only path for top-k/top-p/min-p rows, all-greedy batches and the CPU."""
         greedy_tokens = logits.argmax(dim=-1)
         if t.all_greedy:
             return greedy_tokens.to(torch.int32)

@@ -1,11 +1,13 @@
-"""Fused sampling for rows without top-k/top-p/min-p filters: one Triton kernel on CUDA.
+"""Fused sampling for rows without top-k/top-p/min-p filters: two Triton kernels on CUDA.
 
 It draws what worker.engine.sampler's inverse-CDF path draws (same uniforms from (seed, step),
 same softmax(logits / T) mass, same "first token whose running mass exceeds u * total"
-rule), reading the logits three times instead of materialising probabilities and a float64
-cumulative sum; greedy rows take the argmax (first on ties). Sums run in a different order
-than torch's, so a draw can differ from the torch path only when u lands within float
-rounding of a token boundary.
+rule) without materialising probabilities or a float64 cumulative sum: the first kernel
+summarises each row's chunks of ``_CHUNK`` columns in parallel (max, its first column, mass
+relative to it), the second combines a row's summaries (greedy rows take the argmax, first
+on ties) and scans only the chunk where the draw falls. Sums run in a different order than
+torch's, so a draw can differ from the torch path only when u lands within float rounding of
+a token boundary.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ import torch
 
 from worker.kernels.ops import _kernels_for
 
-_BLOCK = 4096
+_CHUNK = 8192  # columns per summarising program: a 152k vocabulary is 19 chunks a row
+_BLOCK = 2048
 
 
 def sample_unfiltered(
@@ -34,8 +37,17 @@ def sample_unfiltered(
     rows, vocab = logits.shape
     out = torch.empty(rows, dtype=torch.int32, device=logits.device)
     if rows:
-        k.sample_rows_kernel[(rows,)](
-            logits, logits.stride(0), temperature.float().contiguous(), seeds.long().contiguous(),
-            steps.long().contiguous(), greedy.contiguous(), out, vocab, BLOCK=_BLOCK, num_warps=8,
+        chunks = -(-vocab // _CHUNK)
+        chunk_max = torch.empty((rows, chunks), dtype=torch.float32, device=logits.device)
+        chunk_idx = torch.empty((rows, chunks), dtype=torch.int32, device=logits.device)
+        chunk_mass = torch.empty((rows, chunks), dtype=torch.float64, device=logits.device)
+        temperature, greedy = temperature.float().contiguous(), greedy.contiguous()
+        shape = dict(vocab=vocab, num_chunks=chunks, CHUNK=_CHUNK, BLOCK=_BLOCK, num_warps=4)
+        k.sample_chunks_kernel[(rows, chunks)](
+            logits, logits.stride(0), temperature, greedy, chunk_max, chunk_idx, chunk_mass, **shape
+        )
+        k.sample_pick_kernel[(rows,)](
+            logits, logits.stride(0), temperature, seeds.long().contiguous(), steps.long().contiguous(),
+            greedy, chunk_max, chunk_idx, chunk_mass, out, **shape,
         )  # fmt: skip
     return out
