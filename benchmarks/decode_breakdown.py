@@ -110,12 +110,13 @@ def profiled_kernels(fn: Callable[[], object], calls: int) -> list[tuple[float, 
 def kernel_family(name: str) -> str:
     lowered = name.lower()
     if any(
-        s in lowered for s in ("batchdecode", "batchprefill", "xqa", "merge_state", "mergestate", "attention")
+        s in lowered
+        for s in ("batchdecode", "batchprefill", "xqa", "kernel_mha", "merge_state", "mergestate", "attention")
     ):
         return "attention"
     if any(s in lowered for s in ("gemm", "nvjet", "xmma", "cutlass", "cublas", "splitk")):
         return "gemm"
-    if any(s in lowered for s in ("rms_norm", "qk_norm", "norm_rope", "silu", "sample_rows")):
+    if any(s in lowered for s in ("rms_norm", "qk_norm", "norm_rope", "silu", "act_and_mul", "sample_")):
         return "triton"
     if "memcpy" in lowered or "memset" in lowered:
         return "copy"
