@@ -109,10 +109,8 @@ def profiled_kernels(fn: Callable[[], object], calls: int) -> list[tuple[float, 
 
 def kernel_family(name: str) -> str:
     lowered = name.lower()
-    if any(
-        s in lowered
-        for s in ("batchdecode", "batchprefill", "xqa", "kernel_mha", "merge_state", "mergestate", "attention")
-    ):
+    attention = ("batchdecode", "batchprefill", "xqa", "kernel_mha", "merge_state", "mergestate", "attention")
+    if any(s in lowered for s in attention):
         return "attention"
     if any(s in lowered for s in ("gemm", "nvjet", "xmma", "cutlass", "cublas", "splitk")):
         return "gemm"
