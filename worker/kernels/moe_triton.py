@@ -130,8 +130,10 @@ def _block(sorted_ptr, block_expert_ptr, num_entries, num_m_blocks, num_n_blocks
 def _zeros(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP_AB: tl.constexpr):
     """A float32 accumulator for a [BLOCK_M, BLOCK_N] tile, held as [BLOCK_N, BLOCK_M] when SWAP_AB."""
     if SWAP_AB:
-        return tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    return tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    return acc
 
 
 @triton.jit
@@ -153,7 +155,7 @@ def _dot(a, b, acc, SWAP_AB: tl.constexpr, PROMOTE: tl.constexpr):
 def _unswap(acc, SWAP_AB: tl.constexpr):
     """The accumulator as [M, N] (see _dot)."""
     if SWAP_AB:
-        return tl.trans(acc)
+        acc = tl.trans(acc)
     return acc
 
 
