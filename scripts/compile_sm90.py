@@ -1,0 +1,181 @@
+"""Compile radixq's Triton kernels for an H200 (sm90) on a machine without a GPU, and say which
+tensor-core instructions each one got.
+
+Triton compiles to PTX and runs its bundled ptxas without a driver: a stub driver reports the
+sm90 target, and every launch in the code paths below becomes ``warmup()`` (compile only; CPU
+tensors stand in for the GPU's, their values unused). Use the device's Triton version to catch
+what would fail to compile there before a device call is spent on it:
+
+    pip install --no-deps --target /tmp/triton-device triton==3.6.0     # the device's (scripts/device)
+    PYTHONPATH=/tmp/triton-device python scripts/compile_sm90.py moe sample
+
+``moe``: fused_moe's kernels under every transposed tile of ``sweep_tiles(kind, swap=True)``
+(FP8 fast, tile, exact; bf16) and the tiles moe_tiles picks for Qwen3-30B-A3B's decode and
+prefill; ``sample``: the fused sampler (bf16 and float32 logits). Prints one line per compiled
+kernel variant: its name, tiles, and its MMA instructions (wgmma with operand types, or
+mma.sync); exits 1 if any launch fails to compile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.runtime import driver  # noqa: E402
+
+
+class _Sm90:
+    """A driver that only answers what compiling asks: the target, device 0, stream 0."""
+
+    def get_current_target(self) -> GPUTarget:
+        return GPUTarget("cuda", 90, 32)
+
+    def get_current_device(self) -> int:
+        return 0
+
+    def get_current_stream(self, device: int | None = None) -> int:
+        return 0
+
+    def get_active_torch_device(self) -> torch.device:
+        return torch.device("cpu")
+
+
+driver.set_active(_Sm90())
+
+from worker.kernels import fused_moe as fused_moe_module  # noqa: E402
+from worker.kernels import moe_triton, ops, sampling, triton_kernels  # noqa: E402
+
+compiled: list[tuple[str, str]] = []
+
+
+class _CompileOnly:
+    """``kernel[grid](...)`` as ``kernel.warmup(..., grid=grid)``, recording the PTX's MMAs."""
+
+    def __init__(self, fn: triton.runtime.jit.JITFunction, name: str) -> None:
+        self.fn, self.name = fn, name
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            kernel = self.fn.warmup(*args, grid=grid, **kwargs)
+            compiled.append((self.name, mma_summary(kernel.asm["ptx"])))
+
+        return launch
+
+
+def mma_summary(ptx: str) -> str:
+    found = collections.Counter(
+        re.sub(r"m64n\d+k", "m64nNk", m) for m in re.findall(r"(?:wgmma\.mma_async|mma\.sync)[\w.]*", ptx)
+    )
+    return ", ".join(sorted(found)) or "no MMA"
+
+
+for _module in (moe_triton, triton_kernels):
+    for _name in dir(_module):
+        _obj = getattr(_module, _name)
+        if isinstance(_obj, triton.runtime.jit.JITFunction) and _name.endswith("_kernel"):
+            setattr(_module, _name, _CompileOnly(_obj, _name))
+# NOTE: the launch paths take CPU tensors where they would refuse them: triton's kernels for any
+# tensor, and fused_moe's device check passed while it runs (not DOT_F32: that reads the
+# variable at launch, when it is unset again)
+ops._kernels_for = sampling._kernels_for = lambda x: triton_kernels
+_check = fused_moe_module._check
+
+
+def _check_on_cpu(*args):
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        return _check(*args)
+    finally:
+        os.environ.pop("TRITON_INTERPRET")
+
+
+fused_moe_module._check = _check_on_cpu
+
+
+def compile_moe() -> int:
+    from worker.kernels.fused_moe import fused_moe
+    from worker.kernels.moe_tiles import moe_tiles, sweep_tiles
+
+    experts, hidden, inter, tokens, top_k = 128, 2048, 768, 64, 8  # Qwen3-30B-A3B's experts
+    x = torch.zeros(tokens, hidden, dtype=torch.bfloat16)
+    ids = torch.randint(0, experts, (tokens, top_k), dtype=torch.int32)
+    weights = torch.rand(tokens, top_k)
+    fp8 = {
+        "w13": torch.zeros(experts, 2 * inter, hidden, dtype=torch.float8_e4m3fn),
+        "w2": torch.zeros(experts, hidden, inter, dtype=torch.float8_e4m3fn),
+        "w13_scale": torch.ones(experts, 2 * inter),
+        "w2_scale": torch.ones(experts, hidden),
+    }
+    bf16 = {
+        "w13": torch.zeros(experts, 2 * inter, hidden, dtype=torch.bfloat16),
+        "w2": torch.zeros(experts, hidden, inter, dtype=torch.bfloat16),
+    }
+    failures = 0
+    for kind, sums in (("fp8-fast", "fast"), ("fp8-tile", "tile"), ("fp8", "exact"), ("bf16", None)):
+        picked = [moe_tiles(experts, hidden, inter, n * top_k, kind) for n in (1024, 8192)]
+        for tiles in dict.fromkeys([*picked, *(t for t in sweep_tiles(kind, swap=True) if t.swap_ab)]):
+            before = len(compiled)
+            try:
+                if sums:
+                    fused_moe(x, fp8["w13"], fp8["w2"], weights, ids, w13_scale=fp8["w13_scale"],
+                              w2_scale=fp8["w2_scale"], tiles=tiles, fp8_sums=sums)  # fmt: skip
+                else:
+                    fused_moe(x, bf16["w13"], bf16["w2"], weights, ids, tiles=tiles)
+            except Exception as exc:  # noqa: BLE001 - every failure is reported, the rest go on
+                failures += 1
+                print(f"FAILED {kind} {tiles}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+                continue
+            for name, mma in compiled[before:]:
+                if name in ("moe_gate_up_kernel", "moe_down_kernel"):
+                    print(f"{kind:8s} {name:18s} {tiles}: {mma}", flush=True)
+    return failures
+
+
+def compile_sampler() -> int:
+    from wire.schema import SamplingParams
+    from worker.kernels.sampling import sample_unfiltered
+    from worker.scheduler.prepare import sampling_tensors
+
+    failures = 0
+    params = [SamplingParams(temperature=0.6, seed=i + 1) for i in range(256)]
+    t = sampling_tensors(params, list(range(256)), "cpu")
+    for dtype in (torch.bfloat16, torch.float32):
+        before = len(compiled)
+        try:
+            sample_unfiltered(
+                torch.zeros(256, 151936, dtype=dtype), t.temperature, t.seeds, t.steps, t.greedy
+            )
+        except Exception as exc:  # noqa: BLE001
+            failures += 1
+            print(f"FAILED sampler {dtype}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+            continue
+        for name, mma in compiled[before:]:
+            print(f"sampler  {name:18s} logits {dtype}: {mma}", flush=True)
+    return failures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("what", nargs="*", default=["moe", "sample"], help="moe, sample (both by default)")
+    args = parser.parse_args()
+    if set(args.what) - {"moe", "sample"}:
+        parser.error(f"what: {args.what}, expected moe and/or sample")
+    print(f"compile_sm90: triton {triton.__version__} ({Path(triton.__file__).parent})", flush=True)
+    failures = sum({"moe": compile_moe, "sample": compile_sampler}[w]() for w in args.what)
+    print(f"compile_sm90: {len(compiled)} launches compiled, {failures} failed")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
