@@ -49,19 +49,22 @@ def build(
     decode_kernel: str = "auto",
     head_dim: int = HEAD_DIM,
     attention: LayerAttention | None = None,
+    backend_name: str = "flashinfer",
+    device: str = "cuda",
 ):
-    """A FlashInfer backend over a random pool holding ``specs`` ((cached_len, extend_len) a
-    request, each on random distinct pages), and the pass's pinned layout; every layer attends
-    as ``attention`` (default: plain causal attention)."""
+    """A FlashInfer backend (or ``backend_name``'s, on ``device``) over a random pool holding
+    ``specs`` ((cached_len, extend_len) a request, each on random distinct pages), and the
+    pass's layout (pinned on CUDA); every layer attends as ``attention`` (default: plain
+    causal attention)."""
     gen = torch.Generator().manual_seed(seed)
     seq_lens = [c + e for c, e in specs]
     max_len = max(seq_lens) + page_size
     num_pages = sum(-(-n // page_size) for n in seq_lens) + 1
-    kv = KVPool(POOL_LAYERS, num_pages, page_size, kv_heads, head_dim, torch.bfloat16, "cuda", cache_dtype)
+    kv = KVPool(POOL_LAYERS, num_pages, page_size, kv_heads, head_dim, torch.bfloat16, device, cache_dtype)
     for layer in range(POOL_LAYERS):
         for pages in (kv.k_buffer(layer), kv.v_buffer(layer)):
             for chunk in pages.split(max(1, pages.shape[0] // 16)):  # NOTE: no fp32 copy of all of it
-                chunk.copy_(torch.randn(chunk.shape, device="cuda").to(pages.dtype))
+                chunk.copy_(torch.randn(chunk.shape, device=device).to(pages.dtype))
     page_table = torch.zeros(len(specs) + 1, max_len, dtype=torch.int32)
     perm = torch.randperm(num_pages, generator=gen)
     used = 0
@@ -71,22 +74,29 @@ def build(
         page_table[i, :n] = (
             (pages[:, None] * page_size + torch.arange(page_size)).flatten()[:n].to(torch.int32)
         )
+    pin = (lambda t: t.pin_memory()) if device == "cuda" else (lambda t: t)
     layout = BatchLayout(
-        slots_cpu=torch.arange(len(specs), dtype=torch.int32).pin_memory(),
-        cached_lens_cpu=torch.tensor([c for c, _ in specs], dtype=torch.int32).pin_memory(),
-        extend_lens_cpu=torch.tensor([e for _, e in specs], dtype=torch.int32).pin_memory(),
+        slots_cpu=pin(torch.arange(len(specs), dtype=torch.int32)),
+        cached_lens_cpu=pin(torch.tensor([c for c, _ in specs], dtype=torch.int32)),
+        extend_lens_cpu=pin(torch.tensor([e for _, e in specs], dtype=torch.int32)),
+    )
+    options = (
+        dict(use_tensor_cores=use_tensor_cores, decode_kernel=decode_kernel)
+        if backend_name == "flashinfer"
+        else {}
     )
     backend = create_backend(
-        "flashinfer",
+        backend_name,
         kv=kv,
-        page_table=page_table.cuda(),
+        page_table=page_table.to(device),
         model_config=SimpleNamespace(
-            num_q_heads=q_heads, layer_attention=(attention,) * POOL_LAYERS if attention else ()
+            num_q_heads=q_heads,
+            head_dim=head_dim,
+            layer_attention=(attention,) * POOL_LAYERS if attention else (),
         ),
         page_size=page_size,
-        device="cuda",
-        use_tensor_cores=use_tensor_cores,
-        decode_kernel=decode_kernel,
+        device=device,
+        **options,
     )
     return backend, layout
 
@@ -141,7 +151,9 @@ def bench_decode(
 ) -> dict:  # fmt: skip
     gen = torch.Generator().manual_seed(1)
     spread = max(1, length // 10)
-    specs = [(int(n) - 1, 1) for n in torch.randint(length - spread, length + spread + 1, (batch,), generator=gen)]
+    specs = [
+        (int(n) - 1, 1) for n in torch.randint(length - spread, length + spread + 1, (batch,), generator=gen)
+    ]
     cache_dtype = torch.float8_e4m3fn if kv_dtype == "fp8" else None
     decode_kernel, use_tc = KERNELS[kernel]
     backend, layout = build(
@@ -234,7 +246,9 @@ def main() -> None:
                     for graph in (False, True) if not args.no_eager else (True,):
                         try:
                             rows.append(
-                                bench_decode(q_heads, kv_heads, args.page_size, kernel, graph, batch, length, kv_dtype)
+                                bench_decode(
+                                    q_heads, kv_heads, args.page_size, kernel, graph, batch, length, kv_dtype
+                                )
                             )
                         except Exception as exc:  # noqa: BLE001  # NOTE: one failing kernel must not hide the rest
                             rows.append({"kind": "decode", "kv": kv_dtype, "heads": heads, "kernel": kernel,
@@ -249,7 +263,20 @@ def main() -> None:
             print(json.dumps(rows[-1]), flush=True)
     with open(args.out, "w") as f:
         json.dump(rows, f, indent=1)
-    cols = ["kind", "mode", "kv", "heads", "batch", "kernel", "plan_us", "gpu_us_per_layer", "kv_TBps", "rel_err", "TFLOPs", "error"]
+    cols = [
+        "kind",
+        "mode",
+        "kv",
+        "heads",
+        "batch",
+        "kernel",
+        "plan_us",
+        "gpu_us_per_layer",
+        "kv_TBps",
+        "rel_err",
+        "TFLOPs",
+        "error",
+    ]
     print(" | ".join(cols))
     for r in rows:
         cells = [f"{r[c]:.4g}" if isinstance(r.get(c), float) else str(r.get(c, "")) for c in cols]
