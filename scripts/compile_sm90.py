@@ -52,7 +52,7 @@ class _Sm90:
 driver.set_active(_Sm90())
 
 from worker.kernels import fused_moe as fused_moe_module  # noqa: E402
-from worker.kernels import moe_triton, ops, sampling, triton_kernels  # noqa: E402
+from worker.kernels import moe_triton, ops, sampling, sampling_triton, triton_kernels  # noqa: E402
 
 compiled: list[tuple[str, str]] = []
 
@@ -78,7 +78,7 @@ def mma_summary(ptx: str) -> str:
     return ", ".join(sorted(found)) or "no MMA"
 
 
-for _module in (moe_triton, triton_kernels):
+for _module in (moe_triton, triton_kernels, sampling_triton):
     for _name in dir(_module):
         _obj = getattr(_module, _name)
         if isinstance(_obj, triton.runtime.jit.JITFunction) and _name.endswith("_kernel"):

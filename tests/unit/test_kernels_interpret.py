@@ -19,6 +19,7 @@ try:
     import triton  # noqa: F401
 
     importlib.import_module("worker.kernels.triton_kernels")
+    importlib.import_module("worker.kernels.sampling_triton")
 except ImportError:
     pytest.skip("triton is not installed (the kernels run on CUDA only)", allow_module_level=True)
 finally:

@@ -31,9 +31,10 @@ def sample_unfiltered(
 
     Row i draws with the uniform ``row_uniforms(seeds, steps)[i]`` of worker.engine.sampler,
     which the kernel computes itself (the torch version is ~30 tiny kernels)."""
-    k = _kernels_for(logits)
-    if k is None or logits.dim() != 2 or logits.stride(-1) != 1:
+    if _kernels_for(logits) is None or logits.dim() != 2 or logits.stride(-1) != 1:
         return None
+    from worker.kernels import sampling_triton as k
+
     rows, vocab = logits.shape
     out = torch.empty(rows, dtype=torch.int32, device=logits.device)
     if rows:
