@@ -25,8 +25,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
+from gpu_timing import event_ms  # noqa: E402
 
 from worker.attention.registry import create_backend  # noqa: E402
 from worker.forward import BatchLayout  # noqa: E402
@@ -117,12 +119,7 @@ def gpu_per_layer_us(fn, reps: int = 10) -> float:
     fn()
     times = []
     for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / MODEL_LAYERS)
+        times.append(event_ms(fn) * 1e3 / MODEL_LAYERS)
     return statistics.median(times)
 
 

@@ -28,7 +28,6 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -38,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 from attention_backend import build  # noqa: E402
+from gpu_timing import event_ms  # noqa: E402
 from model_shape import ModelShape  # noqa: E402
 
 VARIANTS = ("whole", "halves", "overlap", "attention", "gemms")
@@ -154,19 +154,6 @@ def prepare(h: Half) -> None:
         h.meta = h.backend.plan(h.layout)
 
 
-def timed_ms(fn: Callable[[], None]) -> float:
-    if not torch.cuda.is_available():
-        start = time.perf_counter()
-        fn()
-        return (time.perf_counter() - start) * 1e3
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end)
-
-
 def probe(args: argparse.Namespace, shape: ModelShape) -> dict:
     """Median ms per step of each variant (module docstring) for one KV dtype."""
     whole = half(args, shape, args.batch, 1)
@@ -184,7 +171,7 @@ def probe(args: argparse.Namespace, shape: ModelShape) -> dict:
     times: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(args.reps):  # interleaved
         for name, fn in runs.items():
-            times[name].append(timed_ms(fn))
+            times[name].append(event_ms(fn))
     row = {"kv": args.kv, "batch": args.batch, "length": args.length, "layers": args.layers}
     row.update({f"{name}_ms": statistics.median(t) for name, t in times.items()})
     row["overlap_vs_whole"] = row["overlap_ms"] / row["whole_ms"]

@@ -21,8 +21,10 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
+from gpu_timing import event_ms  # noqa: E402
 
 from wire.schema import SamplingParams  # noqa: E402
 from worker.engine.sampler import Sampler  # noqa: E402
@@ -31,18 +33,6 @@ from worker.scheduler.prepare import sampling_tensors  # noqa: E402
 
 # Qwen3-0.6B (the standard benchmark: 256 running), Llama-3.1-8B at scale (1,024 running)
 SHAPES = "256x151936,1024x128256,64x151936"
-
-
-def timed(fn, reps: int) -> list[float]:
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return times
 
 
 def cell(rows: int, vocab: int, dtype: torch.dtype, greedy: bool, reps: int) -> dict:
@@ -57,8 +47,8 @@ def cell(rows: int, vocab: int, dtype: torch.dtype, greedy: bool, reps: int) -> 
         baseline()
     kernel_us, torch_us = [], []
     for _ in range(reps):  # interleaved
-        kernel_us += timed(fused, 1)
-        torch_us += timed(baseline, 1)
+        kernel_us.append(event_ms(fused) * 1e3)
+        torch_us.append(event_ms(baseline) * 1e3)
     got, want = fused(), baseline()
     row = {"rows": rows, "vocab": vocab, "dtype": str(dtype).removeprefix("torch."), "greedy": greedy,
            "kernel_us": statistics.median(kernel_us),
