@@ -22,7 +22,9 @@ import argparse
 import collections
 import os
 import re
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -66,9 +68,24 @@ class _CompileOnly:
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
             kernel = self.fn.warmup(*args, grid=grid, **kwargs)
-            compiled.append((self.name, mma_summary(kernel.asm["ptx"])))
+            ptx = kernel.asm["ptx"]
+            compiled.append((self.name, f"{mma_summary(ptx)}; {resources(ptx, kernel.metadata.shared)}"))
 
         return launch
+
+
+def resources(ptx: str, shared: int) -> str:
+    """Registers and spills per thread (Triton's bundled ptxas -v for sm_90a), shared memory."""
+    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
+        f.write(ptx)
+        f.flush()
+        out = subprocess.run([str(ptxas), "-arch=sm_90a", "-v", f.name, "-o", os.devnull],
+                             capture_output=True, text=True).stderr  # fmt: skip
+    registers = re.search(r"Used (\d+) registers", out)
+    spills = re.search(r"(\d+) bytes spill stores", out)
+    return (f"{registers.group(1) if registers else '?'} registers, "
+            f"{spills.group(1) if spills else '?'} B spilled, {shared // 1024} KiB shared")  # fmt: skip
 
 
 def mma_summary(ptx: str) -> str:
