@@ -18,7 +18,7 @@ from wire.keys import DEFAULT_REDIS_URL
 if TYPE_CHECKING:
     from producer.client import Client
     from producer.datasets import ColumnMapping
-    from producer.jsonl import InputFile
+    from producer.input_rows import InputFile
     from wire.schema import Job, Result
 
 
@@ -98,7 +98,7 @@ def queued_rows(
     import itertools
 
     from producer.datasets import iter_input
-    from producer.jsonl import Rejected
+    from producer.input_rows import Rejected
 
     def rows() -> Iterator[Job | Result]:
         try:

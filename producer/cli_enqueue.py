@@ -107,8 +107,8 @@ def enqueue_file(
     once only (a pipe) stops before the batch that holds such an id."""
     from producer.client import ContentChanged, EnqueueStopped
     from producer.digest import changed_line
+    from producer.input_rows import InputFile
     from producer.insert import QueueLost
-    from producer.jsonl import InputFile
     from producer.outfile import write_rejected
     from wire.enqueues import finish_enqueue
     from wire.redis_errors import classify, describe

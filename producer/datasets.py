@@ -31,16 +31,9 @@ from typing import Any
 
 import msgspec
 
-from producer.jsonl import (
-    SAMPLING_FIELDS,
-    InputFile,
-    Rejected,
-    derive_id,
-    iter_jobs,
-    json_error,
-    open_binary,
-    read_lines,
-)
+from producer.input_lines import open_binary, read_lines
+from producer.input_rows import InputFile, Rejected, derive_id
+from producer.jsonl import SAMPLING_FIELDS, iter_jobs, json_error
 from wire.schema import Job, JobError, validation_error
 
 _JOB_COLUMNS = ("id", "prompt", "messages", "input_ids", "metadata")

@@ -3,7 +3,7 @@ row of a file can have changed since it was enqueued, without parsing the file t
 
 An enqueue stops before writing anything when an id of the file was enqueued before with other
 content (producer.digest). Only a row under an id the line itself names (``id``, or an OpenAI
-request's ``custom_id``) can be such a row: an id derived from a line (producer.jsonl's
+request's ``custom_id``) can be such a row: an id derived from a line (producer.input_rows's
 ``derive_id``) is a hash of its line number and text, so the same derived id is the same line.
 When the queue holds a digest for none of the named ids, no row has changed; the full check
 (every line parsed, every digest compared) is needed only when it holds one.
@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from producer.jsonl import open_binary, read_lines
+from producer.input_lines import open_binary, read_lines
 
 
 class Unreadable(Exception):

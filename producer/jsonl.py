@@ -1,4 +1,5 @@
-"""JSONL files: input lines -> validated Jobs, Results -> output lines.
+"""JSONL input files: lines -> validated Jobs, or Rejected rows (producer.input_rows). The raw
+lines are read by producer.input_lines; Results become output lines in producer.output_lines.
 
 An input line is one native job::
 
@@ -17,145 +18,29 @@ under its own id when that is usable, else a derived one.
 
 from __future__ import annotations
 
-import gzip
-import hashlib
 import re
-import zlib
 from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, cast
+from typing import Any
 
 import msgspec
 
 from producer import openai_batch
+from producer.input_lines import open_binary, read_lines
+from producer.input_rows import InputFile, Rejected, derive_id
 from wire.nesting import json_outline
 from wire.schema import (
     MAX_JOB_BYTES,
-    Choice,
     Job,
     JobError,
-    Result,
     SamplingParams,
-    bounded_id,
     encode_job,
-    error_result,
     nesting_error,
     validation_error,
 )
 
 SAMPLING_FIELDS = frozenset(SamplingParams.__struct_fields__)
 _JOB_FIELDS = frozenset({"id", "prompt", "messages", "input_ids", "prompts", "metadata", "model"})
-_GZIP_MAGIC = b"\x1f\x8b"
-_BOM = b"\xef\xbb\xbf"
-_LINE_READ_LIMIT = MAX_JOB_BYTES + len(_BOM) + 2  # the longest acceptable line with its BOM and CRLF
-_SKIP_PIECE_BYTES = 1 << 16
-_DERIVED_DIGITS = 16  # hex digits of a derived id's hash (L<line>-<digits>)
-
-
-@dataclass(frozen=True)
-class Rejected:
-    """One input line (or dataset row, ``unit``) that is not a runnable job; ``job_id`` names
-    its error row, ``openai_url`` is set when that row is to be an OpenAI batch error line."""
-
-    line_no: int
-    reason: str
-    job_id: str
-    openai_url: str | None = None
-    unit: str = "line"
-    own_id: bool = True  # job_id is the line's own (id, custom_id), not one derived from it
-
-    def __str__(self) -> str:
-        return f"{self.unit} {self.line_no}: {self.reason}"
-
-    def error_result(self) -> Result:
-        """Its ``invalid_job`` error row, in the format of the line: an OpenAI error line's
-        ``custom_id`` is null when the line gave none that could be read (as OpenAI's)."""
-        metadata: dict[str, Any] = {}
-        if self.openai_url is not None:
-            info = {"format": "openai", "url": self.openai_url, "model": ""}
-            metadata[openai_batch.RESERVED_KEY] = info if self.own_id else {**info, "unnamed": True}
-        message = f"{self.unit} {self.line_no}: {self.reason}"
-        return error_result(self.job_id, "invalid_job", message, metadata=metadata)
-
-
-@dataclass
-class InputFile:
-    """The rows of one input file in line order (``rows``: each a Job or a Rejected line), the
-    same split into ``jobs`` and ``rejected``, and the OpenAI request fields that were accepted
-    and ignored (field -> number of lines).
-
-    ``keep_rows`` False (a streaming reader: ``iter_jobs``, ``datasets.iter_input``) keeps only
-    the rejected rows and the counts: the jobs go on as they are read. Either way it keeps the
-    line of each id a row gave (for "duplicate of line N"), except derived ones, which are
-    unique by their line number."""
-
-    rows: list[Job | Rejected] = field(default_factory=list)
-    jobs: list[Job] = field(default_factory=list)
-    rejected: list[Rejected] = field(default_factory=list)
-    ignored: dict[str, int] = field(default_factory=dict)
-    keep_rows: bool = True
-    num_jobs: int = 0
-    num_rows: int = 0
-    _first_row_of: dict[str, int] = field(default_factory=dict, repr=False)
-
-    def notes(self) -> list[str]:
-        """One line per ignored OpenAI request field, for the enqueue summary."""
-        return [
-            f"body.{name} on {count} line{'s' * (count != 1)}: accepted and ignored (docs/guide.md: OpenAI request fields)"
-            for name, count in sorted(self.ignored.items())
-        ]
-
-    def add_job(self, job: Job, line_no: int, unit: str = "line") -> Job | Rejected:
-        """Add a valid job, or reject it as a duplicate of an earlier row's id; the row added."""
-        if job.id in self._first_row_of:
-            reason = f"job {job.id!r}: id: duplicate of {unit} {self._first_row_of[job.id]}"
-            format_info = job.metadata.get(openai_batch.RESERVED_KEY) or {}
-            return self.reject(line_no, reason, None, format_info.get("url"), unit)  # its id: derived
-        self._note_id(job.id, line_no)
-        self.num_jobs += 1
-        self.num_rows += 1
-        if self.keep_rows:
-            self.rows.append(job)
-            self.jobs.append(job)
-        return job
-
-    def reject(
-        self,
-        line_no: int,
-        reason: str,
-        job_id: str | None,
-        openai_url: str | None,
-        unit: str = "line",
-        *,
-        unnamed: bool = False,
-    ) -> Rejected:
-        """Add a rejected row; its error row takes ``job_id`` when it is usable and not taken,
-        else an id derived from its position and reason (``unnamed``: derived in any case, an
-        OpenAI line whose custom_id could not be read). Returns it."""
-        own_id = (
-            not unnamed and job_id is not None and bounded_id(job_id) is not None and job_id not in self._first_row_of
-        )
-        if not own_id:
-            job_id = derive_id(reason, line_no)
-        assert job_id is not None
-        self._note_id(job_id, line_no)
-        rejected = Rejected(line_no, reason, job_id, openai_url, unit, own_id)
-        self.num_rows += 1
-        if self.keep_rows:
-            self.rows.append(rejected)
-        self.rejected.append(rejected)
-        return rejected
-
-    def _note_id(self, job_id: str, line_no: int) -> None:
-        prefix = f"L{line_no}-"
-        if not (job_id.startswith(prefix) and len(job_id) == len(prefix) + _DERIVED_DIGITS):
-            self._first_row_of[job_id] = line_no  # NOTE: a derived id is unique by its line
-
-def derive_id(text: str, line_no: int) -> str:
-    digest = hashlib.sha256(f"{line_no}\n{text.strip()}".encode()).hexdigest()[:_DERIVED_DIGITS]
-    return f"L{line_no}-{digest}"
 
 
 def parse_line(text: str, line_no: int) -> Job:
@@ -345,105 +230,3 @@ def _row_identity(text: str, exc: JobError) -> tuple[str | None, str | None, boo
         url = url if url in (openai_batch.CHAT_URL, openai_batch.COMPLETIONS_URL) else openai_batch.CHAT_URL
         return (raw.get("custom_id") if exc.field != "custom_id" else None), url, True
     return (raw.get("id") if exc.field != "id" else None), None, True
-
-
-@contextmanager
-def open_binary(path: str | Path) -> Iterator[BinaryIO]:
-    with open(path, "rb") as raw:
-        if raw.peek(len(_GZIP_MAGIC)).startswith(_GZIP_MAGIC):
-            with gzip.GzipFile(fileobj=raw, mode="rb") as unzipped:
-                yield cast(BinaryIO, unzipped)
-        else:
-            yield raw
-
-
-def read_lines(stream: BinaryIO) -> Iterator[tuple[int, str | JobError]]:
-    """(line number, its text or why it cannot be read) per line; holds one line at a time, and
-    reads a line over the limit in bounded pieces that it drops."""
-    line_no = 0
-    while True:
-        try:
-            line = stream.readline(_LINE_READ_LIMIT)
-            too_long = len(line) == _LINE_READ_LIMIT and not line.endswith(b"\n")
-            size = len(line) + (_skip_line(stream) if too_long else 0)
-        except (OSError, EOFError, zlib.error) as exc:
-            yield line_no + 1, JobError("file", None, f"cannot be read from here on: {exc}")
-            return
-        if not line:
-            return
-        line_no += 1
-        if line_no == 1:
-            line = line.removeprefix(_BOM)
-        if too_long:
-            yield (
-                line_no,
-                JobError("payload", f"{size} bytes", f"line exceeds the limit of {MAX_JOB_BYTES} bytes"),
-            )
-            continue
-        try:
-            text = line.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            bad = line[exc.start : exc.start + 1].hex()
-            yield line_no, JobError("encoding", None, f"not valid UTF-8: byte {exc.start + 1} is 0x{bad}")
-            continue
-        yield line_no, text
-
-
-def _skip_line(stream: BinaryIO) -> int:
-    """Read past the next newline in bounded pieces; the number of bytes read."""
-    skipped = 0
-    while piece := stream.readline(_SKIP_PIECE_BYTES):
-        skipped += len(piece)
-        if piece.endswith(b"\n"):
-            break
-    return skipped
-
-
-def output_record(result: Result) -> dict[str, Any]:
-    """The output line (as a dict) for one result, in the format its job came in."""
-    metadata = dict(result.metadata)
-    format_info = metadata.pop(openai_batch.RESERVED_KEY, None)
-    if isinstance(format_info, dict) and format_info.get("format") == "openai":
-        return openai_batch.response_line(result, format_info, metadata)
-    return {
-        "id": result.id,
-        "choices": [_native_choice(choice) for choice in result.choices],
-        "usage": msgspec.to_builtins(result.usage),
-        "metadata": metadata,
-        "error": msgspec.to_builtins(result.error),
-    }
-
-
-def _native_choice(choice: Choice) -> dict[str, Any]:
-    """A choice as a native output row holds it: ``logprobs`` only when the job asked for them."""
-    record = msgspec.to_builtins(choice)
-    if choice.logprobs is None:
-        del record["logprobs"]
-    return record
-
-
-def output_line(result: Result, digest: str | None = None) -> bytes:
-    """One output line; ``digest`` (producer.digest: the content of the job it answers) goes
-    in ``job_digest``, which a later run reads to tell a changed row under the same id."""
-    record = output_record(result)
-    if digest is not None:
-        record["job_digest"] = digest
-    return msgspec.json.encode(record) + b"\n"
-
-
-def written_ids(path: str | Path) -> set[str]:
-    """Ids already in an output file (``id`` or ``custom_id``); a torn last line is cut off."""
-    path = Path(path)
-    if not path.exists():
-        return set()
-    data = path.read_bytes()
-    if data and not data.endswith(b"\n"):
-        with open(path, "r+b") as out:
-            out.truncate(data.rfind(b"\n") + 1)
-        data = data[: data.rfind(b"\n") + 1]
-    ids: set[str] = set()
-    for line in data.splitlines():
-        if line.strip():
-            record = msgspec.json.decode(line)
-            ids.add(record.get("custom_id") or record["id"])
-    return ids

@@ -18,8 +18,9 @@ from typing import Any, BinaryIO, NamedTuple
 import msgspec
 
 from producer.digest import REJECTED
-from producer.jsonl import Rejected, output_line
+from producer.input_rows import Rejected
 from producer.outlock import output_lock
+from producer.output_lines import output_line
 from wire.schema import decode_result, error_result
 
 

@@ -29,7 +29,8 @@ from producer.cancel import CancelReport
 from producer.client import Client, ContentChanged
 from producer.datasets import NATIVE_COLUMNS, ColumnMapping, row_job
 from producer.forget import unrecorded
-from producer.jsonl import InputFile, output_record
+from producer.input_rows import InputFile
+from producer.output_lines import output_record
 from producer.resume import done_marks
 from producer.tables import RESULT_COLUMNS, result_columns
 from wire.keys import DEFAULT_QUEUE, FIELD_ENTRY, FIELD_ID, FIELD_RESULT

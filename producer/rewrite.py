@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
-from producer.jsonl import Rejected
+from producer.input_rows import Rejected
 from producer.outfile import rejected_line, row_key, write_atomically
 
 _Row = tuple[str, str | None, int, int]  # id, error code (None: no error), offset, length

@@ -32,10 +32,11 @@ from producer.client import Client, ContentChanged, EnqueueStopped
 from producer.collector import Collector
 from producer.datasets import NATIVE_COLUMNS, ColumnMapping, input_columns, read_input
 from producer.digest import changed_ids, changed_line
-from producer.jsonl import InputFile, Rejected, written_ids
+from producer.input_rows import InputFile, Rejected
 from producer.local_redis import LocalRedis
 from producer.outfile import OutputFileError, os_error_line, row_keys
 from producer.outlock import OutputBusy, output_lock
+from producer.output_lines import written_ids
 from producer.progress import Progress
 from producer.rewrite import put_in_order, split_errors
 from producer.signals import Signals, signals_counted

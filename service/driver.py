@@ -34,7 +34,8 @@ import redis
 from producer.cancel import CancelLost
 from producer.client import Client, ContentChanged, EnqueueStopped
 from producer.collector import Collector
-from producer.jsonl import InputFile, Rejected, iter_jobs
+from producer.input_rows import InputFile, Rejected
+from producer.jsonl import iter_jobs
 from producer.outfile import OutputFileError
 from producer.outlock import OutputBusy, output_lock
 from producer.progress import Progress

@@ -17,7 +17,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from producer.datasets import ColumnMapping, input_columns, read_input
-from producer.jsonl import Rejected, output_line, output_record, read_jobs
+from producer.input_rows import Rejected
+from producer.jsonl import read_jobs
+from producer.output_lines import output_line, output_record
 from producer.tables import RESULT_COLUMNS, write_parquet
 from wire.schema import Choice, Job, Result, Usage
 

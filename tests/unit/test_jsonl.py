@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from producer.jsonl import derive_id, output_line, output_record, parse_line, read_jobs, written_ids
+from producer.input_rows import derive_id
+from producer.jsonl import parse_line, read_jobs
 from producer.openai_batch import RESERVED_KEY
+from producer.output_lines import output_line, output_record, written_ids
 from wire.schema import (
     MAX_JOB_BYTES,
     ChatMessage,

@@ -13,7 +13,7 @@ import msgspec
 import pytest
 import torch
 
-from producer.jsonl import output_record
+from producer.output_lines import output_record
 from tests.model_fixtures import smollm2_dir  # noqa: F401  (fixture)
 from wire.schema import Choice, SamplingParams
 from worker.llm import LLM

@@ -16,8 +16,9 @@ from openai.types import completion_create_params as completion_params
 from openai.types.chat import ChatCompletion
 from openai.types.chat import completion_create_params as chat_params
 
-from producer.jsonl import output_record, parse_line, read_jobs
+from producer.jsonl import parse_line, read_jobs
 from producer.openai_request import CHAT_URL, COMPLETIONS_URL, FIELDS, conformance_table
+from producer.output_lines import output_record
 from wire.schema import (
     ChatMessage,
     Choice,

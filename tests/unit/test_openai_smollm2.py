@@ -14,7 +14,8 @@ import torch
 from openai.types import Completion
 from openai.types.chat import ChatCompletion
 
-from producer.jsonl import output_record, parse_line
+from producer.jsonl import parse_line
+from producer.output_lines import output_record
 from tests.model_fixtures import smollm2_dir  # noqa: F401  (fixture)
 from tests.waiting import drive_until
 from wire.schema import Result

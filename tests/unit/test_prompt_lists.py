@@ -8,7 +8,8 @@ import json
 
 from openai.types import Completion
 
-from producer.jsonl import output_record, parse_line
+from producer.jsonl import parse_line
+from producer.output_lines import output_record
 from tests.fake_generator import FakeGenerator, fake_text
 from tests.unit.queue_worlds import MemoryWorld, config_for, step_until
 from tests.waiting import drive_until

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from producer.jsonl import Rejected
+from producer.input_rows import Rejected
 from producer.rewrite import put_in_order, split_errors
 
 
