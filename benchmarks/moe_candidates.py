@@ -27,9 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from gpu_timing import event_ms  # noqa: E402
 
 from tests.moe_oracle import float64_truth, uniform_routing  # noqa: E402
 from worker.kernels import ops  # noqa: E402
@@ -254,15 +256,7 @@ def time_call(call: Callable[[], torch.Tensor], reps: int, graphed: bool) -> tup
             run, mode = graph.replay, "graph"
         except RuntimeError:
             torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        run()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times), mode
+    return statistics.median(event_ms(run) for _ in range(reps)), mode
 
 
 def kernel_times(call: Callable[[], torch.Tensor], reps: int = 10) -> dict[str, float]:

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from attention_backend import build  # noqa: E402
+from attention_backend import POOL_LAYERS, build  # noqa: E402
 from gpu_timing import event_ms  # noqa: E402
 from model_shape import ModelShape  # noqa: E402
 
@@ -84,8 +84,6 @@ def half(args: argparse.Namespace, shape: ModelShape, rows: int, seed: int) -> H
 
 def step(h: Half, shape: ModelShape, attention: bool = True, gemms: bool = True) -> torch.Tensor:
     """The layers' chain over one nano-batch (module docstring); either part alone when asked."""
-    from attention_backend import POOL_LAYERS
-
     x = h.x
     rows, q_dim = x.shape[0], shape.heads * shape.head_dim
     q = torch.zeros(rows, shape.heads, shape.head_dim, dtype=x.dtype, device=x.device)
@@ -106,7 +104,11 @@ def graphed(h_list: list[Half], run: Callable[[], object]) -> Callable[[], None]
     """A CUDA graph of ``run`` (after a warm-up on a side stream), replayed after each backend's
     replay plan; on CPU, ``run`` itself."""
     if not torch.cuda.is_available():
-        return lambda: None if run() is None else None
+
+        def eager() -> None:
+            run()
+
+        return eager
     warm = torch.cuda.Stream()
     warm.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(warm):
