@@ -4,21 +4,29 @@ item 2: the measured plan before any nano-batch path is built)
 One decode step of a model config, with dummy weights: per layer the QKV projection, attention
 over B requests of about L cached tokens (the attention backend's kernels on its paged KV, bf16
 or FP8 pages), the O projection, gate/up, SiLU-mul and down, each layer's output feeding the
-next (norms, RoPE, residuals and the LM head left out: the same in every variant). Captured in
-CUDA graphs and timed four ways, interleaved, median of ``--reps`` replays:
+next (norms, RoPE, residuals and the LM head left out: the same in every variant). The GEMMs
+are bf16, or with ``--weights fp8`` the engine's FP8 ones (activations quantized per row,
+e4m3 weights with per-channel scales, ``torch._scaled_mm``). Captured in CUDA graphs and
+timed these ways, interleaved, median of ``--reps`` replays:
 
     whole     every layer over all B rows (today's step)
     halves    two nano-batches of B/2, one after the other on one stream
     overlap   the same two nano-batches on two streams of one graph (fork, join), each its own
               chain of layers: one's attention may run beside the other's GEMMs
     attention / gemms   the whole batch's attention alone, its GEMMs alone
+    overlap@S, gemms@S  (``--gemm-sms``) the same with every GEMM the bounded one
+              (worker.kernels.bounded_gemm) on at most S SMs, leaving the others to attention
+    carve@C   (``--carveout``, CUDA) overlap with cuBLAS told to leave C SMs free
+              (torch's SM carve-out, set while the graph is captured)
 
 ``overlap`` below ``whole`` is what nano-batching could gain on that shape; at best it reaches
 max(attention, gemms). The two halves read distinct KV pools and weights of the same shapes
-(so nothing is shared between the streams but the GPU).
+(so nothing is shared between the streams but the GPU). Each bounded S also reports how far
+its output is from cuBLAS's on the first layer's projections (``agree@S``, the largest relative
+error: the kernel is checked where it is timed).
 
     python benchmarks/overlap_probe.py                                      # Qwen3-0.6B, 256 x 850, bf16 and FP8 KV
-    python benchmarks/overlap_probe.py --model configs/llama-3.1-8b.json --batch 1024 --length 1500 --kv fp8
+    python benchmarks/overlap_probe.py --model configs/llama-3.1-8b.json --batch 1024 --length 1500 --kv fp8 --weights fp8
     python benchmarks/overlap_probe.py --device cpu --attention torch --layers 2 --batch 4 --length 40 --hidden 64  # smoke
 """
 
@@ -26,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 from collections.abc import Callable
@@ -40,7 +49,11 @@ from attention_backend import POOL_LAYERS, build  # noqa: E402
 from gpu_timing import event_ms  # noqa: E402
 from model_shape import ModelShape  # noqa: E402
 
-VARIANTS = ("whole", "halves", "overlap", "attention", "gemms")
+from worker.kernels.bounded_gemm import bounded_linear  # noqa: E402
+from worker.kernels.ops import quantize_fp8_rows  # noqa: E402
+from worker.models.fp8 import Fp8Linear, quantize_channels  # noqa: E402
+
+VARIANTS = ("whole", "halves", "overlap", "attention", "gemms")  # and overlap@S, gemms@S, carve@C
 
 
 @dataclass
@@ -52,15 +65,19 @@ class Half:
     layout: object
     meta: object
     x: torch.Tensor  # [rows, hidden]
-    layers: list[dict[str, torch.Tensor]]
+    layers: list[dict[str, torch.Tensor | Fp8Linear]]
 
 
-def weights(shape: ModelShape, layers: int, device: str, seed: int) -> list[dict[str, torch.Tensor]]:
+def weights(
+    shape: ModelShape, layers: int, device: str, seed: int, fp8: bool = False
+) -> list[dict[str, torch.Tensor | Fp8Linear]]:
+    """Each layer's projections: bf16 [N, K], or with ``fp8`` the engine's Fp8Linear of them."""
     gen = torch.Generator(device=device).manual_seed(seed)
     q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
 
-    def w(n: int, k: int) -> torch.Tensor:
-        return (torch.randn(n, k, device=device, generator=gen) / k**0.5).to(torch.bfloat16)
+    def w(n: int, k: int) -> torch.Tensor | Fp8Linear:
+        weight = (torch.randn(n, k, device=device, generator=gen) / k**0.5).to(torch.bfloat16)
+        return Fp8Linear(*quantize_channels(weight), None, torch.bfloat16) if fp8 else weight
 
     return [
         {"qkv": w(q + 2 * kv, shape.hidden), "o": w(shape.hidden, q),
@@ -79,44 +96,83 @@ def half(args: argparse.Namespace, shape: ModelShape, rows: int, seed: int) -> H
         cache_dtype=cache_dtype, head_dim=shape.head_dim, backend_name=args.attention, device=args.device,
     )  # fmt: skip
     x = torch.randn(rows, shape.hidden, device=args.device).to(torch.bfloat16)
-    return Half(backend, layout, None, x, weights(shape, args.layers, args.device, seed))
+    fp8 = args.weights == "fp8"
+    return Half(backend, layout, None, x, weights(shape, args.layers, args.device, seed, fp8))
 
 
-def step(h: Half, shape: ModelShape, attention: bool = True, gemms: bool = True) -> torch.Tensor:
-    """The layers' chain over one nano-batch (module docstring); either part alone when asked."""
+def linear(sms: int | None) -> Callable[[torch.Tensor, torch.Tensor | Fp8Linear], torch.Tensor]:
+    """x @ w^T for a bf16 weight or an Fp8Linear: cuBLAS (``sms`` None; FP8 as the engine runs
+    it), else the bounded GEMM on at most ``sms`` programs."""
+
+    def run(x: torch.Tensor, w: torch.Tensor | Fp8Linear) -> torch.Tensor:
+        if sms is None:
+            return w(x) if isinstance(w, Fp8Linear) else torch.nn.functional.linear(x, w)
+        if isinstance(w, torch.Tensor):
+            return bounded_linear(x, w, programs=sms)
+        rows = quantize_fp8_rows(x)
+        return bounded_linear(rows.data, w.weight, programs=sms, x_scale=rows.scale, w_scale=w.weight_scale,
+                              out_dtype=w.out_dtype)  # fmt: skip
+
+    return run
+
+
+def step(
+    h: Half, shape: ModelShape, attention: bool = True, gemms: bool = True, sms: int | None = None
+) -> torch.Tensor:
+    """The layers' chain over one nano-batch (module docstring); either part alone when asked;
+    GEMMs as ``linear(sms)``."""
     x = h.x
+    mm = linear(sms)
     rows, q_dim = x.shape[0], shape.heads * shape.head_dim
     q = torch.zeros(rows, shape.heads, shape.head_dim, dtype=x.dtype, device=x.device)
     for i, w in enumerate(h.layers):
         if gemms:
-            qkv = torch.nn.functional.linear(x, w["qkv"])
+            qkv = mm(x, w["qkv"])
             q = qkv[:, :q_dim].reshape(rows, shape.heads, shape.head_dim)
         if attention:
             q = h.backend.forward(q.contiguous(), i % POOL_LAYERS, h.meta).reshape(rows, shape.heads, -1)
         if gemms:
-            x = torch.nn.functional.linear(q.reshape(rows, q_dim), w["o"])
-            gate, up = torch.nn.functional.linear(x, w["gate_up"]).chunk(2, dim=-1)
-            x = torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, w["down"])
+            x = mm(q.reshape(rows, q_dim).contiguous(), w["o"])
+            gate, up = mm(x, w["gate_up"]).chunk(2, dim=-1)
+            x = mm((torch.nn.functional.silu(gate) * up).contiguous(), w["down"])
     return x
 
 
-def graphed(h_list: list[Half], run: Callable[[], object]) -> Callable[[], None]:
+def agreement(h: Half, sms: int) -> float:
+    """The largest relative error (Frobenius) of the bounded GEMM against cuBLAS over the first
+    layer's four projections, each given the same random input of its width."""
+    gen = torch.Generator(device=h.x.device).manual_seed(7)
+    worst = 0.0
+    for w in h.layers[0].values():
+        depth = w.in_features if isinstance(w, Fp8Linear) else w.shape[1]
+        x = torch.randn(h.x.shape[0], depth, device=h.x.device, generator=gen).to(torch.bfloat16)
+        reference = linear(None)(x, w).float()
+        worst = max(worst, float((linear(sms)(x, w).float() - reference).norm() / reference.norm()))
+    return worst
+
+
+def graphed(h_list: list[Half], run: Callable[[], object], carveout: int | None = None) -> Callable[[], None]:
     """A CUDA graph of ``run`` (after a warm-up on a side stream), replayed after each backend's
-    replay plan; on CPU, ``run`` itself."""
+    replay plan; on CPU, ``run`` itself. ``carveout``: cuBLAS leaves that many SMs free in the
+    graph's GEMMs (torch's experimental SM carve-out, read when each GEMM is launched)."""
     if not torch.cuda.is_available():
 
         def eager() -> None:
             run()
 
         return eager
-    warm = torch.cuda.Stream()
-    warm.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(warm):
-        run()
-    torch.cuda.current_stream().wait_stream(warm)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        run()
+    torch._C._set_sm_carveout_experimental(carveout)
+    try:
+        warm = torch.cuda.Stream()
+        warm.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(warm):
+            run()
+        torch.cuda.current_stream().wait_stream(warm)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            run()
+    finally:
+        torch._C._set_sm_carveout_experimental(None)
 
     def replay() -> None:
         for h in h_list:
@@ -163,22 +219,48 @@ def probe(args: argparse.Namespace, shape: ModelShape) -> dict:
     for h in (whole, a, b):
         prepare(h)
     side = torch.cuda.Stream() if torch.cuda.is_available() else None
+
+    def overlap(sms: int | None = None) -> Callable[[], None]:
+        return two_streams(lambda: step(a, shape, sms=sms), lambda: step(b, shape, sms=sms), side)
+
     runs = {
         "whole": graphed([whole], lambda: step(whole, shape)),
         "halves": graphed([a, b], lambda: (step(a, shape), step(b, shape))),
-        "overlap": graphed([a, b], two_streams(lambda: step(a, shape), lambda: step(b, shape), side)),
+        "overlap": graphed([a, b], overlap()),
         "attention": graphed([whole], lambda: step(whole, shape, gemms=False)),
         "gemms": graphed([whole], lambda: step(whole, shape, attention=False)),
     }  # fmt: skip
+    row = {"kv": args.kv, "weights": args.weights, "batch": args.batch, "length": args.length,
+           "layers": args.layers}  # fmt: skip
+    for sms in args.gemm_sms:
+        runs[f"overlap@{sms}"] = graphed([a, b], overlap(sms))
+        runs[f"gemms@{sms}"] = graphed([whole], lambda sms=sms: step(whole, shape, attention=False, sms=sms))
+        row[f"agree@{sms}"] = agreement(whole, sms)
+    for free in args.carveout if side is not None else ():
+        runs[f"carve@{free}"] = graphed([a, b], overlap(), carveout=free)
     times: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(args.reps):  # interleaved
         for name, fn in runs.items():
             times[name].append(event_ms(fn))
-    row = {"kv": args.kv, "batch": args.batch, "length": args.length, "layers": args.layers}
     row.update({f"{name}_ms": statistics.median(t) for name, t in times.items()})
     row["overlap_vs_whole"] = row["overlap_ms"] / row["whole_ms"]
     row["best_possible_ms"] = max(row["attention_ms"], row["gemms_ms"])
     return row
+
+
+def table(rows: list[dict]) -> str:
+    """One markdown row per (KV dtype, variant): ms and its ratio to ``whole``."""
+    lines = [
+        "| KV | weights | variant | ms | / whole | agree (bounded vs cuBLAS) |",
+        "| --- | --- | --- | ---: | ---: | ---: |",
+    ]
+    for r in rows:
+        for key in (k for k in r if k.endswith("_ms") and k != "best_possible_ms"):
+            name = key[:-3]
+            agree = r.get(f"agree@{name.split('@')[1]}") if name.startswith("gemms@") else None
+            lines.append(f"| {r['kv']} | {r['weights']} | {name} | {r[key]:.3f} | {r[key] / r['whole_ms']:.3f} | "
+                         f"{'' if agree is None else f'{agree:.1e}'} |")  # fmt: skip
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -193,6 +275,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument(
         "--hidden", type=int, default=None, help="override hidden and intermediate/3 (smoke runs)"
     )
+    parser.add_argument("--weights", default="bf16", choices=("bf16", "fp8"), help="the GEMMs' weights")
+    parser.add_argument(
+        "--gemm-sms", default=None,
+        help="comma list: SMs the bounded GEMM may hold in overlap@S / gemms@S (default 66,88,110 on CUDA, "
+        "none on CPU, where it needs TRITON_INTERPRET=1; '' for none)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--carveout", default="44,66", help="comma list: SMs cuBLAS leaves free in carve@C (CUDA)"
+    )
     parser.add_argument("--attention", default="flashinfer", help="attention backend: flashinfer, torch")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--page-size", type=int, default=16)
@@ -203,17 +294,21 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if args.hidden:
         shape = replace(shape, hidden=args.hidden, intermediate=3 * args.hidden)
     args.layers = args.layers or shape.layers
+    if args.gemm_sms is None:
+        args.gemm_sms = "66,88,110" if args.device == "cuda" else ""
+    args.gemm_sms = [int(v) for v in args.gemm_sms.split(",") if v]
+    args.carveout = [int(v) for v in args.carveout.split(",") if v]
+    if args.gemm_sms and args.device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        parser.error(
+            "--gemm-sms on CPU needs TRITON_INTERPRET=1 (the bounded GEMM is a Triton kernel); pass --gemm-sms ''"
+        )
     rows = []
     for kv in args.kv.split(","):
         row = probe(argparse.Namespace(**{**vars(args), "kv": kv}), shape)
         rows.append(row)
         print(json.dumps(row), flush=True)
     print(f"\n{args.model}: one decode step, {args.layers} layers, {args.batch} x ~{args.length} tokens")
-    print("| KV | whole ms | halves ms | overlap ms | attention ms | GEMMs ms | overlap / whole |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for r in rows:
-        print(f"| {r['kv']} | {r['whole_ms']:.3f} | {r['halves_ms']:.3f} | {r['overlap_ms']:.3f} | "
-              f"{r['attention_ms']:.3f} | {r['gemms_ms']:.3f} | {r['overlap_vs_whole']:.3f} |")  # fmt: skip
+    print(table(rows))
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=1))
     return rows

@@ -7,11 +7,12 @@ tensors stand in for the GPU's, their values unused). Use the device's Triton ve
 what would fail to compile there before a device call is spent on it:
 
     pip install --no-deps --target /tmp/triton-device triton==3.6.0     # the device's (scripts/device)
-    PYTHONPATH=/tmp/triton-device python scripts/compile_sm90.py moe sample
+    PYTHONPATH=/tmp/triton-device python scripts/compile_sm90.py moe sample gemm
 
 ``moe``: fused_moe's kernels under every transposed tile of ``sweep_tiles(kind, swap=True)``
 (FP8 fast, tile, exact; bf16) and the tiles moe_tiles picks for Qwen3-30B-A3B's decode and
-prefill; ``sample``: the fused sampler (bf16 and float32 logits). Prints one line per compiled
+prefill; ``sample``: the fused sampler (bf16 and float32 logits); ``gemm``: the bounded GEMM
+(worker.kernels.bounded_gemm, bf16 and FP8) at Llama-3.1-8B's decode shapes. Prints one line per compiled
 kernel variant: its name, tiles, and its MMA instructions (wgmma with operand types, or
 mma.sync); exits 1 if any launch fails to compile.
 """
@@ -53,8 +54,16 @@ class _Sm90:
 
 driver.set_active(_Sm90())
 
+from worker.kernels import (  # noqa: E402
+    bounded_gemm,
+    bounded_gemm_triton,
+    moe_triton,
+    ops,
+    sampling,
+    sampling_triton,
+    triton_kernels,
+)
 from worker.kernels import fused_moe as fused_moe_module  # noqa: E402
-from worker.kernels import moe_triton, ops, sampling, sampling_triton, triton_kernels  # noqa: E402
 
 compiled: list[tuple[str, str]] = []
 
@@ -95,7 +104,7 @@ def mma_summary(ptx: str) -> str:
     return ", ".join(sorted(found)) or "no MMA"
 
 
-for _module in (moe_triton, triton_kernels, sampling_triton):
+for _module in (moe_triton, triton_kernels, sampling_triton, bounded_gemm_triton):
     for _name in dir(_module):
         _obj = getattr(_module, _name)
         if isinstance(_obj, triton.runtime.jit.JITFunction) and _name.endswith("_kernel"):
@@ -103,7 +112,7 @@ for _module in (moe_triton, triton_kernels, sampling_triton):
 # NOTE: the launch paths take CPU tensors where they would refuse them: triton's kernels for any
 # tensor, and fused_moe's device check passed while it runs (not DOT_F32: that reads the
 # variable at launch, when it is unset again)
-ops._kernels_for = sampling._kernels_for = lambda x: triton_kernels
+ops._kernels_for = sampling._kernels_for = bounded_gemm._kernels_for = lambda x: triton_kernels
 _check = fused_moe_module._check
 
 
@@ -180,19 +189,48 @@ def compile_sampler() -> int:
     return failures
 
 
+def compile_gemm() -> int:
+    """The bounded GEMM (worker.kernels.bounded_gemm) at Llama-3.1-8B's decode shapes: bf16 and
+    FP8, a whole batch of 1,024 rows, a half of 512, and 64 rows."""
+    from worker.kernels.bounded_gemm import bounded_linear
+
+    failures = 0
+    for fp8 in (False, True):
+        dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
+        for rows, cols, depth in ((1024, 28672, 4096), (512, 4096, 14336), (64, 6144, 4096)):
+            x, w = torch.zeros(rows, depth, dtype=dtype), torch.zeros(cols, depth, dtype=dtype)
+            scales = {"x_scale": torch.ones(rows), "w_scale": torch.ones(cols), "out_dtype": torch.bfloat16}
+            before = len(compiled)
+            try:
+                bounded_linear(x, w, programs=66, **(scales if fp8 else {}))
+            except Exception as exc:  # noqa: BLE001
+                failures += 1
+                print(
+                    f"FAILED gemm {dtype} {rows}x{cols}x{depth}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+                )
+                continue
+            for name, mma in compiled[before:]:
+                print(f"gemm     {name:18s} {str(dtype)[6:]} {rows}x{cols}x{depth}: {mma}", flush=True)
+    return failures
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("what", nargs="*", default=["moe", "sample"], help="moe, sample (both by default)")
+    parser.add_argument(
+        "what", nargs="*", default=list(TARGETS), help=f"of {', '.join(TARGETS)} (all by default)"
+    )
     args = parser.parse_args()
-    if set(args.what) - {"moe", "sample"}:
-        parser.error(f"what: {args.what}, expected moe and/or sample")
+    if set(args.what) - set(TARGETS):
+        parser.error(f"what: {args.what}, expected some of {', '.join(TARGETS)}")
     print(f"compile_sm90: triton {triton.__version__} ({Path(triton.__file__).parent})", flush=True)
-    failures = sum({"moe": compile_moe, "sample": compile_sampler}[w]() for w in args.what)
+    failures = sum(TARGETS[w]() for w in args.what)
     print(f"compile_sm90: {len(compiled)} launches compiled, {failures} failed")
     sys.exit(1 if failures else 0)
 
+
+TARGETS = {"moe": compile_moe, "sample": compile_sampler, "gemm": compile_gemm}
 
 if __name__ == "__main__":
     main()

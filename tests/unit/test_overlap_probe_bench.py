@@ -1,15 +1,18 @@
 """benchmarks/overlap_probe.py on CPU with the torch attention backend (no streams, no graphs):
-every variant runs and is timed, and a nano-batch's attention reads its own requests' pages
+every variant runs and is timed (the bounded GEMM's under triton's interpreter, FP8 weights
+through the engine's Fp8Linear), and a nano-batch's attention reads its own requests' pages
 (dense float32 attention over the same pages is the oracle)."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,10 +35,33 @@ def test_every_variant_is_timed_for_each_kv_dtype(capsys) -> None:
     assert "| bf16 |" in capsys.readouterr().out
 
 
+def test_bounded_variants_and_fp8_weights(monkeypatch, capsys) -> None:
+    """overlap@S and gemms@S run through the bounded GEMM, whose agreement with the cuBLAS
+    path (here the FP8 emulation) is reported beside them."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    pytest.importorskip("triton")
+    # NOTE: triton decorates kernels for its interpreter only when TRITON_INTERPRET is set at import
+    importlib.import_module("worker.kernels.bounded_gemm_triton")
+    importlib.import_module("worker.kernels.triton_kernels")
+    rows = main([*SMOKE, "--kv", "fp8", "--weights", "fp8", "--gemm-sms", "2"])
+    (row,) = rows
+    assert row["weights"] == "fp8" and row["overlap@2_ms"] > 0 and row["gemms@2_ms"] > 0
+    assert row["agree@2"] < 2e-2  # bf16 outputs: a few 1e-3
+    assert "| fp8 | fp8 | gemms@2 |" in capsys.readouterr().out
+
+
+def test_bounded_variants_on_cpu_need_the_interpreter(monkeypatch) -> None:
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(SystemExit):
+        main([*SMOKE, "--gemm-sms", "2"])
+
+
 def test_a_half_attends_over_its_own_pages() -> None:
     shape = ModelShape.from_config(json.loads((REPO / "configs/qwen3-0.6b.json").read_text()))
     shape = replace(shape, hidden=64, intermediate=192)
-    args = argparse.Namespace(length=40, kv="bf16", page_size=16, attention="torch", device="cpu", layers=2)
+    args = argparse.Namespace(
+        length=40, kv="bf16", page_size=16, attention="torch", device="cpu", layers=2, weights="bf16"
+    )
     h = half(args, shape, 3, seed=5)
     prepare(h)
     q = torch.randn(3, shape.heads, shape.head_dim).to(torch.bfloat16)
