@@ -278,7 +278,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--weights", default="bf16", choices=("bf16", "fp8"), help="the GEMMs' weights")
     parser.add_argument(
         "--gemm-sms", default=None,
-        help="comma list: SMs the bounded GEMM may hold in overlap@S / gemms@S (default 66,88,110 on CUDA, "
+        help="comma list: SMs the bounded GEMM may hold in overlap@S / gemms@S (default 66,88,110,132 on CUDA: 132 is the whole H200, "
         "none on CPU, where it needs TRITON_INTERPRET=1; '' for none)",
     )  # fmt: skip
     parser.add_argument(
@@ -295,7 +295,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         shape = replace(shape, hidden=args.hidden, intermediate=3 * args.hidden)
     args.layers = args.layers or shape.layers
     if args.gemm_sms is None:
-        args.gemm_sms = "66,88,110" if args.device == "cuda" else ""
+        args.gemm_sms = "66,88,110,132" if args.device == "cuda" else ""
     args.gemm_sms = [int(v) for v in args.gemm_sms.split(",") if v]
     args.carveout = [int(v) for v in args.carveout.split(",") if v]
     if args.gemm_sms and args.device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
