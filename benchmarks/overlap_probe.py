@@ -15,7 +15,8 @@ timed these ways, interleaved, median of ``--reps`` replays:
               chain of layers: one's attention may run beside the other's GEMMs
     attention / gemms   the whole batch's attention alone, its GEMMs alone
     overlap@S, gemms@S  (``--gemm-sms``) the same with every GEMM the bounded one
-              (worker.kernels.bounded_gemm) on at most S SMs, leaving the others to attention
+              (worker.kernels.bounded_gemm) on at most S SMs, leaving the others to attention;
+              S/tma: its operands read by TMA (``--gemm-loads``)
     carve@C   (``--carveout``, CUDA) overlap with cuBLAS told to leave C SMs free
               (torch's SM carve-out, set while the graph is captured)
 
@@ -100,29 +101,40 @@ def half(args: argparse.Namespace, shape: ModelShape, rows: int, seed: int) -> H
     return Half(backend, layout, None, x, weights(shape, args.layers, args.device, seed, fp8))
 
 
-def linear(sms: int | None) -> Callable[[torch.Tensor, torch.Tensor | Fp8Linear], torch.Tensor]:
-    """x @ w^T for a bf16 weight or an Fp8Linear: cuBLAS (``sms`` None; FP8 as the engine runs
-    it), else the bounded GEMM on at most ``sms`` programs."""
+@dataclass(frozen=True)
+class Bound:
+    """The bounded GEMM on at most ``sms`` SMs, its operands read by TMA or per thread."""
+
+    sms: int
+    tma: bool = False
+
+    def __str__(self) -> str:
+        return f"{self.sms}/tma" if self.tma else str(self.sms)
+
+
+def linear(bound: Bound | None) -> Callable[[torch.Tensor, torch.Tensor | Fp8Linear], torch.Tensor]:
+    """x @ w^T for a bf16 weight or an Fp8Linear: cuBLAS (``bound`` None; FP8 as the engine runs
+    it), else the bounded GEMM."""
 
     def run(x: torch.Tensor, w: torch.Tensor | Fp8Linear) -> torch.Tensor:
-        if sms is None:
+        if bound is None:
             return w(x) if isinstance(w, Fp8Linear) else torch.nn.functional.linear(x, w)
         if isinstance(w, torch.Tensor):
-            return bounded_linear(x, w, programs=sms)
+            return bounded_linear(x, w, programs=bound.sms, tma=bound.tma)
         rows = quantize_fp8_rows(x)
-        return bounded_linear(rows.data, w.weight, programs=sms, x_scale=rows.scale, w_scale=w.weight_scale,
+        return bounded_linear(rows.data, w.weight, programs=bound.sms, tma=bound.tma, x_scale=rows.scale, w_scale=w.weight_scale,
                               out_dtype=w.out_dtype)  # fmt: skip
 
     return run
 
 
 def step(
-    h: Half, shape: ModelShape, attention: bool = True, gemms: bool = True, sms: int | None = None
+    h: Half, shape: ModelShape, attention: bool = True, gemms: bool = True, bound: Bound | None = None
 ) -> torch.Tensor:
     """The layers' chain over one nano-batch (module docstring); either part alone when asked;
-    GEMMs as ``linear(sms)``."""
+    GEMMs as ``linear(bound)``."""
     x = h.x
-    mm = linear(sms)
+    mm = linear(bound)
     rows, q_dim = x.shape[0], shape.heads * shape.head_dim
     q = torch.zeros(rows, shape.heads, shape.head_dim, dtype=x.dtype, device=x.device)
     for i, w in enumerate(h.layers):
@@ -138,7 +150,7 @@ def step(
     return x
 
 
-def agreement(h: Half, sms: int) -> float:
+def agreement(h: Half, bound: Bound) -> float:
     """The largest relative error (Frobenius) of the bounded GEMM against cuBLAS over the first
     layer's four projections, each given the same random input of its width."""
     gen = torch.Generator(device=h.x.device).manual_seed(7)
@@ -147,7 +159,7 @@ def agreement(h: Half, sms: int) -> float:
         depth = w.in_features if isinstance(w, Fp8Linear) else w.shape[1]
         x = torch.randn(h.x.shape[0], depth, device=h.x.device, generator=gen).to(torch.bfloat16)
         reference = linear(None)(x, w).float()
-        worst = max(worst, float((linear(sms)(x, w).float() - reference).norm() / reference.norm()))
+        worst = max(worst, float((linear(bound)(x, w).float() - reference).norm() / reference.norm()))
     return worst
 
 
@@ -220,8 +232,8 @@ def probe(args: argparse.Namespace, shape: ModelShape) -> dict:
         prepare(h)
     side = torch.cuda.Stream() if torch.cuda.is_available() else None
 
-    def overlap(sms: int | None = None) -> Callable[[], None]:
-        return two_streams(lambda: step(a, shape, sms=sms), lambda: step(b, shape, sms=sms), side)
+    def overlap(bound: Bound | None = None) -> Callable[[], None]:
+        return two_streams(lambda: step(a, shape, bound=bound), lambda: step(b, shape, bound=bound), side)
 
     runs = {
         "whole": graphed([whole], lambda: step(whole, shape)),
@@ -232,10 +244,12 @@ def probe(args: argparse.Namespace, shape: ModelShape) -> dict:
     }  # fmt: skip
     row = {"kv": args.kv, "weights": args.weights, "batch": args.batch, "length": args.length,
            "layers": args.layers}  # fmt: skip
-    for sms in args.gemm_sms:
-        runs[f"overlap@{sms}"] = graphed([a, b], overlap(sms))
-        runs[f"gemms@{sms}"] = graphed([whole], lambda sms=sms: step(whole, shape, attention=False, sms=sms))
-        row[f"agree@{sms}"] = agreement(whole, sms)
+    for bound in (Bound(sms, load == "tma") for sms in args.gemm_sms for load in args.gemm_loads):
+        runs[f"overlap@{bound}"] = graphed([a, b], overlap(bound))
+        runs[f"gemms@{bound}"] = graphed(
+            [whole], lambda bound=bound: step(whole, shape, attention=False, bound=bound)
+        )
+        row[f"agree@{bound}"] = agreement(whole, bound)
     for free in args.carveout if side is not None else ():
         runs[f"carve@{free}"] = graphed([a, b], overlap(), carveout=free)
     times: dict[str, list[float]] = {name: [] for name in runs}
@@ -282,6 +296,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
         "none on CPU, where it needs TRITON_INTERPRET=1; '' for none)",
     )  # fmt: skip
     parser.add_argument(
+        "--gemm-loads",
+        default="ptr,tma",
+        help="comma list: how the bounded GEMM reads its operands: ptr (per thread), tma",
+    )
+    parser.add_argument(
         "--carveout", default="44,66", help="comma list: SMs cuBLAS leaves free in carve@C (CUDA)"
     )
     parser.add_argument("--attention", default="flashinfer", help="attention backend: flashinfer, torch")
@@ -297,6 +316,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if args.gemm_sms is None:
         args.gemm_sms = "66,88,110,132" if args.device == "cuda" else ""
     args.gemm_sms = [int(v) for v in args.gemm_sms.split(",") if v]
+    args.gemm_loads = args.gemm_loads.split(",")
+    if set(args.gemm_loads) - {"ptr", "tma"}:
+        parser.error(f"--gemm-loads: {args.gemm_loads}, expected ptr and/or tma")
     args.carveout = [int(v) for v in args.carveout.split(",") if v]
     if args.gemm_sms and args.device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         parser.error(

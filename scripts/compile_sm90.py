@@ -101,7 +101,8 @@ def mma_summary(ptx: str) -> str:
     found = collections.Counter(
         re.sub(r"m64n\d+k", "m64nNk", m) for m in re.findall(r"(?:wgmma\.mma_async|mma\.sync)[\w.]*", ptx)
     )
-    return ", ".join(sorted(found)) or "no MMA"
+    loads = " (TMA loads)" if "cp.async.bulk.tensor" in ptx else ""
+    return (", ".join(sorted(found)) or "no MMA") + loads
 
 
 for _module in (moe_triton, triton_kernels, sampling_triton, bounded_gemm_triton):
@@ -191,7 +192,7 @@ def compile_sampler() -> int:
 
 def compile_gemm() -> int:
     """The bounded GEMM (worker.kernels.bounded_gemm) at Llama-3.1-8B's decode shapes: bf16 and
-    FP8, a whole batch of 1,024 rows, a half of 512, and 64 rows."""
+    FP8, a whole batch of 1,024 rows, a half of 512, and 64 rows; per-thread loads and TMA."""
     from worker.kernels.bounded_gemm import bounded_linear
 
     failures = 0
@@ -200,17 +201,19 @@ def compile_gemm() -> int:
         for rows, cols, depth in ((1024, 28672, 4096), (512, 4096, 14336), (64, 6144, 4096)):
             x, w = torch.zeros(rows, depth, dtype=dtype), torch.zeros(cols, depth, dtype=dtype)
             scales = {"x_scale": torch.ones(rows), "w_scale": torch.ones(cols), "out_dtype": torch.bfloat16}
-            before = len(compiled)
-            try:
-                bounded_linear(x, w, programs=66, **(scales if fp8 else {}))
-            except Exception as exc:  # noqa: BLE001
-                failures += 1
-                print(
-                    f"FAILED gemm {dtype} {rows}x{cols}x{depth}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
-                )
-                continue
-            for name, mma in compiled[before:]:
-                print(f"gemm     {name:18s} {str(dtype)[6:]} {rows}x{cols}x{depth}: {mma}", flush=True)
+            for tma in (False, True):
+                before = len(compiled)
+                try:
+                    bounded_linear(x, w, programs=66, tma=tma, **(scales if fp8 else {}))
+                except Exception as exc:  # noqa: BLE001
+                    failures += 1
+                    reason = str(exc).splitlines()[0][:200]
+                    print(
+                        f"FAILED gemm {dtype} {rows}x{cols}x{depth} tma={tma}: {type(exc).__name__}: {reason}"
+                    )
+                    continue
+                for name, mma in compiled[before:]:
+                    print(f"gemm     {name:23s} {str(dtype)[6:]} {rows}x{cols}x{depth}: {mma}", flush=True)
     return failures
 
 

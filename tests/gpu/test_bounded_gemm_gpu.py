@@ -1,6 +1,7 @@
 """worker.kernels.bounded_gemm on CUDA: the persistent GEMM at Llama-3.1-8B's decode shapes,
 bf16 against float32 torch and FP8 against worker.models.fp8's emulation of the same e4m3
-values and scales, on a few SMs (each program walking many tiles) and on all of them."""
+values and scales, on a few SMs (each program walking many tiles) and on all of them, with
+per-thread loads and with TMA."""
 
 from __future__ import annotations
 
@@ -26,9 +27,10 @@ def relative(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got.float() - want.float()).norm() / want.float().norm())
 
 
+@pytest.mark.parametrize("tma", [False, True])
 @pytest.mark.parametrize("programs", [8, 66, 132])
 @pytest.mark.parametrize("shape", [(1024, 6144, 4096), (512, 4096, 14336), (37, 28672, 4096)])
-def test_matches_torch_and_the_fp8_emulation(shape: tuple[int, int, int], programs: int):
+def test_matches_torch_and_the_fp8_emulation(shape: tuple[int, int, int], programs: int, tma: bool):
     from worker.kernels.bounded_gemm import bounded_linear
     from worker.kernels.ops import quantize_fp8_rows
     from worker.models.fp8 import emulated_fp8_matmul, quantize_channels
@@ -37,11 +39,11 @@ def test_matches_torch_and_the_fp8_emulation(shape: tuple[int, int, int], progra
     gen = torch.Generator(device="cuda").manual_seed(programs)
     x = torch.randn(rows, depth, device="cuda", generator=gen).bfloat16()
     w = (torch.randn(cols, depth, device="cuda", generator=gen) / depth**0.5).bfloat16()
-    got = bounded_linear(x, w, programs=programs)
+    got = bounded_linear(x, w, programs=programs, tma=tma)
     assert relative(got, x.float() @ w.float().t()) < 1e-2
     q = quantize_fp8_rows(x)
     w_q, w_scale = quantize_channels(w)
     got8 = bounded_linear(
-        q.data, w_q, programs=programs, x_scale=q.scale, w_scale=w_scale, out_dtype=torch.bfloat16
+        q.data, w_q, programs=programs, tma=tma, x_scale=q.scale, w_scale=w_scale, out_dtype=torch.bfloat16
     )
     assert relative(got8, emulated_fp8_matmul(q, w_q, w_scale)) < 1e-2

@@ -1,7 +1,8 @@
 """worker.kernels.bounded_gemm under triton's CPU interpreter: the persistent GEMM on fewer
 programs than tiles (each program walks several), on more, and on one, against torch's product
 (float32, bf16) and against worker.models.fp8's emulation of the FP8 GEMM (same e4m3 values and
-scales); uneven shapes run the masked K loop, partial row blocks and the wrapped column block."""
+scales), its operands read per thread or through TMA descriptors; uneven shapes run the masked K
+loop (TMA: reads past the edge are zeros), partial row blocks and the wrapped column block."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ import pytest
 import torch
 
 if torch.cuda.is_available():
-    pytest.skip("on CUDA the kernel runs natively: tests/gpu/test_bounded_gemm_gpu.py", allow_module_level=True)
+    pytest.skip(
+        "on CUDA the kernel runs natively: tests/gpu/test_bounded_gemm_gpu.py", allow_module_level=True
+    )
 # NOTE: as in test_kernels_interpret.py: triton decorates kernels for its interpreter only when
 # TRITON_INTERPRET is set at import; it is unset again at once and set only while tests run.
 os.environ["TRITON_INTERPRET"] = "1"
@@ -49,30 +52,33 @@ def operands(rows: int, cols: int, depth: int, seed: int) -> tuple[torch.Tensor,
 # 37 x 50 with 16 x 16 tiles: 3 x 4 = 12 tiles, the last row block and column block partial
 @pytest.mark.parametrize("programs", [1, 5, 12, 40])
 @pytest.mark.parametrize("depth", [64, 72])
-def test_float32_matches_torch(programs: int, depth: int):
+@pytest.mark.parametrize("tma", [False, True])
+def test_float32_matches_torch(programs: int, depth: int, tma: bool):
     x, w = operands(37, 50, depth, seed=programs + depth)
-    got = bounded_linear(x, w, programs=programs, tiles=TILES)
+    got = bounded_linear(x, w, programs=programs, tiles=TILES, tma=tma)
     assert got.shape == (37, 50) and got.dtype == torch.float32
     assert relative_error(got, x @ w.t()) < 1e-5
 
 
-def test_bf16_matches_torch():
+@pytest.mark.parametrize("tma", [False, True])
+def test_bf16_matches_torch(tma: bool):
     x, w = operands(37, 50, 72, seed=1)
-    got = bounded_linear(x.bfloat16(), w.bfloat16(), programs=3, tiles=TILES)
+    got = bounded_linear(x.bfloat16(), w.bfloat16(), programs=3, tiles=TILES, tma=tma)
     # NOTE: the interpreter rounds the float32 sums to bf16 by truncation (torch: to nearest)
     assert got.dtype == torch.bfloat16
     assert relative_error(got, x.bfloat16().float() @ w.bfloat16().float().t()) < 1e-2
 
 
 @pytest.mark.parametrize("programs", [1, 7])
-def test_fp8_matches_the_emulated_gemm(programs: int):
+@pytest.mark.parametrize("tma", [False, True])
+def test_fp8_matches_the_emulated_gemm(programs: int, tma: bool):
     """Same e4m3 values, each K step's product summed in float32, the row and channel scales
     applied at the end: the emulation's float32 product to rounding."""
     x, w = operands(37, 50, 96, seed=programs)
     rows = quantize_fp8_rows_ref(x)
     w_q, w_scale = quantize_channels(w)
     got = bounded_linear(rows.data, w_q, programs=programs, x_scale=rows.scale, w_scale=w_scale,
-                         out_dtype=torch.float32, tiles=TILES)  # fmt: skip
+                         out_dtype=torch.float32, tiles=TILES, tma=tma)  # fmt: skip
     want = emulated_fp8_matmul(rows, w_q, w_scale)
     assert relative_error(got, want) < 1e-5
     # and it is the quantized product, not the plain one
@@ -97,3 +103,6 @@ def test_empty_batch_and_bad_arguments():
     rows = quantize_fp8_rows_ref(x)
     with pytest.raises(ValueError, match="needs x_scale, w_scale and out_dtype"):
         bounded_linear(rows.data, quantize_channels(w)[0], programs=4)
+    x, w = operands(4, 50, 66, seed=0)  # 66 bf16 values: 132 bytes a row, not whole 16-byte units
+    with pytest.raises(ValueError, match="multiple of 16 bytes, got K=66"):
+        bounded_linear(x.bfloat16(), w.bfloat16(), programs=4, tma=True)

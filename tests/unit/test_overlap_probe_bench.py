@@ -36,8 +36,8 @@ def test_every_variant_is_timed_for_each_kv_dtype(capsys) -> None:
 
 
 def test_bounded_variants_and_fp8_weights(monkeypatch, capsys) -> None:
-    """overlap@S and gemms@S run through the bounded GEMM, whose agreement with the cuBLAS
-    path (here the FP8 emulation) is reported beside them."""
+    """overlap@S and gemms@S run through the bounded GEMM (per-thread loads, and TMA as S/tma),
+    whose agreement with the cuBLAS path (here the FP8 emulation) is reported beside them."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     pytest.importorskip("triton")
     # NOTE: triton decorates kernels for its interpreter only when TRITON_INTERPRET is set at import
@@ -45,9 +45,12 @@ def test_bounded_variants_and_fp8_weights(monkeypatch, capsys) -> None:
     importlib.import_module("worker.kernels.triton_kernels")
     rows = main([*SMOKE, "--kv", "fp8", "--weights", "fp8", "--gemm-sms", "2"])
     (row,) = rows
-    assert row["weights"] == "fp8" and row["overlap@2_ms"] > 0 and row["gemms@2_ms"] > 0
-    assert row["agree@2"] < 2e-2  # bf16 outputs: a few 1e-3
-    assert "| fp8 | fp8 | gemms@2 |" in capsys.readouterr().out
+    assert row["weights"] == "fp8"
+    for bound in ("2", "2/tma"):
+        assert row[f"overlap@{bound}_ms"] > 0 and row[f"gemms@{bound}_ms"] > 0
+        assert row[f"agree@{bound}"] < 2e-2  # bf16 outputs: a few 1e-3
+    out = capsys.readouterr().out
+    assert "| fp8 | fp8 | gemms@2 |" in out and "| fp8 | fp8 | gemms@2/tma |" in out
 
 
 def test_bounded_variants_on_cpu_need_the_interpreter(monkeypatch) -> None:

@@ -8,6 +8,10 @@ measures whether a decode step's attention then overlaps its GEMMs (issue 31 ite
     y = bounded_linear(x, w, programs=66)                              # bf16: x [M, K], w [N, K]
     y = bounded_linear(rows.data, w_q, programs=66, x_scale=rows.scale,
                        w_scale=w_scale, out_dtype=torch.bfloat16)      # FP8 (worker.models.fp8)
+    y = bounded_linear(x, w, programs=66, tma=True)                    # operands read by TMA
+
+Which of per-thread loads and TMA is faster, and whether attention beside it gains, is what
+the probe measures; nothing in the engine calls it yet.
 """
 
 from __future__ import annotations
@@ -53,11 +57,14 @@ def bounded_linear(
     w_scale: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
     tiles: GemmTiles | None = None,
+    tma: bool = False,
 ) -> torch.Tensor:
     """x [M, K] @ weight[N, K]^T on at most ``programs`` programs (SMs).
 
     FP8 when x is e4m3: then ``x_scale`` [M] and ``w_scale`` [N] (float32) multiply the product
-    and ``out_dtype`` is required. Raises RuntimeError where Triton cannot run (CPU without
+    and ``out_dtype`` is required. ``tma``: the operands are read through tensor-memory
+    descriptors (Hopper's TMA; K times the element size must be a multiple of 16 bytes) instead
+    of per-thread loads. Raises RuntimeError where Triton cannot run (CPU without
     TRITON_INTERPRET=1)."""
     k = _kernels_for(x)
     if k is None:
@@ -81,11 +88,28 @@ def bounded_linear(
         return out
     t = tiles or gemm_tiles(rows, cols, fp8)
     num_tiles = -(-rows // t.block_m) * -(-cols // t.block_n)
-    scale = x_scale if fp8 else out  # unused pointers when not FP8
-    bounded_gemm_triton.bounded_gemm_kernel[(min(programs, num_tiles),)](
-        x, scale, weight, w_scale if fp8 else out, out, rows, cols, depth,
-        x.stride(0), weight.stride(0), out.stride(0),
-        FP8=fp8, DOT_F32=os.environ.get("TRITON_INTERPRET") == "1" and x.dtype == torch.bfloat16, EVEN_K=depth % t.block_k == 0, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
-        BLOCK_K=t.block_k, GROUP_M=t.group_m, num_warps=t.num_warps, num_stages=t.num_stages,
+    grid = (min(programs, num_tiles),)
+    scales = (x_scale, w_scale) if fp8 else (out, out)  # unused pointers when not FP8
+    shape = dict(
+        FP8=fp8, DOT_F32=os.environ.get("TRITON_INTERPRET") == "1" and x.dtype == torch.bfloat16,
+        BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, GROUP_M=t.group_m,
+        num_warps=t.num_warps, num_stages=t.num_stages,
+    )  # fmt: skip
+    if tma:
+        if depth * x.element_size() % 16:
+            raise ValueError(
+                f"a TMA bounded_linear needs K x element size a multiple of 16 bytes, got K={depth}"
+            )
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        x_desc = TensorDescriptor.from_tensor(x, [t.block_m, t.block_k])
+        w_desc = TensorDescriptor.from_tensor(weight, [t.block_n, t.block_k])
+        bounded_gemm_triton.bounded_gemm_tma_kernel[grid](
+            x_desc, scales[0], w_desc, scales[1], out, rows, cols, depth, out.stride(0), **shape
+        )
+        return out
+    bounded_gemm_triton.bounded_gemm_kernel[grid](
+        x, scales[0], weight, scales[1], out, rows, cols, depth, x.stride(0), weight.stride(0), out.stride(0),
+        EVEN_K=depth % t.block_k == 0, **shape,
     )  # fmt: skip
     return out

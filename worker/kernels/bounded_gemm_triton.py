@@ -19,6 +19,15 @@ import triton
 import triton.language as tl
 
 
+@triton.jit
+def _tile_of(tile, num_m, num_n, GROUP_M: tl.constexpr):
+    """(row block, column block) of output tile ``tile``: GROUP_M row blocks per column block."""
+    per_group = GROUP_M * num_n
+    first_m = tile // per_group * GROUP_M
+    group_rows = tl.minimum(num_m - first_m, GROUP_M)
+    return first_m + tile % per_group % group_rows, tile % per_group // group_rows
+
+
 @triton.jit(do_not_specialize=["rows"])
 def bounded_gemm_kernel(
     x_ptr, x_scale_ptr, w_ptr, w_scale_ptr, out_ptr, rows, cols, depth, stride_x, stride_w, stride_out,
@@ -30,13 +39,9 @@ def bounded_gemm_kernel(
     DOT_F32: bf16 operands widened to float32 (triton's interpreter multiplies bf16 wrongly)."""
     num_m = tl.cdiv(rows, BLOCK_M)
     num_n = tl.cdiv(cols, BLOCK_N)
-    per_group = GROUP_M * num_n
     ks = tl.arange(0, BLOCK_K)
     for tile in range(tl.program_id(0), num_m * num_n, tl.num_programs(0)):
-        first_m = tile // per_group * GROUP_M
-        group_rows = tl.minimum(num_m - first_m, GROUP_M)
-        pid_m = first_m + tile % per_group % group_rows
-        pid_n = tile % per_group // group_rows
+        pid_m, pid_n = _tile_of(tile, num_m, num_n, GROUP_M)
         ms = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         ns = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         in_m = ms < rows
@@ -66,3 +71,36 @@ def bounded_gemm_kernel(
         mask = in_m[:, None] & (ns < cols)[None, :]
         out_ptrs = out_ptr + ms.to(tl.int64)[:, None] * stride_out + ns[None, :]
         tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit(do_not_specialize=["rows"])
+def bounded_gemm_tma_kernel(
+    x_desc, x_scale_ptr, w_desc, w_scale_ptr, out_ptr, rows, cols, depth, stride_out,
+    FP8: tl.constexpr, DOT_F32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):  # fmt: skip
+    """bounded_gemm_kernel's product with both operands read by the tensor memory accelerator
+    (host-built descriptors of x [rows, depth] and w [cols, depth], blocks [BLOCK_M, BLOCK_K]
+    and [BLOCK_N, BLOCK_K]; reads past an edge are zeros), the epilogue as there."""
+    num_m = tl.cdiv(rows, BLOCK_M)
+    num_n = tl.cdiv(cols, BLOCK_N)
+    for tile in range(tl.program_id(0), num_m * num_n, tl.num_programs(0)):
+        pid_m, pid_n = _tile_of(tile, num_m, num_n, GROUP_M)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, depth, BLOCK_K):
+            a = x_desc.load([pid_m * BLOCK_M, k0])
+            b = w_desc.load([pid_n * BLOCK_N, k0]).T
+            if FP8:
+                acc += tl.dot(a, b)
+            elif DOT_F32:
+                acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
+            else:
+                acc = tl.dot(a, b, acc)
+        ms = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        ns = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        in_m, in_n = ms < rows, ns < cols
+        if FP8:
+            acc = acc * tl.load(x_scale_ptr + ms, mask=in_m, other=0.0)[:, None]
+            acc = acc * tl.load(w_scale_ptr + ns, mask=in_n, other=0.0)[None, :]
+        out_ptrs = out_ptr + ms.to(tl.int64)[:, None] * stride_out + ns[None, :]
+        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=in_m[:, None] & in_n[None, :])
