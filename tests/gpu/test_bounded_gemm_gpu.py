@@ -5,14 +5,8 @@ per-thread loads and with TMA."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
-
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
 
 pytestmark = pytest.mark.gpu
 

@@ -28,6 +28,33 @@ def _tile_of(tile, num_m, num_n, GROUP_M: tl.constexpr):
     return first_m + tile % per_group % group_rows, tile % per_group // group_rows
 
 
+@triton.jit
+def _accumulate(acc, a, b, FP8: tl.constexpr, DOT_F32: tl.constexpr):
+    """acc + a . b: FP8 products added in float32 (not folded into the tensor core's sum);
+    DOT_F32: bf16 operands widened first (triton's interpreter multiplies bf16 wrongly)."""
+    if FP8:
+        acc += tl.dot(a, b)
+    elif DOT_F32:
+        acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
+    else:
+        acc = tl.dot(a, b, acc)
+    return acc
+
+
+@triton.jit
+def _store(acc, x_scale_ptr, w_scale_ptr, out_ptr, pid_m, pid_n, rows, cols, stride_out, FP8: tl.constexpr):
+    """Tile (pid_m, pid_n) of the output, its rows and columns inside it, scaled by
+    x_scale[m] w_scale[n] when FP8."""
+    ms = pid_m * acc.shape[0] + tl.arange(0, acc.shape[0])
+    ns = pid_n * acc.shape[1] + tl.arange(0, acc.shape[1])
+    in_m, in_n = ms < rows, ns < cols
+    if FP8:
+        acc = acc * tl.load(x_scale_ptr + ms, mask=in_m, other=0.0)[:, None]
+        acc = acc * tl.load(w_scale_ptr + ns, mask=in_n, other=0.0)[None, :]
+    out_ptrs = out_ptr + ms.to(tl.int64)[:, None] * stride_out + ns[None, :]
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=in_m[:, None] & in_n[None, :])
+
+
 @triton.jit(do_not_specialize=["rows"])
 def bounded_gemm_kernel(
     x_ptr, x_scale_ptr, w_ptr, w_scale_ptr, out_ptr, rows, cols, depth, stride_x, stride_w, stride_out,
@@ -57,20 +84,10 @@ def bounded_gemm_kernel(
                 in_k = ks < depth - k0
                 a = tl.load(a_ptrs, mask=in_m[:, None] & in_k[None, :], other=0.0)
                 b = tl.load(b_ptrs, mask=in_k[:, None], other=0.0)
-            if FP8:
-                acc += tl.dot(a, b)
-            elif DOT_F32:
-                acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
-            else:
-                acc = tl.dot(a, b, acc)
+            acc = _accumulate(acc, a, b, FP8, DOT_F32)
             a_ptrs += BLOCK_K
             b_ptrs += BLOCK_K
-        if FP8:
-            acc = acc * tl.load(x_scale_ptr + ms, mask=in_m, other=0.0)[:, None]
-            acc = acc * tl.load(w_scale_ptr + wrapped)[None, :]
-        mask = in_m[:, None] & (ns < cols)[None, :]
-        out_ptrs = out_ptr + ms.to(tl.int64)[:, None] * stride_out + ns[None, :]
-        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+        _store(acc, x_scale_ptr, w_scale_ptr, out_ptr, pid_m, pid_n, rows, cols, stride_out, FP8)
 
 
 @triton.jit(do_not_specialize=["rows"])
@@ -90,17 +107,5 @@ def bounded_gemm_tma_kernel(
         for k0 in range(0, depth, BLOCK_K):
             a = x_desc.load([pid_m * BLOCK_M, k0])
             b = w_desc.load([pid_n * BLOCK_N, k0]).T
-            if FP8:
-                acc += tl.dot(a, b)
-            elif DOT_F32:
-                acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
-            else:
-                acc = tl.dot(a, b, acc)
-        ms = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        ns = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        in_m, in_n = ms < rows, ns < cols
-        if FP8:
-            acc = acc * tl.load(x_scale_ptr + ms, mask=in_m, other=0.0)[:, None]
-            acc = acc * tl.load(w_scale_ptr + ns, mask=in_n, other=0.0)[None, :]
-        out_ptrs = out_ptr + ms.to(tl.int64)[:, None] * stride_out + ns[None, :]
-        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=in_m[:, None] & in_n[None, :])
+            acc = _accumulate(acc, a, b, FP8, DOT_F32)
+        _store(acc, x_scale_ptr, w_scale_ptr, out_ptr, pid_m, pid_n, rows, cols, stride_out, FP8)
