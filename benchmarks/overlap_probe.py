@@ -122,8 +122,8 @@ def linear(bound: Bound | None) -> Callable[[torch.Tensor, torch.Tensor | Fp8Lin
         if isinstance(w, torch.Tensor):
             return bounded_linear(x, w, programs=bound.sms, tma=bound.tma)
         rows = quantize_fp8_rows(x)
-        return bounded_linear(rows.data, w.weight, programs=bound.sms, tma=bound.tma, x_scale=rows.scale, w_scale=w.weight_scale,
-                              out_dtype=w.out_dtype)  # fmt: skip
+        scales = {"x_scale": rows.scale, "w_scale": w.weight_scale, "out_dtype": w.out_dtype}
+        return bounded_linear(rows.data, w.weight, programs=bound.sms, tma=bound.tma, **scales)
 
     return run
 
@@ -144,9 +144,9 @@ def step(
         if attention:
             q = h.backend.forward(q.contiguous(), i % POOL_LAYERS, h.meta).reshape(rows, shape.heads, -1)
         if gemms:
-            x = mm(q.reshape(rows, q_dim).contiguous(), w["o"])
+            x = mm(q.reshape(rows, q_dim), w["o"])
             gate, up = mm(x, w["gate_up"]).chunk(2, dim=-1)
-            x = mm((torch.nn.functional.silu(gate) * up).contiguous(), w["down"])
+            x = mm(torch.nn.functional.silu(gate) * up, w["down"])
     return x
 
 
@@ -166,13 +166,17 @@ def agreement(h: Half, bound: Bound) -> float:
 def graphed(h_list: list[Half], run: Callable[[], object], carveout: int | None = None) -> Callable[[], None]:
     """A CUDA graph of ``run`` (after a warm-up on a side stream), replayed after each backend's
     replay plan; on CPU, ``run`` itself. ``carveout``: cuBLAS leaves that many SMs free in the
-    graph's GEMMs (torch's experimental SM carve-out, read when each GEMM is launched)."""
+    graph's GEMMs (torch's experimental SM carve-out, read when each GEMM is launched, which
+    only cuBLASLt honours: torch is told to prefer it for bf16 GEMMs meanwhile)."""
     if not torch.cuda.is_available():
 
         def eager() -> None:
             run()
 
         return eager
+    library = torch.backends.cuda.preferred_blas_library()
+    if carveout is not None:
+        torch.backends.cuda.preferred_blas_library("cublaslt")
     torch._C._set_sm_carveout_experimental(carveout)
     try:
         warm = torch.cuda.Stream()
@@ -185,6 +189,7 @@ def graphed(h_list: list[Half], run: Callable[[], object], carveout: int | None 
             run()
     finally:
         torch._C._set_sm_carveout_experimental(None)
+        torch.backends.cuda.preferred_blas_library(library)
 
     def replay() -> None:
         for h in h_list:
