@@ -5,7 +5,9 @@ token by the fused kernel, torch._scaled_mm with row-wise scales) against ``F.li
 Each row: GPU us per call (20 calls captured in one CUDA graph, as the engine's decode runs
 them, rotating over 8 weight sets so the weights come from HBM, not L2; CUDA events around
 each replay, median of 10), the weight bytes read per second and the TFLOP/s; ``quant`` times the per-token quantization kernel alone, ``fp8 mm`` the GEMM on
-inputs already quantized (what the fused norm / SiLU-mul kernels hand over).
+inputs already quantized (what the fused norm / SiLU-mul kernels hand over); ``tri mm`` and
+``tri tma mm`` the same product by radixq's own Triton GEMM on every SM
+(worker.kernels.bounded_gemm, per-thread and TMA loads), beside torch's.
 
     python benchmarks/fp8_gemm.py --model configs/llama-3.1-8b.json --tokens 64,256,1024,8192
 """
@@ -24,6 +26,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from worker.kernels import ops  # noqa: E402
+from worker.kernels.bounded_gemm import bounded_linear  # noqa: E402
 from worker.models.fp8 import Fp8Linear  # noqa: E402
 
 ROTATE = 8
@@ -87,12 +90,21 @@ def bench(name: str, k: int, n: int, m: int) -> dict:
         row["fp8_us"] = gpu_us(lambda i: layers[i % ROTATE](x))
         row["fp8_mm_us"] = gpu_us(lambda i: layers[i % ROTATE](rows))
         row["quant_us"] = gpu_us(lambda i: ops.quantize_fp8_rows(x))
+        sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+        for key, tma in (("tri_mm_us", False), ("tri_tma_mm_us", True)):
+            row[key] = gpu_us(
+                lambda i, tma=tma: bounded_linear(
+                    rows.data, layers[i % ROTATE].weight, programs=sms, tma=tma, x_scale=rows.scale,
+                    w_scale=layers[i % ROTATE].weight_scale, out_dtype=torch.bfloat16,
+                )
+            )  # fmt: skip
     row["speedup"] = row["bf16_us"] / row["fp8_us"]
     row["speedup_mm"] = row["bf16_us"] / row["fp8_mm_us"]
     row["bf16_TBps"] = n * k * 2 / (row["bf16_us"] * 1e-6) / 1e12
     row["fp8_mm_TBps"] = n * k / (row["fp8_mm_us"] * 1e-6) / 1e12
     row["bf16_TFLOPs"] = flops / (row["bf16_us"] * 1e-6) / 1e12
     row["fp8_mm_TFLOPs"] = flops / (row["fp8_mm_us"] * 1e-6) / 1e12
+    row["tri_tma_mm_TFLOPs"] = flops / (row["tri_tma_mm_us"] * 1e-6) / 1e12
     return row
 
 
@@ -115,8 +127,9 @@ def main() -> None:
                 torch.cuda.empty_cache()
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1))
-    cols = ["model", "shape", "m", "bf16_us", "fp8_us", "fp8_mm_us", "quant_us", "speedup", "speedup_mm",
-            "bf16_TBps", "fp8_mm_TBps", "bf16_TFLOPs", "fp8_mm_TFLOPs"]  # fmt: skip
+    cols = ["model", "shape", "m", "bf16_us", "fp8_us", "fp8_mm_us", "tri_mm_us", "tri_tma_mm_us", "quant_us",
+            "speedup", "speedup_mm", "bf16_TBps", "fp8_mm_TBps", "bf16_TFLOPs", "fp8_mm_TFLOPs",
+            "tri_tma_mm_TFLOPs"]  # fmt: skip
     print(" | ".join(cols))
     for r in results:
         print(" | ".join(f"{r[c]:.3g}" if isinstance(r[c], float) else str(r[c]) for c in cols))
