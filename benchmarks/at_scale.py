@@ -31,6 +31,11 @@ with the KV pool the engine actually had.
     python benchmarks/at_scale.py --preset qwen3-30b-a3b,llama-3.1-8b --variants engine:fp8_e4m3:fp8 --rounds 3
     python benchmarks/at_scale.py --preset tiny --variants engine,queue       # CPU, seconds
 
+``--profile-steps`` watches each engine run with the scheduler's StepProfiler (CUDA events
+around every pass) and prints, per variant, the median GPU ms of a decode step at its largest
+batch, of prefill per 8,192 tokens (mixed steps: their decode rows included), the host ms of a
+full decode step and the GPU's busy share: the per-step breakdown beside the figure.
+
 ``--deadline-s S`` skips a run that would end past S seconds from the start (judged by that
 variant's last run), so a device call with a hard limit still prints its table.
 ``--same-workers`` (with ``--rounds N``) starts a queue variant's workers once for all its N
@@ -262,6 +267,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", default=None, help="engine device (default: auto)")
     parser.add_argument("--attention", default=None, help="auto | flashinfer | torch")
     parser.add_argument("--temperature", type=float, default=0.6)
+    parser.add_argument(
+        "--profile-steps", action="store_true",
+        help="engine runs: GPU ms of a decode step at the largest batch and of prefill per 8,192 tokens "
+        "(worker.scheduler.profile; CUDA events per step)",
+    )  # fmt: skip
     parser.add_argument("--deadline-s", type=float, default=None, help="skip runs that would end past this")
     parser.add_argument("--timeout-s", type=float, default=900, help="queue runs: longest wait for results")
     parser.add_argument("--work-dir", default=None, help="queue runs: worker configs, logs, result files")
@@ -386,7 +396,9 @@ def _run_variant(
     workloads = [(r, at_scale_workload(preset, args.seed + r)) for r in rounds]
     if not v.workers:
         done = [
-            run_engine(v.name, r, preset.model, options, workload, warmup, args.temperature)
+            run_engine(
+                v.name, r, preset.model, options, workload, warmup, args.temperature, args.profile_steps
+            )
             for r, workload in workloads
         ]
     else:

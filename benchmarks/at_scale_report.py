@@ -71,6 +71,7 @@ def summarize(
             if runs[0].eager_decode_steps is not None
             else None,
             "eager_batch_max": max((r.eager_batch_max or 0) for r in runs) or None,
+            "step_profile": step_medians([r.step_profile for r in runs if r.step_profile]),
         }
         rows.append(row)
     print(
@@ -100,6 +101,9 @@ def summarize(
         )
         print(f"  {row['variant']}: runs {row['runs_s']} s; startup median {row['startup_s']:.1f} s"
               + (f"; KV pool {row['pool_tokens']:,} tokens" if row["pool_tokens"] else "") + eager)  # fmt: skip
+    for row in rows:
+        if row["step_profile"]:
+            print(f"  {row['variant']}: {describe_steps(row['step_profile'])}")
     by_name = {row["variant"]: row for row in rows}
     for v in variants:
         engine = by_name.get(v.engine.name)
@@ -126,3 +130,30 @@ def print_presets_table(rows: list[dict]) -> None:
             f"| {row['preset']} | {row['variant']} | {len(row['runs_s'])} | {row['median_s']:.2f} | "
             f"{row['tok_per_s']:,.0f} | {tokens / row['floor_s']:,.0f} | {row['floor_s'] / row['median_s']:.0%} | {pooled} |"
         )
+
+
+def step_medians(profiles: list[dict]) -> dict | None:
+    """Each field of the runs' step breakdowns (at_scale_runs.step_breakdown), its median over
+    the runs that have it; None without profiles."""
+    if not profiles:
+        return None
+    out = {}
+    for key in profiles[0]:
+        values = [p[key] for p in profiles if p.get(key) is not None]
+        out[key] = statistics.median(values) if values else None
+    return out
+
+
+def describe_steps(profile: dict) -> str:
+    """One line of a variant's step breakdown (medians over its runs)."""
+
+    def ms(value: float | None) -> str:
+        return "-" if value is None else f"{value:.1f} ms"
+
+    busy = profile.get("gpu_busy_share")
+    return (
+        f"decode step at {profile['decode_batch']}: GPU {ms(profile['decode_gpu_ms_p50'])} p50, host "
+        f"{ms(profile['decode_host_ms_p50'])}; prefill: GPU {ms(profile['prefill_gpu_ms_per_8192_tokens'])} "
+        f"per 8,192 tokens over {profile['prefill_steps']} steps"
+        + (f"; GPU busy {busy:.1%}" if busy is not None else "")
+    )

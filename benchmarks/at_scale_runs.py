@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from offline import Workload, free_gpu_memory  # noqa: E402
 from queue_e2e_gpu import check_results, make_jobs, run_jobs  # noqa: E402
 
-from worker.scheduler.hooks import StepHooks  # noqa: E402
+from worker.scheduler.hooks import HookGroup, StepHooks  # noqa: E402
 
 
 @dataclass
@@ -44,6 +44,7 @@ class RunRecord:
     preset: str = ""  # the at_scale.py preset it ran (set by the driver)
     eager_decode_steps: int | None = None  # decode steps no captured graph held (run eagerly)
     eager_batch_max: int | None = None  # the largest of their batches
+    step_profile: dict[str, Any] | None = None  # with --profile-steps: step_breakdown() of the run
 
     @property
     def tok_per_s(self) -> float:
@@ -73,6 +74,23 @@ class BatchWatch(StepHooks):
             self.prefill_steps += 1
 
 
+def step_breakdown(summary: dict[str, Any]) -> dict[str, Any]:
+    """What a run's step profile (worker.scheduler.profile.StepProfiler.summary) says of its
+    steps: GPU ms of a decode step at the largest batch and of prefill per 8,192 tokens (mixed
+    steps: the decode rows riding along included), host ms per full decode step, GPU busy
+    share. Values are None where the profile has no such step or no GPU times (CPU)."""
+    full, prefill = summary.get("decode_full", {}), summary.get("prefill", {})
+    return {
+        "decode_batch": full.get("batch_size"),
+        "decode_steps_at_batch": full.get("steps"),
+        "decode_gpu_ms_p50": full.get("gpu_ms", {}).get("p50"),
+        "decode_host_ms_p50": full.get("host_ms", {}).get("p50"),
+        "prefill_steps": prefill.get("steps"),
+        "prefill_gpu_ms_per_8192_tokens": prefill.get("gpu_ms_per_8192_tokens"),
+        "gpu_busy_share": summary.get("gpu_busy_share"),
+    }
+
+
 def warmup_workload(prompt_len: int, output_len: int, num_requests: int = 8) -> Workload:
     """A few short requests (constant ids, so they share no page with random prompts)."""
     lengths = [min(prompt_len, 16 + 8 * i) for i in range(num_requests)]
@@ -87,8 +105,10 @@ def run_engine(
     workload: Workload,
     warmup: Workload,
     temperature: float,
+    profile_steps: bool = False,
 ) -> RunRecord:
-    """Build ``worker.LLM(model, **options)``, warm it up, time ``generate`` on ``workload``."""
+    """Build ``worker.LLM(model, **options)``, warm it up, time ``generate`` on ``workload``;
+    with ``profile_steps`` the scheduler's StepProfiler watches the timed run too."""
     import torch
 
     from wire.schema import SamplingParams
@@ -102,7 +122,12 @@ def run_engine(
     llm.generate(warmup.prompts, params(warmup))
     startup_s = time.perf_counter() - start
     watch = BatchWatch()
-    llm.scheduler.hooks = watch
+    profiler = None
+    if profile_steps:
+        from worker.scheduler.profile import StepProfiler
+
+        profiler = StepProfiler(llm.engine)
+    llm.scheduler.hooks = watch if profiler is None else HookGroup(watch, profiler)
     retractions = llm.scheduler.stats.retractions
     timed = params(workload)
     if torch.cuda.is_available():
@@ -137,8 +162,9 @@ def run_engine(
         graph_batch_sizes=list(engine.graph_runner.batch_sizes) if engine.graph_runner else [],
         eager_decode_steps=watch.eager_decode_steps,
         eager_batch_max=watch.eager_batch_max or None,
+        step_profile=step_breakdown(profiler.summary()) if profiler is not None else None,
     )
-    llm = engine = results = None  # type: ignore[assignment]  # NOTE: drop every reference first
+    llm = engine = results = profiler = None  # type: ignore[assignment]  # NOTE: drop every reference first
     free_gpu_memory()
     return record
 

@@ -97,6 +97,22 @@ def test_tiny_preset_runs_end_to_end_on_cpu(tmp_path: Path, capsys: pytest.Captu
     assert printed.rstrip().splitlines()[-1].startswith("  engine: runs")
 
 
+def test_profile_steps_reports_each_runs_steps(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    """--profile-steps: each engine run's step breakdown (the decode steps at its largest batch,
+    its prefill steps; no GPU times on CPU) and the table's line of medians."""
+    out = tmp_path / "at_scale.json"
+    (row,) = main(
+        ["--preset", "tiny", "--variants", "engine", "--rounds", "1", "--profile-steps", "--out", str(out)]
+    )
+    (run,) = json.loads(out.read_text())["runs"]
+    profile = run["step_profile"]
+    assert profile["decode_batch"] == run["max_decode_batch"]
+    assert profile["prefill_steps"] == run["prefill_steps"]
+    assert profile["decode_host_ms_p50"] > 0 and profile["decode_gpu_ms_p50"] is None
+    assert row["step_profile"] == profile  # the median of one run
+    assert f"decode step at {run['max_decode_batch']}: GPU - p50" in capsys.readouterr().out
+
+
 def test_protocol_rounds_follow_the_issue():
     assert protocol_rounds([31.0, 58.2]) == 3  # every run over 30 s: a median of 3
     assert protocol_rounds([29.5, 58.2]) == 5  # else a median of 5

@@ -11,7 +11,7 @@ import pytest
 from wire.schema import SamplingParams
 from worker.scheduler import InMemoryIO, build_scheduler
 from worker.scheduler.config import SchedulerProcessConfig
-from worker.scheduler.hooks import StepHooks
+from worker.scheduler.hooks import HookGroup, StepHooks
 from worker.scheduler.messages import GenerateRequest, RequestFinished
 from worker.scheduler.profile import StepProfiler
 
@@ -133,6 +133,46 @@ def test_step_profiler_records_every_step_through_the_hooks(model_json: Path) ->
     assert summary["decode"]["launch_ms"]["sum"] > 0 and summary["decode"]["gpu_ms"] == {}
     # the decode steps at the largest batch (2 requests): the first decode step only
     assert (summary["decode_full"]["steps"], summary["decode_full"]["batch_size"]) == (1, 2)
+
+
+def test_a_hook_group_gives_each_observer_every_call(model_json: Path) -> None:
+    """Two recorders in one group see what one recorder alone sees, call for call."""
+    alone, _ = _scheduler(model_json, overlap=True)
+    alone.hooks = solo = Recorder()
+    alone.run_until_idle()
+    grouped, _ = _scheduler(model_json, overlap=True)
+    first, second = Recorder(), Recorder()
+    grouped.hooks = HookGroup(first, second)
+    grouped.run_until_idle()
+    assert first.calls == second.calls == solo.calls
+
+
+class _Event:
+    """What summary() reads of a CUDA event: milliseconds to another one."""
+
+    def __init__(self, ms: float) -> None:
+        self.ms = ms
+
+    def elapsed_time(self, other: _Event) -> float:
+        return other.ms - self.ms
+
+
+def test_step_profiler_counts_prefill_tokens_and_their_gpu_time(model_json: Path) -> None:
+    """The prefill step computed the three prompts (15 tokens); with its pass timed (here by
+    stand-in events: 30 ms) the summary gives 30 ms over 15 tokens, i.e. 16,384 ms per 8,192."""
+    scheduler, _ = _scheduler(model_json, overlap=True)
+    profiler = StepProfiler.install(scheduler)
+    scheduler.run_until_idle()
+    assert [r.num_tokens for r in profiler.records] == [sum(map(len, PROMPTS)), 2, 1, 1]
+    start = 0.0
+    for record, gpu_ms in zip(profiler.records, [30.0, 4.0, 2.0, 2.0], strict=True):
+        record.events = (_Event(start), _Event(start + gpu_ms))
+        start += gpu_ms + 1.0  # 1 ms between passes
+    summary = profiler.summary()
+    assert summary["prefill"]["tokens"] == 15
+    assert summary["prefill"]["gpu_ms_per_8192_tokens"] == pytest.approx(30.0 / 15 * 8192)
+    assert summary["decode_full"]["gpu_ms"]["p50"] == pytest.approx(4.0)
+    assert summary["gpu_busy_share"] == pytest.approx(38.0 / 41.0)
 
 
 def test_stats_count_the_decode_steps_no_graph_held(model_json: Path) -> None:

@@ -17,6 +17,7 @@ A step holding structured-output requests samples later (Scheduler._sample_const
 its forward_finished and launch_finished come after the previous step was processed.
 
 Hooks observe: they must not change the step, its requests or the engine's tensors.
+``HookGroup`` lets several observers watch one scheduler (each call goes to each, in order).
 """
 
 from __future__ import annotations
@@ -51,3 +52,38 @@ class StepHooks:
 
     def process_finished(self, step: Step) -> None:
         pass
+
+
+class HookGroup(StepHooks):
+    """Several observers as one ``Scheduler.hooks``: every call goes to each of them, in order."""
+
+    def __init__(self, *hooks: StepHooks) -> None:
+        self.hooks = hooks
+
+    def launch_started(self) -> None:
+        for hook in self.hooks:
+            hook.launch_started()
+
+    def forward_started(self, fi: ForwardInput) -> None:
+        for hook in self.hooks:
+            hook.forward_started(fi)
+
+    def forward_finished(self, fi: ForwardInput, output: ForwardOutput) -> None:
+        for hook in self.hooks:
+            hook.forward_finished(fi, output)
+
+    def launch_finished(self, step: Step) -> None:
+        for hook in self.hooks:
+            hook.launch_finished(step)
+
+    def process_started(self, step: Step) -> None:
+        for hook in self.hooks:
+            hook.process_started(step)
+
+    def tokens_arrived(self, step: Step) -> None:
+        for hook in self.hooks:
+            hook.tokens_arrived(step)
+
+    def process_finished(self, step: Step) -> None:
+        for hook in self.hooks:
+            hook.process_finished(step)

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 class StepRecord:
     batch_size: int
     is_prefill: bool
+    num_tokens: int = 0  # tokens the pass computed (a mixed step's prompt tokens and decode rows)
     launch_s: float = 0.0
     wait_s: float = 0.0
     process_s: float = 0.0
@@ -58,7 +59,7 @@ class StepProfiler(StepHooks):
         self._launch_start_s = time.perf_counter()
 
     def forward_started(self, fi: ForwardInput) -> None:
-        record = StepRecord(fi.batch_size, not fi.layout.is_decode)
+        record = StepRecord(fi.batch_size, not fi.layout.is_decode, fi.layout.num_tokens)
         self.records.append(record)
         engine = self.engine
         if engine.device.type == "cuda":
@@ -92,7 +93,9 @@ class StepProfiler(StepHooks):
         """Percentiles (ms) of each phase for decode and prefill steps, and GPU busy share.
 
         ``decode_full``: the decode steps whose batch is within FULL_BATCH_SHARE of the largest
-        decode batch (the host time "at N running" when N requests run at once)."""
+        decode batch (the host time "at N running" when N requests run at once). Prefill steps
+        also give ``tokens`` (all they computed, decode rows riding along included) and
+        ``gpu_ms_per_8192_tokens``: their GPU time over those tokens, per 8,192."""
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         gpu_ms, gap_ms = [], []
@@ -127,6 +130,12 @@ class StepProfiler(StepHooks):
             out[kind] = {"steps": len(idx), **{k: _percentiles(v) for k, v in rows.items()}}
         if decode:
             out["decode_full"]["batch_size"] = int(max(self.records[i].batch_size for i in decode))
+        if kinds["prefill"]:
+            tokens = sum(self.records[i].num_tokens for i in kinds["prefill"])
+            timed = [gpu_ms[i] for i in kinds["prefill"] if gpu_ms[i] == gpu_ms[i]]
+            out["prefill"]["tokens"] = tokens
+            if timed and tokens:
+                out["prefill"]["gpu_ms_per_8192_tokens"] = sum(timed) / tokens * 8192
         if gap_ms:
             out["gpu_gap_ms"] = _percentiles(gap_ms)
             busy, idle = sum(g for g in gpu_ms if g == g), sum(gap_ms)
