@@ -17,7 +17,7 @@ the probe measures; nothing in the engine calls it yet.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -44,7 +44,7 @@ def gemm_tiles(rows: int, cols: int, fp8: bool) -> GemmTiles:
     """The tiles for a [rows, cols] output: 128 x 128 (64 rows when there are 64 or fewer)."""
     tiles = FP8_TILES if fp8 else BF16_TILES
     if rows <= 64:
-        return GemmTiles(64, tiles.block_n, tiles.block_k, tiles.group_m, 4, tiles.num_stages)
+        return replace(tiles, block_m=64, num_warps=4)
     return tiles
 
 
