@@ -6,28 +6,18 @@ loop (TMA: reads past the edge are zeros), partial row blocks and the wrapped co
 
 from __future__ import annotations
 
-import importlib
 import os
 
 import pytest
 import torch
 
-if torch.cuda.is_available():
-    pytest.skip(
-        "on CUDA the kernel runs natively: tests/gpu/test_bounded_gemm_gpu.py", allow_module_level=True
-    )
-# NOTE: as in test_kernels_interpret.py: triton decorates kernels for its interpreter only when
-# TRITON_INTERPRET is set at import; it is unset again at once and set only while tests run.
-os.environ["TRITON_INTERPRET"] = "1"
-try:
-    import triton  # noqa: F401
+from tests.triton_interpret import interpreted_test_module
 
-    importlib.import_module("worker.kernels.bounded_gemm_triton")
-    importlib.import_module("worker.kernels.triton_kernels")
-except ImportError:
-    pytest.skip("triton is not installed (the kernel runs on CUDA only)", allow_module_level=True)
-finally:
-    os.environ.pop("TRITON_INTERPRET")
+interpreted_test_module(
+    "worker.kernels.bounded_gemm_triton",
+    "worker.kernels.triton_kernels",
+    native_tests="tests/gpu/test_bounded_gemm_gpu.py",
+)
 
 from tests.moe_oracle import relative_error  # noqa: E402
 from worker.kernels.bounded_gemm import GemmTiles, bounded_linear, gemm_tiles  # noqa: E402

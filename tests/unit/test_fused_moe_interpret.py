@@ -6,28 +6,19 @@ top-k) against tests/unit/test_moe.py's float64 routing."""
 
 from __future__ import annotations
 
-import importlib
 import os
 
 import pytest
 import torch
 
 from tests.moe_oracle import relative_error, uniform_routing
+from tests.triton_interpret import interpreted_test_module
 
-if torch.cuda.is_available():
-    pytest.skip("on CUDA the kernels run natively: tests/gpu/test_fused_moe_gpu.py", allow_module_level=True)
-# NOTE: as in test_kernels_interpret.py: triton decorates kernels for its interpreter only when
-# TRITON_INTERPRET is set at import; it is unset again at once and set only while tests run.
-os.environ["TRITON_INTERPRET"] = "1"
-try:
-    import triton  # noqa: F401
-
-    importlib.import_module("worker.kernels.moe_triton")
-    importlib.import_module("worker.kernels.triton_kernels")
-except ImportError:
-    pytest.skip("triton is not installed (the kernels run on CUDA only)", allow_module_level=True)
-finally:
-    os.environ.pop("TRITON_INTERPRET")
+interpreted_test_module(
+    "worker.kernels.moe_triton",
+    "worker.kernels.triton_kernels",
+    native_tests="tests/gpu/test_fused_moe_gpu.py",
+)
 
 from tests.unit.test_moe import oracle_route  # noqa: E402
 from worker.kernels.fused_moe import align_entries, fused_moe, fused_route, max_sorted_rows  # noqa: E402
@@ -41,7 +32,10 @@ TILES = MoeTiles(block_m=16, gate_up_n=16, down_n=32, block_k=32)
 # every tile the rule can pick: (kind, tiles); the e4m3-wgmma kinds share one list, run as "tile"
 RULE_TILES = [(kind, tiles) for kind in ("bf16", "fp8", "fp8-tile") for tiles in rule_tiles(kind)]
 # transposed tiles (swap_ab: the weights' columns as the tensor core's rows), as --sweep --swap times them
-SWAPPED = (MoeTiles(16, 64, 64, 64, 8, 4, 4, swap_ab=True), MoeTiles(32, 128, 128, 128, 8, 4, 3, swap_ab=True))
+SWAPPED = (
+    MoeTiles(16, 64, 64, 64, 8, 4, 4, swap_ab=True),
+    MoeTiles(32, 128, 128, 128, 8, 4, 3, swap_ab=True),
+)
 RULE_TILES += [(kind, tiles) for kind in ("bf16", "fp8", "fp8-tile", "fp8-fast") for tiles in SWAPPED]
 SUMS = {"bf16": "exact", "fp8": "exact", "fp8-tile": "tile", "fp8-fast": "fast"}
 H200_SHARED_BYTES = 227 * 2**10  # the most shared memory one block may use on sm90

@@ -8,22 +8,13 @@ import os
 import pytest
 import torch
 
-if torch.cuda.is_available():
-    pytest.skip("on CUDA the kernels run natively: tests/gpu/test_engine_gpu.py", allow_module_level=True)
-# NOTE: triton reads TRITON_INTERPRET when it is first imported and when kernels are decorated,
-# so both happen here with it set. It is unset again at once: left set, it would send every CPU
-# test collected after this module through the (slow) interpreter. The fixture sets it only
-# while these tests run, which is what worker.kernels.ops checks to pick the kernels on CPU.
-os.environ["TRITON_INTERPRET"] = "1"
-try:
-    import triton  # noqa: F401
+from tests.triton_interpret import interpreted_test_module
 
-    importlib.import_module("worker.kernels.triton_kernels")
-    importlib.import_module("worker.kernels.sampling_triton")
-except ImportError:
-    pytest.skip("triton is not installed (the kernels run on CUDA only)", allow_module_level=True)
-finally:
-    os.environ.pop("TRITON_INTERPRET")
+interpreted_test_module(
+    "worker.kernels.triton_kernels",
+    "worker.kernels.sampling_triton",
+    native_tests="tests/gpu/test_engine_gpu.py",
+)
 
 
 @pytest.fixture(scope="module")
