@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from gpu_timing import event_ms  # noqa: E402
+from gpu_timing import captured, event_ms  # noqa: E402
 
 from worker.attention.registry import create_backend  # noqa: E402
 from worker.forward import BatchLayout  # noqa: E402
@@ -178,14 +178,9 @@ def bench_decode(
     else:
         backend.init_cuda_graphs([batch], max_seq_len=int(layout.seq_lens_cpu.max()))
         meta = backend.capture_meta(batch)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            backend.forward(q, 0, meta)
-        torch.cuda.current_stream().wait_stream(side)
-        cuda_graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(cuda_graph):
-            outs = [backend.forward(q, i % POOL_LAYERS, meta) for i in range(MODEL_LAYERS)]
+        cuda_graph, outs = captured(
+            lambda: [backend.forward(q, i % POOL_LAYERS, meta) for i in range(MODEL_LAYERS)]
+        )
         backend.plan_for_replay(layout, batch)
         cuda_graph.replay()
         row["rel_err"] = dense_error(backend, layout, q, outs[0])

@@ -21,9 +21,11 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from gpu_timing import captured  # noqa: E402
 
 from worker.kernels import ops  # noqa: E402
 from worker.kernels.bounded_gemm import bounded_linear  # noqa: E402
@@ -51,16 +53,7 @@ def shapes(config: dict) -> dict[str, tuple[int, int]]:
 
 def gpu_us(fn, calls: int = 20, reps: int = 10) -> float:
     """GPU time of one call, from a CUDA graph of ``calls`` calls (no host launch gaps)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for i in range(3):
-            fn(i)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(calls):
-            fn(i)
+    graph, _ = captured(lambda: [fn(i) for i in range(calls)])
     graph.replay()
     times = []
     for _ in range(reps):

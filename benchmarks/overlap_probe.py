@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 from attention_backend import POOL_LAYERS, build  # noqa: E402
-from gpu_timing import event_ms  # noqa: E402
+from gpu_timing import captured, event_ms  # noqa: E402
 from model_shape import ModelShape  # noqa: E402
 
 from worker.kernels.bounded_gemm import bounded_linear  # noqa: E402
@@ -179,14 +179,7 @@ def graphed(h_list: list[Half], run: Callable[[], object], carveout: int | None 
         torch.backends.cuda.preferred_blas_library("cublaslt")
     torch._C._set_sm_carveout_experimental(carveout)
     try:
-        warm = torch.cuda.Stream()
-        warm.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(warm):
-            run()
-        torch.cuda.current_stream().wait_stream(warm)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            run()
+        graph, _ = captured(run)
     finally:
         torch._C._set_sm_carveout_experimental(None)
         torch.backends.cuda.preferred_blas_library(library)
