@@ -124,10 +124,19 @@ _QWEN3_WGMMA = (
     (64, replace(_TILE_32, block_k=128)),
     (float("inf"), _FP8_TILE_64),
 )
+# For fp8-fast, decode's bucket takes a transposed tile (docs/performance.md, "Transposed MoE
+# tiles on one H200"; 2026-12-05, `moe_kernel.py --sweep --swap`, 20 tiles): block_m 64 rows
+# as wgmma's N side, 128 weight columns, four stages, 341.3 us at 1,024 tokens against the
+# block_m 32 tile's 375.4 in the same call (Qwen3-30B-A3B at scale with it: 18,996 tok/s).
+_QWEN3_FAST = (
+    *_QWEN3_WGMMA[:2],
+    (64, MoeTiles(64, 128, 128, 128, 8, 4, 4, swap_ab=True)),
+    _QWEN3_WGMMA[3],
+)
 TUNED: dict[tuple[int, int, int, str], Table] = {
     (128, 2048, 768, "fp8"): ((8, _FP8_TILE_16), (64, _FP8_TILE_32), (float("inf"), _TILE_64)),
     (128, 2048, 768, "fp8-tile"): _QWEN3_WGMMA,
-    (128, 2048, 768, "fp8-fast"): _QWEN3_WGMMA,
+    (128, 2048, 768, "fp8-fast"): _QWEN3_FAST,
     (8, 4096, 14336, "fp8"): (
         (8, _FP8_TILE_16),
         (16, _FP8_TILE_32),
@@ -153,9 +162,22 @@ def sweep_tiles(
     """What ``benchmarks/moe_kernel.py --sweep`` times: the rule's tiles, each also with the
     other warp count and with half and twice its column blocks, where they fit in shared
     memory; ``wide`` adds half and twice the block_k and one pipeline stage more or fewer;
-    ``swap`` times the rule's tiles and transposed ones (``swap_ab``) of 16-64 rows instead."""
+    ``swap`` times the rule's tiles and transposed ones (``swap_ab``) of 16-64 rows instead, with
+    ``wide`` each transposed one also at 8 warps, one stage more and with group_m 1."""
     if swap:
-        return [t for t in (*rule_tiles(kind), *_swapped(kind)) if t.shared_bytes(kind) <= shared_limit]
+        swapped = _swapped(kind)
+        if wide:
+            swapped += [
+                variant
+                for t in swapped
+                for variant in (
+                    replace(t, num_warps=8),
+                    replace(t, num_stages=t.num_stages + 1),
+                    replace(t, group_m=1),
+                )
+            ]
+        found = dict.fromkeys((*rule_tiles(kind), *swapped))
+        return [t for t in found if t.shared_bytes(kind) <= shared_limit]
     found: dict[MoeTiles, None] = {}
     for t in rule_tiles(kind):
         variants = [
