@@ -261,11 +261,13 @@ def sampling_extras(args: argparse.Namespace) -> dict:
 
 
 def kernel_profile(generate: object, workload: Workload, max_tokens: int) -> list[list]:
-    """GPU kernel time by kernel (torch.profiler) over the workload cut to ``max_tokens`` outputs."""
+    """GPU kernel time by kernel (torch.profiler) over the workload cut to ``max_tokens`` outputs,
+    each prompt reversed: no prefix in common with the timed runs, so its prefill is computed
+    (``--kernel-profile 2`` profiles prefill, a large N decode)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    cut = Workload(workload.prompts, [min(n, max_tokens) for n in workload.max_tokens])
+    cut = Workload([p[::-1] for p in workload.prompts], [min(n, max_tokens) for n in workload.max_tokens])
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         elapsed, _ = generate(cut)  # type: ignore[operator]
     rows = []

@@ -11,7 +11,8 @@ what would fail to compile there before a device call is spent on it:
 
 ``moe``: fused_moe's kernels under every transposed tile of ``sweep_tiles(kind, swap=True)``
 (FP8 fast, tile, exact; bf16) and the tiles moe_tiles picks for Qwen3-30B-A3B's decode and
-prefill; ``sample``: the fused sampler (bf16 and float32 logits); ``gemm``: the bounded GEMM
+prefill; ``moe-wide``: FP8 fast under every transposed tile of ``sweep_tiles(kind, swap=True,
+wide=True)`` (what ``moe_kernel.py --sweep --swap --wide`` times); ``sample``: the fused sampler (bf16 and float32 logits); ``gemm``: the bounded GEMM
 (worker.kernels.bounded_gemm, bf16 and FP8) at Llama-3.1-8B's decode shapes. Prints one line per compiled
 kernel variant: its name, tiles, and its MMA instructions (wgmma with operand types, or
 mma.sync); exits 1 if any launch fails to compile.
@@ -128,7 +129,7 @@ def _check_on_cpu(*args):
 fused_moe_module._check = _check_on_cpu
 
 
-def compile_moe() -> int:
+def compile_moe(wide: bool = False) -> int:
     from worker.kernels.fused_moe import fused_moe
     from worker.kernels.moe_tiles import moe_tiles, sweep_tiles
 
@@ -147,9 +148,15 @@ def compile_moe() -> int:
         "w2": torch.zeros(experts, hidden, inter, dtype=torch.bfloat16),
     }
     failures = 0
-    for kind, sums in (("fp8-fast", "fast"), ("fp8-tile", "tile"), ("fp8", "exact"), ("bf16", None)):
+    kinds = (
+        (("fp8-fast", "fast"),)
+        if wide
+        else (("fp8-fast", "fast"), ("fp8-tile", "tile"), ("fp8", "exact"), ("bf16", None))
+    )
+    for kind, sums in kinds:
         picked = [moe_tiles(experts, hidden, inter, n * top_k, kind) for n in (1024, 8192)]
-        for tiles in dict.fromkeys([*picked, *(t for t in sweep_tiles(kind, swap=True) if t.swap_ab)]):
+        swapped = (t for t in sweep_tiles(kind, swap=True, wide=wide) if t.swap_ab)
+        for tiles in dict.fromkeys([*picked, *swapped]):
             before = len(compiled)
             try:
                 if sums:
@@ -222,7 +229,10 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "what", nargs="*", default=list(TARGETS), help=f"of {', '.join(TARGETS)} (all by default)"
+        "what",
+        nargs="*",
+        default=["moe", "sample", "gemm"],
+        help=f"of {', '.join(TARGETS)} (moe, sample and gemm by default)",
     )
     args = parser.parse_args()
     if set(args.what) - set(TARGETS):
@@ -233,7 +243,12 @@ def main() -> None:
     sys.exit(1 if failures else 0)
 
 
-TARGETS = {"moe": compile_moe, "sample": compile_sampler, "gemm": compile_gemm}
+TARGETS = {
+    "moe": compile_moe,
+    "moe-wide": lambda: compile_moe(wide=True),
+    "sample": compile_sampler,
+    "gemm": compile_gemm,
+}
 
 if __name__ == "__main__":
     main()

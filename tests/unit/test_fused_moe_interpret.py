@@ -37,6 +37,11 @@ SWAPPED = (
     MoeTiles(32, 128, 128, 128, 8, 4, 3, swap_ab=True),
 )
 RULE_TILES += [(kind, tiles) for kind in ("bf16", "fp8", "fp8-tile", "fp8-fast") for tiles in SWAPPED]
+# TUNED's transposed decode tile for Qwen3-30B-A3B, and --sweep --swap --wide's 128-row ones
+RULE_TILES += [
+    ("fp8-fast", MoeTiles(64, 128, 128, 128, 8, 4, 4, swap_ab=True)),
+    ("fp8-fast", MoeTiles(128, 64, 128, 128, 8, 8, 4, swap_ab=True)),
+]
 SUMS = {"bf16": "exact", "fp8": "exact", "fp8-tile": "tile", "fp8-fast": "fast"}
 H200_SHARED_BYTES = 227 * 2**10  # the most shared memory one block may use on sm90
 

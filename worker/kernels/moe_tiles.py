@@ -163,10 +163,13 @@ def sweep_tiles(
     other warp count and with half and twice its column blocks, where they fit in shared
     memory; ``wide`` adds half and twice the block_k and one pipeline stage more or fewer;
     ``swap`` times the rule's tiles and transposed ones (``swap_ab``) of 16-64 rows instead, with
-    ``wide`` each transposed one also at 8 warps, one stage more and with group_m 1."""
+    ``wide`` each transposed one also at 8 warps, one stage more and with group_m 1, and blocks
+    of 128 rows at 8 warps (one block for every expert's 64 +- 8 rows at decode's 1,024 x top-8
+    over 128 experts: each expert's weights read once)."""
     if swap:
         swapped = _swapped(kind)
         if wide:
+            swapped += [replace(t, num_warps=8) for t in _swapped(kind, rows=(128,))]
             swapped += [
                 variant
                 for t in swapped
@@ -199,13 +202,13 @@ def sweep_tiles(
     return list(found)
 
 
-def _swapped(kind: str) -> list[MoeTiles]:
+def _swapped(kind: str, rows: tuple[int, ...] = (16, 32, 64)) -> list[MoeTiles]:
     """Transposed tiles for few rows per expert: 16, 32 or 64 rows (the tensor core's columns)
     by 64 or 128 weight columns (its rows), 128 bytes of K in four stages or 256 in three."""
     block_k = 64 if kind == "bf16" else 128
     return [
-        MoeTiles(rows, up_n, down_n, k, 8, 4, 4 if k == block_k else 3, swap_ab=True)
-        for rows in (16, 32, 64)
+        MoeTiles(block_m, up_n, down_n, k, 8, 4, 4 if k == block_k else 3, swap_ab=True)
+        for block_m in rows
         for up_n, down_n in ((64, 64), (64, 128), (128, 128))
         for k in (block_k, 2 * block_k)
     ]
