@@ -179,8 +179,8 @@ def sweep_tiles(
                     replace(t, group_m=1),
                 )
             ]
-        found = dict.fromkeys((*rule_tiles(kind), *swapped))
-        return [t for t in found if t.shared_bytes(kind) <= shared_limit]
+        unique = dict.fromkeys((*rule_tiles(kind), *swapped))
+        return [t for t in unique if t.shared_bytes(kind) <= shared_limit]
     found: dict[MoeTiles, None] = {}
     for t in rule_tiles(kind):
         variants = [
