@@ -62,8 +62,11 @@ def _finish(q, outs, lses, out, return_lse):
 class _FakeWrapper:
     """plan() records the pages and options; run() attends from them."""
 
-    def __init__(self, float_workspace, kv_layout, *, use_tensor_cores=False, use_cuda_graph=False, **_):
+    def __init__(
+        self, float_workspace, kv_layout, *, use_tensor_cores=False, use_cuda_graph=False, backend="auto", **_
+    ):
         assert kv_layout == "HND"
+        self.backend = backend  # the kernel family asked for (fa2, fa3, auto)
         self._float_workspace_buffer = float_workspace
         self.use_tensor_cores = use_tensor_cores
         self.is_cuda_graph_enabled = use_cuda_graph
@@ -150,8 +153,9 @@ class _FakePrefill(_FakeWrapper):
 class _FakeRagged:
     """BatchPrefillWithRaggedKVCacheWrapper: keys and values as [T, kv heads, dim] rows."""
 
-    def __init__(self, float_workspace, kv_layout, **_):
+    def __init__(self, float_workspace, kv_layout, *, backend="auto", **_):
         assert kv_layout == "NHD"
+        self.backend = backend
         self.plans: list[dict] = []
 
     def plan(self, qo_indptr, kv_indptr, qo_heads, kv_heads, head_dim, **kw):

@@ -126,6 +126,25 @@ def test_split_prefill_matches_dense_oracle(device: str, name: str, specs: str) 
         assert_matches(out, case.oracle(batch, layer), False, rel_err)
 
 
+@pytest.mark.parametrize("specs", ["scattered", "fresh"])
+@pytest.mark.parametrize("name", list(MODELS))
+def test_split_prefill_with_fa3_ragged_matches_dense_oracle(device: str, name: str, specs: str) -> None:
+    """``ragged_backend="fa3"``: the pass's own bf16 K/V through FA3 (Hopper), the prefixes
+    through FA2 over the pages, merged: the same oracle as the FA2 split path."""
+    q_heads, kv_heads, head_dim, attentions, q_mult, rel_err = MODELS[name]
+    case = Case(
+        SPECS[specs], q_heads, kv_heads, 16, device, head_dim=head_dim, attentions=attentions,
+        q_mult=q_mult, cache_dtype=FP8,
+    )  # fmt: skip
+    backend = make_backend(case, device, ragged_backend="fa3")
+    batch = case.batch()
+    meta = backend.plan(batch.layout)
+    for layer in range(len(case.attentions)):
+        k, v = case.new_kv(batch, layer)
+        out = backend.forward(batch.q, layer, meta, (k, v))
+        assert_matches(out, case.oracle(batch, layer), False, rel_err)
+
+
 def test_split_prefill_is_nearer_to_bf16_attention(device: str) -> None:
     """Keys and values as the model computes them (bf16), stored into FP8 pages with calibrated
     scales as the engine stores them; float32 attention over the bf16 values is the reference.

@@ -100,6 +100,16 @@ def test_plans_per_group_and_part(module) -> None:
     assert meta.rows_gpu.tolist() == [0, 1, 2, 3, 4, 5, 6, 16, 17, 18, 19]
 
 
+def test_ragged_backend_reaches_the_ragged_part_alone(module) -> None:
+    """``ragged_backend="fa3"``: the ragged wrappers are FA3's, the prefix wrappers (FP8 pages)
+    keep ``prefill_backend``; without it both take ``prefill_backend``."""
+    scenario = Scenario(SCATTERED, MIXED, cache_dtype=FP8)
+    fp8 = scenario.backend(module, ragged_backend="fa3")._fp8_prefill
+    assert {w.backend for w in fp8._ragged} == {"fa3"} and {w.backend for w in fp8._prefix} == {"fa2"}
+    fp8 = scenario.backend(module)._fp8_prefill
+    assert {w.backend for w in (*fp8._ragged, *fp8._prefix)} == {"fa2"}
+
+
 def test_a_pass_without_prefixes_plans_no_prefix_part(module) -> None:
     scenario = Scenario(FRESH, MIXED, cache_dtype=FP8)
     backend = scenario.backend(module)

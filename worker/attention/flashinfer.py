@@ -51,6 +51,8 @@ Invariants:
   (``fp8_prefill="split"``) attends the pass's own K/V in the model dtype and only the cached
   prefixes from the pages (worker.attention.flashinfer_fp8_prefill; ``wants_new_kv`` says so to
   the model); ``"paged"`` runs FA2 over the pages whole, as prefill over bf16 pages always does.
+  ``ragged_backend="fa3"`` runs the split path's ragged part (bf16 K/V) through FA3 on Hopper
+  (``benchmarks/prefill_attention.py``'s ``split-fa3``; FA2 unless asked).
 - Layers that attend differently (sliding windows, soft-caps, scales: ModelConfig.layer_attention)
   are grouped by their plan-time options (worker.attention.plan_groups); each group has its own
   wrappers (prefill, decode, one a graph batch size), planned for every pass, and its own int
@@ -134,6 +136,7 @@ class FlashInferBackend(AttentionBackend):
         dtype: torch.dtype | None = None,
         decode_kernel: str = "auto",
         fp8_prefill: str = "split",
+        ragged_backend: str | None = None,
     ) -> None:
         if page_size != kv.page_size:
             raise ValueError(f"page_size {page_size} != KV pool page_size {kv.page_size}")
@@ -199,7 +202,7 @@ class FlashInferBackend(AttentionBackend):
         if fp8_prefill not in FP8_PREFILL_PATHS:
             raise ValueError(f"fp8_prefill={fp8_prefill!r}: expected one of {list(FP8_PREFILL_PATHS)}")
         split = kv.quantized and fp8_prefill == "split"
-        self._fp8_prefill = Fp8Prefill(self, prefill_backend) if split else None
+        self._fp8_prefill = Fp8Prefill(self, prefill_backend, ragged_backend) if split else None
         self._range_host: dict[int, torch.Tensor] = {}
         self.graph_batch_sizes: list[int] = []
         self._graph_wrappers: dict[int, tuple[Any, ...]] = {}  # batch size -> one wrapper a group

@@ -76,12 +76,18 @@ class Fp8PrefillMeta:
 class Fp8Prefill:
     """The split prefill of one FlashInferBackend over an FP8 pool (module docstring)."""
 
-    def __init__(self, backend: FlashInferBackend, prefill_backend: str = "fa2") -> None:
+    def __init__(
+        self, backend: FlashInferBackend, prefill_backend: str = "fa2", ragged_backend: str | None = None
+    ) -> None:
+        """``ragged_backend``: FlashInfer's kernel family for the ragged part ("fa2", or "fa3" on
+        Hopper: bf16 K/V, what FA3 reads at its rate); None takes ``prefill_backend``, which the
+        paged prefix part (FP8 pages) always uses."""
         self.backend = backend
         num_groups = backend.groups.num_groups
         workspace = backend._float_workspace
+        ragged = ragged_backend or prefill_backend
         self._ragged = [
-            backend._adopt(BatchPrefillWithRaggedKVCacheWrapper(workspace, "NHD", backend=prefill_backend), g)
+            backend._adopt(BatchPrefillWithRaggedKVCacheWrapper(workspace, "NHD", backend=ragged), g)
             for g in range(num_groups)
         ]
         self._prefix = [
