@@ -108,6 +108,8 @@ def test_ragged_backend_reaches_the_ragged_part_alone(module) -> None:
     assert {w.backend for w in fp8._ragged} == {"fa3"} and {w.backend for w in fp8._prefix} == {"fa2"}
     fp8 = scenario.backend(module)._fp8_prefill
     assert {w.backend for w in (*fp8._ragged, *fp8._prefix)} == {"fa2"}
+    with pytest.raises(ValueError, match="ragged_backend='fa4': expected one of"):
+        scenario.backend(module, ragged_backend="fa4")
 
 
 def test_a_pass_without_prefixes_plans_no_prefix_part(module) -> None:

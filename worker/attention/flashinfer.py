@@ -75,7 +75,7 @@ from flashinfer import BatchDecodeWithPagedKVCacheWrapper, BatchPrefillWithPaged
 
 from worker.attention.base import AttentionBackend
 from worker.attention.flashinfer_fp8_prefill import FP8_PREFILL_PATHS, Fp8Prefill, Fp8PrefillMeta
-from worker.attention.names import DECODE_KERNELS
+from worker.attention.names import DECODE_KERNELS, RAGGED_KERNELS
 from worker.attention.plan_groups import PlanOptions, group_layers, layer_attentions
 from worker.attention.xqa import XqaDecode, XqaMeta, xqa_refusal, xqa_supported
 from worker.forward import BatchLayout
@@ -199,6 +199,8 @@ class FlashInferBackend(AttentionBackend):
         ]
         self._prefill, self._decode = self._prefills[0], self._decodes[0]  # layer group 0's
         self._xqa = self._xqa_decode(decode_kernel)
+        if ragged_backend not in (None, *RAGGED_KERNELS):
+            raise ValueError(f"ragged_backend={ragged_backend!r}: expected one of {list(RAGGED_KERNELS)}")
         if fp8_prefill not in FP8_PREFILL_PATHS:
             raise ValueError(f"fp8_prefill={fp8_prefill!r}: expected one of {list(FP8_PREFILL_PATHS)}")
         split = kv.quantized and fp8_prefill == "split"

@@ -1,5 +1,5 @@
 """The attention backends and FlashInfer decode kernels by name, torch-free (the settings
-``attention`` and ``decode_kernel`` take their choices from here; worker.attention.registry
+``attention``, ``decode_kernel`` and ``prefill_ragged_kernel`` take their choices from here; worker.attention.registry
 builds them)."""
 
 from __future__ import annotations
@@ -12,3 +12,4 @@ ATTENTION_BACKENDS: dict[str, str] = {
 }
 ATTENTION_CHOICES = ("auto", *ATTENTION_BACKENDS)  # "auto": flashinfer on CUDA, else sdpa
 DECODE_KERNELS = ("auto", "fa2", "xqa")  # FlashInfer decode: "auto" picks XQA over FP8 pages on sm90
+RAGGED_KERNELS = ("fa2", "fa3")  # FlashInfer, prefill over FP8 pages: the pass's own bf16 K/V

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from worker.attention.names import ATTENTION_CHOICES, DECODE_KERNELS
+from worker.attention.names import ATTENTION_CHOICES, DECODE_KERNELS, RAGGED_KERNELS
 from worker.kernels.moe_tiles import FP8_SUMS
 from worker.kvcache.names import KV_CACHE_DTYPES, KV_SCALES
 from worker.models.aliases import DEFAULT_MODEL
@@ -80,6 +80,12 @@ class EngineConfig:
         "auto",
         "FlashInfer decode kernel: `auto` (XQA over FP8 KV pages on Hopper, FA2 otherwise), `fa2`, `xqa`",
         choices=DECODE_KERNELS,
+    )
+    prefill_ragged_kernel: str = option(
+        "fa2",
+        "FlashInfer prefill over FP8 KV pages: the kernel for the pass's own bf16 keys and values, `fa2` "
+        "or `fa3` (Hopper); cached prefixes are read from the pages by FA2 either way",
+        choices=RAGGED_KERNELS,
     )
     cuda_graph: bool = option(True, "CUDA graphs for decode batches up to `cuda_graph_max_bs`")
     cuda_graph_max_bs: int | None = option(

@@ -149,6 +149,11 @@ class Engine:
             page_size=self.page_size,
             device=self.device,
             **({"decode_kernel": config.decode_kernel} if config.decode_kernel != "auto" else {}),
+            **(
+                {"ragged_backend": config.prefill_ragged_kernel}
+                if config.prefill_ragged_kernel != "fa2"
+                else {}
+            ),
         )
         self.sampler = Sampler()
         if self.kv.quantized and config.kv_scales == "calibrated":
