@@ -1,6 +1,6 @@
-"""The attention backends and FlashInfer decode kernels by name, torch-free (the settings
-``attention``, ``decode_kernel`` and ``prefill_ragged_kernel`` take their choices from here; worker.attention.registry
-builds them)."""
+"""The attention backends and FlashInfer kernels by name, torch-free (the settings
+``attention``, ``decode_kernel`` and ``prefill_ragged_kernel`` take their choices from here;
+worker.attention.registry builds them)."""
 
 from __future__ import annotations
 
