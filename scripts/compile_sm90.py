@@ -12,8 +12,9 @@ what would fail to compile there before a device call is spent on it:
 ``moe``: fused_moe's kernels under every transposed tile of ``sweep_tiles(kind, swap=True)``
 (FP8 fast, tile, exact; bf16) and the tiles moe_tiles picks for Qwen3-30B-A3B's decode and
 prefill; ``moe-wide``: FP8 fast under every transposed tile of ``sweep_tiles(kind, swap=True,
-wide=True)`` (what ``moe_kernel.py --sweep --swap --wide`` times); ``sample``: the fused sampler (bf16 and float32 logits); ``gemm``: the bounded GEMM
-(worker.kernels.bounded_gemm, bf16 and FP8) at Llama-3.1-8B's decode shapes. Prints one line per compiled
+wide=True)`` (what ``moe_kernel.py --sweep --swap --wide`` times); ``sample``: the fused sampler
+(bf16 and float32 logits); ``gemm``: the bounded GEMM (worker.kernels.bounded_gemm, bf16 and
+FP8) at Llama-3.1-8B's decode shapes. Prints one line per compiled
 kernel variant: its name, tiles, and its MMA instructions (wgmma with operand types, or
 mma.sync); exits 1 if any launch fails to compile.
 """

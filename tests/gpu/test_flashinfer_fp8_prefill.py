@@ -103,15 +103,18 @@ def test_flashinfer_window_counts_from_the_end_of_the_kv(device: str) -> None:
     assert relative_error(out, windowed(kv_len)) > 0.1
 
 
+@pytest.mark.parametrize("ragged", ["fa2", "fa3"])
 @pytest.mark.parametrize("specs", list(SPECS))
 @pytest.mark.parametrize("name", list(MODELS))
-def test_split_prefill_matches_dense_oracle(device: str, name: str, specs: str) -> None:
+def test_split_prefill_matches_dense_oracle(device: str, name: str, specs: str, ragged: str) -> None:
+    """The pass's own bf16 K/V through FA2 or FA3 (``ragged_backend``, Hopper), the prefixes
+    through FA2 over the FP8 pages, merged: against float32 attention."""
     q_heads, kv_heads, head_dim, attentions, q_mult, rel_err = MODELS[name]
     case = Case(
         SPECS[specs], q_heads, kv_heads, 16, device, head_dim=head_dim, attentions=attentions,
         q_mult=q_mult, cache_dtype=FP8,
     )  # fmt: skip
-    backend = make_backend(case, device)
+    backend = make_backend(case, device, ragged_backend=ragged)
     batch = case.batch()
     meta = backend.plan(batch.layout)
     assert backend.wants_new_kv(meta) and type(meta).__name__ == "Fp8PrefillMeta"
@@ -123,25 +126,6 @@ def test_split_prefill_matches_dense_oracle(device: str, name: str, specs: str) 
         qkv = torch.cat([k, k, v], dim=1)  # v strided, as the model hands it over
         out = backend.forward(batch.q, layer, meta, (k, qkv[:, 2 * kv_heads :]))
         assert out.shape == batch.q.shape and bool(torch.isfinite(out).all())
-        assert_matches(out, case.oracle(batch, layer), False, rel_err)
-
-
-@pytest.mark.parametrize("specs", ["scattered", "fresh"])
-@pytest.mark.parametrize("name", list(MODELS))
-def test_split_prefill_with_fa3_ragged_matches_dense_oracle(device: str, name: str, specs: str) -> None:
-    """``ragged_backend="fa3"``: the pass's own bf16 K/V through FA3 (Hopper), the prefixes
-    through FA2 over the pages, merged: the same oracle as the FA2 split path."""
-    q_heads, kv_heads, head_dim, attentions, q_mult, rel_err = MODELS[name]
-    case = Case(
-        SPECS[specs], q_heads, kv_heads, 16, device, head_dim=head_dim, attentions=attentions,
-        q_mult=q_mult, cache_dtype=FP8,
-    )  # fmt: skip
-    backend = make_backend(case, device, ragged_backend="fa3")
-    batch = case.batch()
-    meta = backend.plan(batch.layout)
-    for layer in range(len(case.attentions)):
-        k, v = case.new_kv(batch, layer)
-        out = backend.forward(batch.q, layer, meta, (k, v))
         assert_matches(out, case.oracle(batch, layer), False, rel_err)
 
 
