@@ -9,6 +9,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 import redis
 
@@ -22,6 +23,7 @@ from tests.waiting import LIVENESS_S, observe, wait_until
 from wire import exits
 from wire.keys import QueueKeys
 from wire.schema import Job
+from wire.status import Heartbeat
 from worker.queue.streams import RedisJobQueue
 from worker.queue.streams.lag import LagCount
 from worker.queue.streams.survey import take
@@ -166,6 +168,12 @@ def test_the_survey_counts_the_lag_redis_lost(tmp_path: Path) -> None:
         admin.close()
 
 
+def held(admin: redis.Redis, name: str) -> int:
+    """The jobs worker ``name`` held at its last heartbeat (-1 before its first)."""
+    raw = admin.hget(QueueKeys().workers, name)
+    return -1 if raw is None else msgspec.msgpack.decode(raw, type=Heartbeat).in_flight
+
+
 def test_a_queue_lost_while_workers_held_jobs_gets_none_of_their_results(tmp_path: Path) -> None:
     """Redis restarted empty (no persistence) while 2 workers held 16 jobs: the workers drop
     those results (DATA LOSS in their logs) instead of writing them into the emptied Redis, so
@@ -181,10 +189,14 @@ def test_a_queue_lost_while_workers_held_jobs_gets_none_of_their_results(tmp_pat
     source.write_text("".join(json.dumps({"id": i, "prompt": "p"}) + "\n" for i in ids))
     try:
         assert radixq("enqueue", str(source), "--redis-url", server.url, "--no-routing").returncode == 0
-        env = {"RADIXQ_FAKE_CAPACITY": "8", "RADIXQ_FAKE_LATENCY_S": "4", "RADIXQ_MAX_BACKOFF_S": "0.2"}
+        env = {"RADIXQ_FAKE_CAPACITY": "8", "RADIXQ_FAKE_LATENCY_S": "8", "RADIXQ_MAX_BACKOFF_S": "0.2"}
         workers = [start_worker(server.url, f"w{i}", tmp_path / f"w{i}.log", **env) for i in range(2)]
         admin = redis.Redis.from_url(server.url)
-        wait_until(lambda: int(admin.xinfo_groups(keys.jobs)[0]["pending"]) == 16, "16 jobs held")
+        wait_until(lambda: int(admin.xinfo_groups(keys.jobs)[0]["pending"]) == 16, "16 jobs read")
+        # NOTE: a read is XREADGROUP then the epoch's HGET: killed between the two, a worker holds
+        # nothing (the emptied Redis lost those entries anyway) and has nothing to drop; so kill
+        # only once each worker's heartbeat counts its 8 (it beats every 2 s, the jobs take 8)
+        wait_until(lambda: [held(admin, f"w{i}") for i in range(2)] == [8, 8], "both heartbeats holding 8")
         server.kill()
         server.restart()  # empty
         logs = [tmp_path / f"w{i}.log" for i in range(2)]
