@@ -9,7 +9,6 @@ import subprocess
 import time
 from pathlib import Path
 
-import msgspec
 import pytest
 import redis
 
@@ -23,7 +22,7 @@ from tests.waiting import LIVENESS_S, observe, wait_until
 from wire import exits
 from wire.keys import QueueKeys
 from wire.schema import Job
-from wire.status import Heartbeat
+from wire.status import decode_heartbeat
 from worker.queue.streams import RedisJobQueue
 from worker.queue.streams.lag import LagCount
 from worker.queue.streams.survey import take
@@ -171,7 +170,8 @@ def test_the_survey_counts_the_lag_redis_lost(tmp_path: Path) -> None:
 def held(admin: redis.Redis, name: str) -> int:
     """The jobs worker ``name`` held at its last heartbeat (-1 before its first)."""
     raw = admin.hget(QueueKeys().workers, name)
-    return -1 if raw is None else msgspec.msgpack.decode(raw, type=Heartbeat).in_flight
+    beat = None if raw is None else decode_heartbeat(raw)
+    return -1 if beat is None else beat.in_flight
 
 
 def test_a_queue_lost_while_workers_held_jobs_gets_none_of_their_results(tmp_path: Path) -> None:
