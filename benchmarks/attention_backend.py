@@ -53,6 +53,7 @@ def build(
     attention: LayerAttention | None = None,
     backend_name: str = "flashinfer",
     device: str = "cuda",
+    ragged_backend: str | None = None,
 ):
     """A FlashInfer backend (or ``backend_name``'s, on ``device``) over a random pool holding
     ``specs`` ((cached_len, extend_len) a request, each on random distinct pages), and the
@@ -83,7 +84,7 @@ def build(
         extend_lens_cpu=pin(torch.tensor([e for _, e in specs], dtype=torch.int32)),
     )
     options = (
-        dict(use_tensor_cores=use_tensor_cores, decode_kernel=decode_kernel)
+        dict(use_tensor_cores=use_tensor_cores, decode_kernel=decode_kernel, ragged_backend=ragged_backend)
         if backend_name == "flashinfer"
         else {}
     )

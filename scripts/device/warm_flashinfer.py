@@ -54,6 +54,7 @@ class Group(NamedTuple):
     head_dim: int = 128
     kinds: tuple[tuple[int, float], ...] = (PLAIN,)  # (sliding window, logit soft-cap) of every layer
     after: tuple[str, ...] = ()  # groups that build modules this one loads: they run first
+    ragged: str | None = None  # FP8 prefill's ragged kernel ("fa3"): fresh prompts alone, its module alone
 
 
 # group -> one process each
@@ -67,6 +68,14 @@ GROUPS = {
     "xqa-fp8-g4": Group("fp8", "xqa", None, (16,), ((32, 8), (8, 2))),
     "xqa-bf16-g2": Group("bf16", "xqa", None, (16,), ((16, 8),)),
     "xqa-bf16-g4": Group("bf16", "xqa", None, (16,), ((32, 8),)),
+    "xqa-fp8-g8": Group("fp8", "xqa", None, (16,), ((32, 4),)),  # Qwen3-30B-A3B
+    # FA3 for the split prefill's ragged part (engine option prefill_ragged_kernel="fa3")
+    "fa3-ragged": Group("fp8", "fa2", True, (16,), ((32, 8),), ragged="fa3"),
+    "fa3-ragged-window": Group("fp8", "fa2", True, (16,), MISTRAL_7B, kinds=(WINDOW,), ragged="fa3"),
+    "fa3-ragged-d256": Group("fp8", "fa2", True, (16,), GEMMA3_12B, 256, (PLAIN, WINDOW), ragged="fa3"),
+    "fa3-ragged-d256-softcap": Group(
+        "fp8", "fa2", True, (16,), GEMMA3_12B, 256, (SOFTCAP, WINDOW_SOFTCAP), ragged="fa3"
+    ),
     # per-layer attention options (tests/gpu/test_flashinfer_backend.py runs these same modules)
     "bf16-window-tc": Group("bf16", "fa2", True, (16,), MISTRAL_7B, kinds=(WINDOW,)),
     # a windowed group attends prefixed rows whole (no merge): it loads only bf16-window-tc's module
@@ -116,11 +125,13 @@ def warm_group(name: str) -> None:
                 # NOTE: prefill (the second batch) only in the tensor-core groups, which own the fa2
                 # prefill module of their dtype and kind: two processes never build one module.
                 batches = ([(5, 1), (40, 1)], [(0, 20), (17, 3)]) if group.use_tc else ([(5, 1), (40, 1)],)
+                if group.ragged:  # fresh prompts: the ragged part alone, no FA2 module of another group
+                    batches = ([(0, 20), (0, 17)],)
                 for specs in batches:
                     backend, layout = build(
                         specs, q_heads, kv_heads, page_size, use_tensor_cores=group.use_tc,
                         cache_dtype=cache_dtype, decode_kernel=group.kernel, head_dim=group.head_dim,
-                        attention=attention,
+                        attention=attention, ragged_backend=group.ragged,
                     )  # fmt: skip
                     shape = (layout.num_tokens, q_heads, group.head_dim)
                     q = torch.randn(shape, dtype=torch.bfloat16, device="cuda")

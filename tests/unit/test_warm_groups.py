@@ -21,7 +21,7 @@ def test_fp8_prefill_groups_wait_for_the_modules_they_load() -> None:
     of its head_dim and kinds, and merges through the cascade module when a kind has no window."""
     warm = load_script()
     for name, group in warm.GROUPS.items():
-        if group.kv != "fp8" or not group.use_tc:
+        if group.kv != "fp8" or not group.use_tc or group.ragged:
             continue
         owners = [
             other
@@ -44,3 +44,16 @@ def test_a_group_brings_in_what_it_waits_for_first() -> None:
     assert sorted(everything) == sorted(warm.GROUPS)
     for name in everything:
         assert all(everything.index(dep) < everything.index(name) for dep in warm.GROUPS[name].after)
+
+
+def test_fa3_groups_build_their_own_module_alone() -> None:
+    """A ragged-FA3 group prefills fresh prompts only (no FA2 prefix part, no merge): it waits for
+    nothing, and no two of them share a module (head_dim and kind)."""
+    warm = load_script()
+    keys = []
+    for name, group in warm.GROUPS.items():
+        if group.ragged is None:
+            continue
+        assert group.ragged == "fa3" and group.after == (), name
+        keys += [(group.head_dim, kind) for kind in group.kinds]
+    assert keys and len(keys) == len(set(keys))
