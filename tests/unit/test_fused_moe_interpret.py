@@ -264,3 +264,46 @@ def test_bad_arguments_name_what_is_wrong():
     os.environ.pop("TRITON_INTERPRET")
     with pytest.raises(ValueError, match="runs on CUDA tensors"):
         fused_moe(x, w13, w2, weights, ids)
+
+
+@pytest.mark.parametrize(
+    "tiles",
+    [
+        MoeTiles(16, 32, 32, 32),  # one K step a scale block
+        MoeTiles(16, 64, 32, 32),  # two K steps a scale block; I=200 leaves a partial last block
+        MoeTiles(32, 64, 64, 64, 8, 4, 4, swap_ab=True),
+    ],
+    ids=["group32", "group64", "group64-swap"],
+)
+def test_block_quantized_intermediate_matches_its_loop(tiles: MoeTiles):
+    """act_quant="block": the gate/up epilogue writes e4m3 with a scale per (entry, gate_up_n
+    columns) and the down GEMM scales each K step by it; against the expert loop quantizing the
+    same blocks (experts_loop's act_block), and nearer to it than to the per-row loop."""
+    w13, w2, gen = experts(4, 96, 200, torch.float32, seed=29)
+    (w13, w13_scale), (w2, w2_scale) = quantize_channels(w13), quantize_channels(w2)
+    scales = dict(w13_scale=w13_scale, w2_scale=w2_scale)
+    x = torch.randn(12, 96, generator=gen)
+    x[:, :8] *= 30  # outliers in the input, so the intermediate's rows span several magnitudes
+    weights, ids = uniform_routing(12, 4, 2, gen)
+    got = fused_moe(x, w13, w2, weights, ids, tiles=tiles, fp8_sums="fast", act_quant="block", **scales)
+    want = experts_loop(x, w13, w2, weights, ids, act_block=tiles.gate_up_n, **scales)
+    per_row = experts_loop(x, w13, w2, weights, ids, **scales)
+    assert relative_error(got, want) < 1e-3
+    assert relative_error(got, per_row) > 3 * relative_error(got, want)
+    rows = fused_moe(x, w13, w2, weights, ids, tiles=tiles, fp8_sums="fast", **scales)
+    assert relative_error(rows, per_row) < 1e-3  # the default stays per row
+
+
+def test_block_quantization_falls_back_to_rows_where_the_tile_cannot():
+    """block_k larger than gate_up_n: a scale block would span two gate/up programs, so the
+    intermediate is quantized per row as before."""
+    w13, w2, gen = experts(3, 64, 48, torch.float32, seed=31)
+    (w13, w13_scale), (w2, w2_scale) = quantize_channels(w13), quantize_channels(w2)
+    scales = dict(w13_scale=w13_scale, w2_scale=w2_scale)
+    x = torch.randn(5, 64, generator=gen)
+    weights, ids = uniform_routing(5, 3, 2, gen)
+    tiles = MoeTiles(16, 16, 32, 32)
+    got = fused_moe(x, w13, w2, weights, ids, tiles=tiles, act_quant="block", **scales)
+    assert relative_error(got, experts_loop(x, w13, w2, weights, ids, **scales)) < 1e-3
+    with pytest.raises(ValueError, match="act_quant='blocks'"):
+        fused_moe(x, w13, w2, weights, ids, tiles=tiles, act_quant="blocks", **scales)
