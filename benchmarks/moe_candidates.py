@@ -124,7 +124,9 @@ def prepare_triton_fast(layer: Layer, inputs: Inputs, tiles: object = None) -> C
     return prepare_triton(layer, inputs, tiles, fp8_sums="fast")
 
 
-def prepare_triton_fast_block(layer: Layer, inputs: Inputs, tiles: object = None) -> Callable[[], torch.Tensor]:
+def prepare_triton_fast_block(
+    layer: Layer, inputs: Inputs, tiles: object = None
+) -> Callable[[], torch.Tensor]:
     return prepare_triton(layer, inputs, tiles, fp8_sums="fast", act_quant="block")
 
 
@@ -244,7 +246,11 @@ GRAPHED = {
     "flashinfer": True,
     "loop": False,
 }  # the loop syncs on the host
-FP8_ONLY = {"triton-tile", "triton-fast", "triton-fast-block"}  # candidates that differ from another only on FP8 experts
+FP8_ONLY = {
+    "triton-tile",
+    "triton-fast",
+    "triton-fast-block",
+}  # candidates that differ from another only on FP8 experts
 
 
 def time_call(call: Callable[[], torch.Tensor], reps: int, graphed: bool) -> tuple[float, str]:

@@ -170,7 +170,9 @@ def compile_moe(wide: bool = False) -> int:
                     fused_moe(x, bf16["w13"], bf16["w2"], weights, ids, tiles=tiles)
             except Exception as exc:  # noqa: BLE001 - every failure is reported, the rest go on
                 failures += 1
-                print(f"FAILED {kind} {act_quant} {tiles}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+                print(
+                    f"FAILED {kind} {act_quant} {tiles}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+                )
                 continue
             label = kind if act_quant == "row" else f"{kind}/{act_quant}"
             for name, mma in compiled[before:]:
