@@ -4,6 +4,7 @@ in-memory one and the Redis one (fakeredis). Redis-only behaviour is in test_con
 from __future__ import annotations
 
 import logging
+import re
 
 import msgspec
 import pytest
@@ -302,7 +303,9 @@ def test_results_of_jobs_read_before_the_queue_was_lost_are_dropped(
         )
     assert world.results_by_id() == {} and world.done() == 0
     assert consumer.outbox.dropped == 3
-    assert "DATA LOSS: dropped 3 results" in caplog.text
+    # NOTE: on a loaded machine the three jobs may finish in different steps: one line a flush
+    logged = re.findall(r"DATA LOSS: dropped (\d+) results", caplog.text)
+    assert logged and sum(map(int, logged)) == 3, caplog.text
     world.enqueue(jobs)
     step_until([consumer], 3, world)
     assert {job_id: len(rs) for job_id, rs in world.results_by_id().items()} == {j.id: 1 for j in jobs}
