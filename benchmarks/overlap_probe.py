@@ -38,6 +38,7 @@ import json
 import os
 import statistics
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -251,9 +252,12 @@ def probe(args: argparse.Namespace, shape: ModelShape) -> dict:
     for free in args.carveout if side is not None else ():
         runs[f"carve@{free}"] = graphed([a, b], overlap(), carveout=free)
     times: dict[str, list[float]] = {name: [] for name in runs}
-    for _ in range(args.reps):  # interleaved
+    for rep in range(args.reps):  # interleaved
+        if rep >= 3 and args.deadline is not None and time.monotonic() > args.deadline:
+            break  # --budget-s spent: the medians of the rounds so far (at least 3)
         for name, fn in runs.items():
             times[name].append(event_ms(fn))
+    row["reps"] = len(times["whole"])
     row.update({f"{name}_ms": statistics.median(t) for name, t in times.items()})
     row["overlap_vs_whole"] = row["overlap_ms"] / row["whole_ms"]
     row["best_possible_ms"] = max(row["attention_ms"], row["gemms_ms"])
@@ -305,8 +309,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--page-size", type=int, default=16)
     parser.add_argument("--reps", type=int, default=20)
-    parser.add_argument("--out", default=None)
+    parser.add_argument(
+        "--budget-s", type=float, default=None,
+        help="stop timing a KV dtype's rounds once this many seconds have passed since the start (at least 3 rounds)",
+    )  # fmt: skip
+    parser.add_argument("--out", default=None, help="JSON of the rows, rewritten as each KV dtype ends")
     args = parser.parse_args(argv)
+    args.deadline = None if args.budget_s is None else time.monotonic() + args.budget_s
     shape = ModelShape.from_config(json.loads(Path(args.model).read_text()))
     if args.hidden:
         shape = replace(shape, hidden=args.hidden, intermediate=3 * args.hidden)
@@ -327,10 +336,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
         row = probe(argparse.Namespace(**{**vars(args), "kv": kv}), shape)
         rows.append(row)
         print(json.dumps(row), flush=True)
+        if args.out:  # NOTE: each row as it ends, so a call cut short keeps what it measured
+            Path(args.out).write_text(json.dumps(rows, indent=1))
     print(f"\n{args.model}: one decode step, {args.layers} layers, {args.batch} x ~{args.length} tokens")
     print(table(rows))
-    if args.out:
-        Path(args.out).write_text(json.dumps(rows, indent=1))
     return rows
 
 

@@ -71,3 +71,14 @@ def test_a_half_attends_over_its_own_pages() -> None:
     q = torch.randn(3, shape.heads, shape.head_dim).to(torch.bfloat16)
     out = h.backend.forward(q, 0, h.meta)
     assert dense_error(h.backend, h.layout, q, out, rows=3) < 1e-2
+
+
+def test_budget_stops_the_rounds_after_three_and_keeps_the_rows(tmp_path) -> None:
+    """--budget-s 0: three rounds, not --reps; the JSON is written once the row ends."""
+    out = tmp_path / "probe.json"
+    rows = main(
+        ["--device", "cpu", "--attention", "torch", "--layers", "1", "--batch", "4", "--length", "24",
+         "--hidden", "32", "--gemm-sms", "", "--kv", "bf16", "--reps", "40", "--budget-s", "0", "--out", str(out)]
+    )  # fmt: skip
+    assert rows[0]["reps"] == 3
+    assert json.loads(out.read_text())[0]["whole_ms"] == rows[0]["whole_ms"]
