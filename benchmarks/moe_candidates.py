@@ -246,11 +246,8 @@ GRAPHED = {
     "flashinfer": True,
     "loop": False,
 }  # the loop syncs on the host
-FP8_ONLY = {
-    "triton-tile",
-    "triton-fast",
-    "triton-fast-block",
-}  # candidates that differ from another only on FP8 experts
+# candidates that differ from another only on FP8 experts
+FP8_ONLY = {"triton-tile", "triton-fast", "triton-fast-block"}
 
 
 def time_call(call: Callable[[], torch.Tensor], reps: int, graphed: bool) -> tuple[float, str]:

@@ -40,7 +40,7 @@ from typing import Any, NamedTuple, NoReturn
 import torch
 
 from worker.kernels.moe_tiles import ACT_QUANTS, FP8_SUMS, MoeTiles, moe_tiles, tile_kind
-from worker.kernels.ops import quantize_fp8_rows, triton_block
+from worker.kernels.ops import _FP8_MIN_SCALE, FP8_MAX, quantize_fp8_rows, triton_block
 
 _COUNT_CELLS = 4096  # entries x experts of one count/place program's one-hot tile
 _SCAN_BLOCK = 1024
@@ -179,7 +179,8 @@ def fused_moe(
         layout.num_blocks, n_blocks,
         TOP_K=top_k, FP8=fp8, FP8_SUMS=FP8_SUMS.index(fp8_sums), DOT_F32=dot_f32, EVEN_K=hidden % tiles.block_k == 0,
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.gate_up_n, BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m, SWAP_AB=tiles.swap_ab,
-        QUANT_OUT=block_quant, MODEL_DTYPE=k.tl_dtype(str(x.dtype).removeprefix("torch.")), **launch,
+        QUANT_OUT=block_quant, MODEL_DTYPE=k.tl_dtype(str(x.dtype).removeprefix("torch.")), FP8_MAX=FP8_MAX,
+        MIN_SCALE=_FP8_MIN_SCALE, **launch,
     )  # fmt: skip
     if block_quant:
         b, b_scale = act, act_scale

@@ -107,7 +107,9 @@ def experts_loop(
     (FP8, the oracle of fused_moe's ``act_quant="block"``): the down GEMM's input quantized per
     (row, act_block columns) instead of per row."""
     if x.is_cuda and torch.cuda.is_current_stream_capturing():
-        return every_expert(x, w13, w2, topk_weights, topk_ids, w13_scale=w13_scale, w2_scale=w2_scale)
+        return every_expert(
+            x, w13, w2, topk_weights, topk_ids, w13_scale=w13_scale, w2_scale=w2_scale, act_block=act_block
+        )
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     for e in torch.unique(topk_ids).tolist():
         token, slot = torch.where(topk_ids == e)
@@ -125,13 +127,14 @@ def every_expert(
     *,
     w13_scale: torch.Tensor | None = None,
     w2_scale: torch.Tensor | None = None,
+    act_block: int | None = None,
 ) -> torch.Tensor:
     """experts_loop's values with no data-dependent shapes (what a CUDA graph can capture):
     every expert on every token, weighted by zero where the token did not choose it."""
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     for e in range(w13.shape[0]):
         weight = (topk_weights * (topk_ids == e)).sum(dim=-1, keepdim=True)
-        out += _expert(x, w13[e], w2[e], *_scales(e, w13_scale, w2_scale)).float() * weight
+        out += _expert(x, w13[e], w2[e], *_scales(e, w13_scale, w2_scale), act_block).float() * weight
     return out.to(x.dtype)
 
 

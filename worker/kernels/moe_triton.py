@@ -181,8 +181,8 @@ def moe_gate_up_kernel(
     num_m_blocks, num_n_blocks,
     TOP_K: tl.constexpr, FP8: tl.constexpr, FP8_SUMS: tl.constexpr, DOT_F32: tl.constexpr,
     EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, SWAP_AB: tl.constexpr, QUANT_OUT: tl.constexpr = False,
-    MODEL_DTYPE: tl.constexpr = tl.bfloat16, FP8_MAX: tl.constexpr = 448.0, MIN_SCALE: tl.constexpr = 1e-12 / 448.0,
+    GROUP_M: tl.constexpr, SWAP_AB: tl.constexpr, QUANT_OUT: tl.constexpr,
+    MODEL_DTYPE: tl.constexpr, FP8_MAX: tl.constexpr, MIN_SCALE: tl.constexpr,
 ):  # fmt: skip
     """out[r, n] = silu(x[r // k] . gate_e[n]) * (x[r // k] . up_e[n]) for the sorted rows r of a
     block of expert e, where w[e] = [gate (inter rows); up (inter rows)] of [hidden] each. Gate
@@ -190,7 +190,8 @@ def moe_gate_up_kernel(
     FP8: x is e4m3 with one scale per token, w e4m3 with one scale per output row, multiplied
     and summed as FP8_SUMS says (module docstring). QUANT_OUT: out is e4m3, quantized per
     (row, column block): out_scale[r, pid_n] = max|row's BLOCK_N values| / FP8_MAX (at least
-    MIN_SCALE), the values rounded to MODEL_DTYPE first (the down GEMM's block-wise input)."""
+    MIN_SCALE; both given with QUANT_OUT, worker.kernels.ops's), the values rounded to
+    MODEL_DTYPE first (the down GEMM's block-wise input)."""
     expert, rows, valid, pid_n = _block(
         sorted_ptr, block_expert_ptr, num_entries, num_m_blocks, num_n_blocks, BLOCK_M, GROUP_M
     )
@@ -258,7 +259,7 @@ def moe_down_kernel(
     num_m_blocks, num_n_blocks,
     FP8: tl.constexpr, DOT_F32: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    SWAP_AB: tl.constexpr, SCALE_GROUP: tl.constexpr = 0,
+    SWAP_AB: tl.constexpr, SCALE_GROUP: tl.constexpr,
 ):  # fmt: skip
     """out[r, n] = topk_weights[r] * (a[r] . w_e[n]) for the sorted rows r of a block of expert e
     (a [entries, inter], w[e] [hidden, inter]); the product is rounded to the output dtype before
