@@ -7,8 +7,6 @@ and the timing itself.
                 sums moved to float32 every K tile)
     triton-fast the same with ``fp8_sums="fast"`` (FP8 only: the gate/up sum wholly in the FP8
                 tensor core's accumulator)
-    triton-fast-block  triton-fast with ``act_quant="block"`` (the intermediate quantized per
-                entry and column block in the gate/up epilogue: no quantization kernel)
     flashinfer  flashinfer.fused_moe.cutlass_fused_moe 0.6.6 (bf16; FP8 per-tensor scales, the
                 only FP8 scheme it takes on sm90: weights per expert, activations static,
                 calibrated on this input; the input's quantization is inside the timed call)
@@ -105,14 +103,14 @@ class Inputs:
 
 
 def prepare_triton(
-    layer: Layer, inputs: Inputs, tiles: object = None, fp8_sums: str = "exact", act_quant: str = "row"
+    layer: Layer, inputs: Inputs, tiles: object = None, fp8_sums: str = "exact"
 ) -> Callable[[], torch.Tensor]:
     from worker.kernels.fused_moe import fused_moe
 
     scales = dict(w13_scale=layer.w13_scale, w2_scale=layer.w2_scale) if layer.fp8 else {}
     return lambda: fused_moe(
         inputs.x, layer.w13, layer.w2, inputs.topk_weights, inputs.topk_ids, tiles=tiles, fp8_sums=fp8_sums,
-        act_quant=act_quant, **scales,
+        **scales,
     )  # fmt: skip
 
 
@@ -124,14 +122,8 @@ def prepare_triton_fast(layer: Layer, inputs: Inputs, tiles: object = None) -> C
     return prepare_triton(layer, inputs, tiles, fp8_sums="fast")
 
 
-def prepare_triton_fast_block(
-    layer: Layer, inputs: Inputs, tiles: object = None
-) -> Callable[[], torch.Tensor]:
-    return prepare_triton(layer, inputs, tiles, fp8_sums="fast", act_quant="block")
-
-
 # the fp8_sums of each Triton candidate (worker.kernels.moe_tiles.tile_kind picks its tiles)
-TRITON_SUMS = {"triton": "exact", "triton-tile": "tile", "triton-fast": "fast", "triton-fast-block": "fast"}
+TRITON_SUMS = {"triton": "exact", "triton-tile": "tile", "triton-fast": "fast"}
 
 
 def oracle(layer: Layer, inputs: Inputs) -> torch.Tensor:
@@ -236,18 +228,16 @@ def _per_tensor(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 PREPARE = {
     "triton": prepare_triton, "triton-tile": prepare_triton_tile, "triton-fast": prepare_triton_fast,
-    "triton-fast-block": prepare_triton_fast_block, "flashinfer": prepare_flashinfer, "loop": prepare_loop,
+    "flashinfer": prepare_flashinfer, "loop": prepare_loop,
 }  # fmt: skip
 GRAPHED = {
     "triton": True,
     "triton-tile": True,
     "triton-fast": True,
-    "triton-fast-block": True,
     "flashinfer": True,
     "loop": False,
 }  # the loop syncs on the host
-# candidates that differ from another only on FP8 experts
-FP8_ONLY = {"triton-tile", "triton-fast", "triton-fast-block"}
+FP8_ONLY = {"triton-tile", "triton-fast"}  # candidates that differ from another only on FP8 experts
 
 
 def time_call(call: Callable[[], torch.Tensor], reps: int, graphed: bool) -> tuple[float, str]:

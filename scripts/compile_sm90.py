@@ -11,7 +11,7 @@ what would fail to compile there before a device call is spent on it:
 
 ``moe``: fused_moe's kernels under every transposed tile of ``sweep_tiles(kind, swap=True)``
 (FP8 fast, tile, exact; bf16) and the tiles moe_tiles picks for Qwen3-30B-A3B's decode and
-prefill (FP8 fast also with ``act_quant="block"``); ``moe-wide``: FP8 fast under every transposed tile of ``sweep_tiles(kind, swap=True,
+prefill; ``moe-wide``: FP8 fast under every transposed tile of ``sweep_tiles(kind, swap=True,
 wide=True)`` (what ``moe_kernel.py --sweep --swap --wide`` times); ``sample``: the fused sampler
 (bf16 and float32 logits); ``gemm``: the bounded GEMM (worker.kernels.bounded_gemm, bf16 and
 FP8) at Llama-3.1-8B's decode shapes. Prints one line per compiled
@@ -150,34 +150,28 @@ def compile_moe(wide: bool = False) -> int:
     }
     failures = 0
     kinds = (
-        (("fp8-fast", "fast", "row"),)
+        (("fp8-fast", "fast"),)
         if wide
-        else (
-            ("fp8-fast", "fast", "row"), ("fp8-fast", "fast", "block"), ("fp8-tile", "tile", "row"),
-            ("fp8", "exact", "row"), ("bf16", None, "row"),
-        )
-    )  # fmt: skip
-    for kind, sums, act_quant in kinds:
+        else (("fp8-fast", "fast"), ("fp8-tile", "tile"), ("fp8", "exact"), ("bf16", None))
+    )
+    for kind, sums in kinds:
         picked = [moe_tiles(experts, hidden, inter, n * top_k, kind) for n in (1024, 8192)]
-        swapped = (t for t in sweep_tiles(kind, swap=True, wide=wide) if t.swap_ab and act_quant == "row")
+        swapped = (t for t in sweep_tiles(kind, swap=True, wide=wide) if t.swap_ab)
         for tiles in dict.fromkeys([*picked, *swapped]):
             before = len(compiled)
             try:
                 if sums:
                     fused_moe(x, fp8["w13"], fp8["w2"], weights, ids, w13_scale=fp8["w13_scale"],
-                              w2_scale=fp8["w2_scale"], tiles=tiles, fp8_sums=sums, act_quant=act_quant)  # fmt: skip
+                              w2_scale=fp8["w2_scale"], tiles=tiles, fp8_sums=sums)  # fmt: skip
                 else:
                     fused_moe(x, bf16["w13"], bf16["w2"], weights, ids, tiles=tiles)
             except Exception as exc:  # noqa: BLE001 - every failure is reported, the rest go on
                 failures += 1
-                print(
-                    f"FAILED {kind} {act_quant} {tiles}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
-                )
+                print(f"FAILED {kind} {tiles}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
                 continue
-            label = kind if act_quant == "row" else f"{kind}/{act_quant}"
             for name, mma in compiled[before:]:
                 if name in ("moe_gate_up_kernel", "moe_down_kernel"):
-                    print(f"{label:14s} {name:18s} {tiles}: {mma}", flush=True)
+                    print(f"{kind:8s} {name:18s} {tiles}: {mma}", flush=True)
     return failures
 
 

@@ -9,7 +9,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from worker.attention.names import ATTENTION_CHOICES, DECODE_KERNELS, RAGGED_KERNELS
-from worker.kernels.moe_tiles import ACT_QUANTS, FP8_SUMS
+from worker.kernels.moe_tiles import FP8_SUMS
 from worker.kvcache.names import KV_CACHE_DTYPES, KV_SCALES
 from worker.models.aliases import DEFAULT_MODEL
 from worker.models.names import DTYPES, LOAD_FORMATS, QUANTIZATIONS
@@ -102,12 +102,6 @@ class EngineConfig:
         "fp16: the expert loop's values, prefill MoE ~1.6x slower); all three as far from float64 as the "
         "loop: docs/models.md",
         choices=FP8_SUMS,
-    )
-    moe_act_quant: str = option(
-        "row",
-        "FP8 MoE experts on CUDA, the down GEMM's input: `row` (quantized per entry by a kernel of its own), "
-        "`block` (per entry and column block, in the gate/up GEMM's epilogue; where the tile allows)",
-        choices=ACT_QUANTS,
     )
     onednn: bool = option(
         True,

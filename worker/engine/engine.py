@@ -103,7 +103,6 @@ class Engine:
         moe_layers = [m for m in self.loaded.model.modules() if isinstance(m, SparseMoE)]
         for module in moe_layers:
             module.fp8_sums = config.moe_fp8_sums
-            module.act_quant = config.moe_act_quant
         if moe_layers:
             from worker.kernels.moe_tiles import check_tiles_file
 

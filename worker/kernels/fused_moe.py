@@ -24,8 +24,7 @@ moved to float32 every K tile in every mode.
 Steps (worker.kernels.moe_triton draws the layout): the align kernels sort the T*k entries by
 expert into runs padded to the tile's ``block_m``, inside buffers sized by a static bound, on the
 GPU with no host sync; the gate/up GEMM writes silu(gate) * up per entry (the SiLU-mul fused in
-its epilogue); FP8 quantizes that per entry (or, with ``act_quant="block"``, the epilogue
-writes it in e4m3 with a scale per entry and column block); the down GEMM multiplies by the routing weight in
+its epilogue); FP8 quantizes that per entry; the down GEMM multiplies by the routing weight in
 its epilogue; a last kernel sums each token's k rows. Nothing depends on values on the host, so
 the whole call can be captured in a CUDA graph (after one eager call has compiled the kernels).
 Runs on CUDA, or on CPU tensors under TRITON_INTERPRET=1 (the unit tests); a CPU engine uses a
@@ -39,8 +38,8 @@ from typing import Any, NamedTuple, NoReturn
 
 import torch
 
-from worker.kernels.moe_tiles import ACT_QUANTS, FP8_SUMS, MoeTiles, moe_tiles, tile_kind
-from worker.kernels.ops import _FP8_MIN_SCALE, FP8_MAX, quantize_fp8_rows, triton_block
+from worker.kernels.moe_tiles import FP8_SUMS, MoeTiles, moe_tiles, tile_kind
+from worker.kernels.ops import quantize_fp8_rows, triton_block
 
 _COUNT_CELLS = 4096  # entries x experts of one count/place program's one-hot tile
 _SCAN_BLOCK = 1024
@@ -130,22 +129,16 @@ def fused_moe(
     w2_scale: torch.Tensor | None = None,
     tiles: MoeTiles | None = None,
     fp8_sums: str = "exact",
-    act_quant: str = "row",
 ) -> torch.Tensor:
     """The routed experts' output [T, H] in x's dtype (module docstring); ``tiles`` overrides
     the launch configuration worker.kernels.moe_tiles picks; ``fp8_sums`` (FP8_SUMS; FP8
     experts only) the gate/up GEMM's arithmetic (benchmarks/moe_kernel.py's ``triton``,
-    ``triton-tile``, ``triton-fast``); ``act_quant`` (ACT_QUANTS; FP8 only) how the down GEMM's
-    input is quantized: ``row`` per entry by a kernel of its own, ``block`` per (entry,
-    gate_up_n columns) in the gate/up GEMM's epilogue (no kernel, half the bytes between the
-    GEMMs; where the tile's block_k divides its gate_up_n, else per row)."""
+    ``triton-tile``, ``triton-fast``)."""
     num_tokens, hidden, num_experts, inter, top_k, fp8 = _check(
         x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale
     )
     if fp8_sums not in FP8_SUMS:
         raise ValueError(f"fused_moe: fp8_sums={fp8_sums!r}, expected one of {list(FP8_SUMS)}")
-    if act_quant not in ACT_QUANTS:
-        raise ValueError(f"fused_moe: act_quant={act_quant!r}, expected one of {list(ACT_QUANTS)}")
     out = torch.empty((num_tokens, hidden), dtype=x.dtype, device=x.device)
     if num_tokens == 0:
         return out
@@ -164,27 +157,16 @@ def fused_moe(
     else:
         a, a_scale = x, x  # a_scale unused
     launch = dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+    act = torch.empty((num_entries, inter), dtype=x.dtype, device=x.device)
     n_blocks = -(-inter // tiles.gate_up_n)
-    block_quant = fp8 and act_quant == "block" and tiles.gate_up_n % tiles.block_k == 0
-    if block_quant:  # e4m3 straight from the epilogue, a scale per (entry, column block)
-        act = torch.empty((num_entries, inter), dtype=torch.float8_e4m3fn, device=x.device)
-        act_scale = torch.empty((num_entries, n_blocks), dtype=torch.float32, device=x.device)
-    else:
-        act = torch.empty((num_entries, inter), dtype=x.dtype, device=x.device)
-        act_scale = act  # unused
     k.moe_gate_up_kernel[(layout.num_blocks * n_blocks,)](
-        a, a_scale, w13, w13_scale if fp8 else w13, act, act_scale, layout.sorted_rows, layout.block_expert,
+        a, a_scale, w13, w13_scale if fp8 else w13, act, layout.sorted_rows, layout.block_expert,
         num_entries, hidden, inter, a.stride(0), w13.stride(0), w13.stride(1),
-        w13_scale.stride(0) if w13_scale is not None else 0, act.stride(0), act_scale.stride(0),
-        layout.num_blocks, n_blocks,
+        w13_scale.stride(0) if w13_scale is not None else 0, act.stride(0), layout.num_blocks, n_blocks,
         TOP_K=top_k, FP8=fp8, FP8_SUMS=FP8_SUMS.index(fp8_sums), DOT_F32=dot_f32, EVEN_K=hidden % tiles.block_k == 0,
-        BLOCK_M=tiles.block_m, BLOCK_N=tiles.gate_up_n, BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m, SWAP_AB=tiles.swap_ab,
-        QUANT_OUT=block_quant, MODEL_DTYPE=k.tl_dtype(str(x.dtype).removeprefix("torch.")), FP8_MAX=FP8_MAX,
-        MIN_SCALE=_FP8_MIN_SCALE, **launch,
+        BLOCK_M=tiles.block_m, BLOCK_N=tiles.gate_up_n, BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m, SWAP_AB=tiles.swap_ab, **launch,
     )  # fmt: skip
-    if block_quant:
-        b, b_scale = act, act_scale
-    elif fp8:
+    if fp8:
         rows = quantize_fp8_rows(act)
         b, b_scale = rows.data, rows.scale
     else:
@@ -194,11 +176,9 @@ def fused_moe(
     k.moe_down_kernel[(layout.num_blocks * n_blocks,)](
         b, b_scale, w2, w2_scale if fp8 else w2, weights, parts, layout.sorted_rows, layout.block_expert,
         num_entries, inter, hidden, b.stride(0), w2.stride(0), w2.stride(1),
-        w2_scale.stride(0) if w2_scale is not None else 0, parts.stride(0), b_scale.stride(0) if block_quant else 0,
-        layout.num_blocks, n_blocks,
+        w2_scale.stride(0) if w2_scale is not None else 0, parts.stride(0), layout.num_blocks, n_blocks,
         FP8=fp8, DOT_F32=dot_f32, EVEN_K=inter % tiles.block_k == 0,
-        BLOCK_M=tiles.block_m, BLOCK_N=tiles.down_n, BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m, SWAP_AB=tiles.swap_ab,
-        SCALE_GROUP=tiles.gate_up_n if block_quant else 0, **launch,
+        BLOCK_M=tiles.block_m, BLOCK_N=tiles.down_n, BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m, SWAP_AB=tiles.swap_ab, **launch,
     )  # fmt: skip
     block = min(_SUM_BLOCK, triton_block(hidden))
     k.moe_sum_kernel[(num_tokens, -(-hidden // block))](

@@ -61,33 +61,15 @@ def _gemm(x: Any, weight: torch.Tensor, scale: torch.Tensor | None, dtype: torch
     return (product * rows.scale[:, None] * scale[None, :]).to(dtype)
 
 
-def _gemm_blocks(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: int) -> torch.Tensor:
-    """x [n, K] quantized per (row, ``block`` columns) times the FP8 weight [N, K]^T with its
-    per-channel ``scale``: each block's product scaled by its rows' scales, summed in float32,
-    rounded to x's dtype (fused_moe's ``act_quant="block"``)."""
-    n, depth = x.shape
-    pad = -depth % block
-    padded = F.pad(x, (0, pad)) if pad else x  # zeros leave every block's maximum as it is
-    rows = quantize_fp8_rows(padded.reshape(-1, block))  # one "row" a block
-    data = rows.data.float().reshape(n, -1, block)
-    w = F.pad(weight.float(), (0, pad)).reshape(weight.shape[0], -1, block)
-    product = torch.einsum("nbk,obk,nb->no", data, w, rows.scale.reshape(n, -1))
-    return (product * scale[None, :]).to(x.dtype)
-
-
 def _expert(
     x: torch.Tensor,
     w13: torch.Tensor,
     w2: torch.Tensor,
     w13_scale: torch.Tensor | None,
     w2_scale: torch.Tensor | None,
-    act_block: int | None = None,
 ) -> torch.Tensor:
-    """One expert's gated MLP on rows x [n, H]; one expert's weights (and scales); FP8 with
-    ``act_block``: the down GEMM's input quantized per (row, act_block columns)."""
+    """One expert's gated MLP on rows x [n, H]; one expert's weights (and scales)."""
     gate_up = _gemm(x, w13, w13_scale, x.dtype)
-    if act_block is not None and w2_scale is not None:
-        return _gemm_blocks(silu_and_mul(gate_up), w2, w2_scale, act_block)
     hidden = silu_and_mul(gate_up, fp8=w2_scale is not None)
     return _gemm(hidden, w2, w2_scale, x.dtype)
 
@@ -101,19 +83,14 @@ def experts_loop(
     *,
     w13_scale: torch.Tensor | None = None,
     w2_scale: torch.Tensor | None = None,
-    act_block: int | None = None,
 ) -> torch.Tensor:
-    """The experts one at a time (module docstring): the CPU path and the oracle; ``act_block``
-    (FP8, the oracle of fused_moe's ``act_quant="block"``): the down GEMM's input quantized per
-    (row, act_block columns) instead of per row."""
+    """The experts one at a time (module docstring): the CPU path and the oracle."""
     if x.is_cuda and torch.cuda.is_current_stream_capturing():
-        return every_expert(
-            x, w13, w2, topk_weights, topk_ids, w13_scale=w13_scale, w2_scale=w2_scale, act_block=act_block
-        )
+        return every_expert(x, w13, w2, topk_weights, topk_ids, w13_scale=w13_scale, w2_scale=w2_scale)
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     for e in torch.unique(topk_ids).tolist():
         token, slot = torch.where(topk_ids == e)
-        y = _expert(x[token], w13[e], w2[e], *_scales(e, w13_scale, w2_scale), act_block)
+        y = _expert(x[token], w13[e], w2[e], *_scales(e, w13_scale, w2_scale))
         out.index_add_(0, token, y.float() * topk_weights[token, slot, None])
     return out.to(x.dtype)
 
@@ -127,14 +104,13 @@ def every_expert(
     *,
     w13_scale: torch.Tensor | None = None,
     w2_scale: torch.Tensor | None = None,
-    act_block: int | None = None,
 ) -> torch.Tensor:
     """experts_loop's values with no data-dependent shapes (what a CUDA graph can capture):
     every expert on every token, weighted by zero where the token did not choose it."""
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     for e in range(w13.shape[0]):
         weight = (topk_weights * (topk_ids == e)).sum(dim=-1, keepdim=True)
-        out += _expert(x, w13[e], w2[e], *_scales(e, w13_scale, w2_scale), act_block).float() * weight
+        out += _expert(x, w13[e], w2[e], *_scales(e, w13_scale, w2_scale)).float() * weight
     return out.to(x.dtype)
 
 
@@ -154,11 +130,9 @@ def moe_experts(
     w13_scale: torch.Tensor | None = None,
     w2_scale: torch.Tensor | None = None,
     fp8_sums: str = "exact",
-    act_quant: str = "row",
 ) -> torch.Tensor:
     """experts_loop's values: the fused kernel on CUDA when Triton is on (the engine's
-    ``triton`` setting) with ``fp8_sums`` its FP8 gate/up arithmetic and ``act_quant`` its down
-    GEMM's input quantization (fused_moe), else the loop (per row)."""
+    ``triton`` setting) with ``fp8_sums`` its FP8 gate/up arithmetic (fused_moe), else the loop."""
     if x.is_cuda and _triton() is not None:
         try:
             from worker.kernels.fused_moe import fused_moe
@@ -168,7 +142,6 @@ def moe_experts(
                 log.warning("fused MoE kernel unavailable (%s): experts run one at a time", exc)
         else:
             return fused_moe(
-                x, w13, w2, topk_weights, topk_ids, w13_scale=w13_scale, w2_scale=w2_scale,
-                fp8_sums=fp8_sums, act_quant=act_quant,
-            )  # fmt: skip
+                x, w13, w2, topk_weights, topk_ids, w13_scale=w13_scale, w2_scale=w2_scale, fp8_sums=fp8_sums
+            )
     return experts_loop(x, w13, w2, topk_weights, topk_ids, w13_scale=w13_scale, w2_scale=w2_scale)

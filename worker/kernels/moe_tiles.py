@@ -27,7 +27,6 @@ import os
 from dataclasses import asdict, dataclass, replace
 
 FP8_SUMS = ("exact", "tile", "fast")  # the FP8 gate/up GEMM's arithmetic (worker.kernels.fused_moe)
-ACT_QUANTS = ("row", "block")  # how FP8 experts quantize the down GEMM's input (fused_moe)
 KINDS = ("bf16", "fp8", "fp8-tile", "fp8-fast")
 TILES_ENV = "RADIXQ_MOE_TILES"
 

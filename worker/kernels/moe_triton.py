@@ -42,11 +42,6 @@ import triton
 import triton.language as tl
 
 
-def tl_dtype(name: str) -> tl.dtype:
-    """Triton's dtype of this name ("bfloat16", "float16", "float32": torch's dtype names)."""
-    return getattr(tl, name)
-
-
 @triton.jit(do_not_specialize=["num_entries", "num_chunks"])
 def moe_count_kernel(
     ids_ptr, counts_ptr, num_entries, num_chunks,
@@ -157,16 +152,6 @@ def _dot(a, b, acc, SWAP_AB: tl.constexpr, PROMOTE: tl.constexpr):
 
 
 @triton.jit
-def _dot_scaled(a, b, acc, row_scale, SWAP_AB: tl.constexpr):
-    """acc + (a . b) * row_scale[:, None] in float32 (see _dot; row_scale [M], one per row of a)."""
-    if SWAP_AB:
-        acc += tl.dot(tl.trans(b), tl.trans(a)) * row_scale[None, :]
-    else:
-        acc += tl.dot(a, b) * row_scale[:, None]
-    return acc
-
-
-@triton.jit
 def _unswap(acc, SWAP_AB: tl.constexpr):
     """The accumulator as [M, N] (see _dot)."""
     if SWAP_AB:
@@ -176,22 +161,18 @@ def _unswap(acc, SWAP_AB: tl.constexpr):
 
 @triton.jit(do_not_specialize=["num_entries", "num_m_blocks"])
 def moe_gate_up_kernel(
-    x_ptr, x_scale_ptr, w_ptr, w_scale_ptr, out_ptr, out_scale_ptr, sorted_ptr, block_expert_ptr,
-    num_entries, hidden, inter, stride_x, stride_we, stride_wn, stride_se, stride_out, stride_out_scale,
+    x_ptr, x_scale_ptr, w_ptr, w_scale_ptr, out_ptr, sorted_ptr, block_expert_ptr,
+    num_entries, hidden, inter, stride_x, stride_we, stride_wn, stride_se, stride_out,
     num_m_blocks, num_n_blocks,
     TOP_K: tl.constexpr, FP8: tl.constexpr, FP8_SUMS: tl.constexpr, DOT_F32: tl.constexpr,
     EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, SWAP_AB: tl.constexpr, QUANT_OUT: tl.constexpr,
-    MODEL_DTYPE: tl.constexpr, FP8_MAX: tl.constexpr, MIN_SCALE: tl.constexpr,
+    GROUP_M: tl.constexpr, SWAP_AB: tl.constexpr,
 ):  # fmt: skip
     """out[r, n] = silu(x[r // k] . gate_e[n]) * (x[r // k] . up_e[n]) for the sorted rows r of a
     block of expert e, where w[e] = [gate (inter rows); up (inter rows)] of [hidden] each. Gate
     and up are rounded to the output dtype before the SiLU-mul, as two linear layers would be.
     FP8: x is e4m3 with one scale per token, w e4m3 with one scale per output row, multiplied
-    and summed as FP8_SUMS says (module docstring). QUANT_OUT: out is e4m3, quantized per
-    (row, column block): out_scale[r, pid_n] = max|row's BLOCK_N values| / FP8_MAX (at least
-    MIN_SCALE; both given with QUANT_OUT, worker.kernels.ops's), the values rounded to
-    MODEL_DTYPE first (the down GEMM's block-wise input)."""
+    and summed as FP8_SUMS says (module docstring)."""
     expert, rows, valid, pid_n = _block(
         sorted_ptr, block_expert_ptr, num_entries, num_m_blocks, num_n_blocks, BLOCK_M, GROUP_M
     )
@@ -236,39 +217,28 @@ def moe_gate_up_kernel(
         scales = w_scale_ptr + expert * stride_se + wrapped
         acc_gate = acc_gate * x_scale * tl.load(scales)[None, :]
         acc_up = acc_up * x_scale * tl.load(scales + inter)[None, :]
-    dtype = MODEL_DTYPE if QUANT_OUT else out_ptr.dtype.element_ty
+    dtype = out_ptr.dtype.element_ty
     gate32 = acc_gate.to(dtype).to(tl.float32)
     silu = (gate32 / (1.0 + tl.exp(-gate32))).to(dtype).to(tl.float32)
     y = (silu * acc_up.to(dtype).to(tl.float32)).to(dtype)
     mask = valid[:, None] & (cols < inter)[None, :]
-    out_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_out + cols[None, :]
-    if QUANT_OUT:
-        y32 = tl.where(mask, y.to(tl.float32), 0.0)
-        scale = tl.maximum(tl.max(tl.abs(y32), axis=1) / FP8_MAX, MIN_SCALE)
-        q = tl.clamp(y32 / scale[:, None], -FP8_MAX, FP8_MAX)
-        tl.store(out_ptrs, q.to(out_ptr.dtype.element_ty), mask=mask)
-        tl.store(out_scale_ptr + rows.to(tl.int64) * stride_out_scale + pid_n, scale, mask=valid)
-    else:
-        tl.store(out_ptrs, y, mask=mask)
+    tl.store(out_ptr + rows.to(tl.int64)[:, None] * stride_out + cols[None, :], y, mask=mask)
 
 
 @triton.jit(do_not_specialize=["num_entries", "num_m_blocks"])
 def moe_down_kernel(
     a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, topk_weights_ptr, out_ptr, sorted_ptr, block_expert_ptr,
-    num_entries, inter, hidden, stride_a, stride_we, stride_wn, stride_se, stride_out, stride_a_scale,
+    num_entries, inter, hidden, stride_a, stride_we, stride_wn, stride_se, stride_out,
     num_m_blocks, num_n_blocks,
     FP8: tl.constexpr, DOT_F32: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    SWAP_AB: tl.constexpr, SCALE_GROUP: tl.constexpr,
+    SWAP_AB: tl.constexpr,
 ):  # fmt: skip
     """out[r, n] = topk_weights[r] * (a[r] . w_e[n]) for the sorted rows r of a block of expert e
     (a [entries, inter], w[e] [hidden, inter]); the product is rounded to the output dtype before
     the routing weight, as the expert's down projection would be. FP8: scales as in
     moe_gate_up_kernel with a quantized per entry, e4m3 products moved to the float32
-    accumulator every BLOCK_K (module docstring); with SCALE_GROUP > 0, a quantized per (entry,
-    SCALE_GROUP columns) instead (a_scale [entries, inter / SCALE_GROUP], moe_gate_up_kernel's
-    QUANT_OUT), each BLOCK_K step's product scaled as it is moved (SCALE_GROUP a multiple of
-    BLOCK_K)."""
+    accumulator every BLOCK_K (module docstring)."""
     expert, rows, valid, pid_n = _block(
         sorted_ptr, block_expert_ptr, num_entries, num_m_blocks, num_n_blocks, BLOCK_M, GROUP_M
     )
@@ -291,17 +261,13 @@ def moe_down_kernel(
             w = tl.load(w_ptrs, mask=in_k[:, None], other=0.0)
         if DOT_F32:
             a, w = a.to(tl.float32), w.to(tl.float32)
-        if SCALE_GROUP > 0:  # this step's block of a, one scale per entry
-            step_scale = tl.load(a_scale_ptr + entries * stride_a_scale + k0 // SCALE_GROUP)
-            acc = _dot_scaled(a, w, acc, step_scale, SWAP_AB)
-        else:  # NOTE: FP8 promotes: a sum folded into the dot would stay in the tensor core
-            acc = _dot(a, w, acc, SWAP_AB, FP8)
+        # NOTE: FP8 promotes: a sum folded into the dot would stay in the tensor core
+        acc = _dot(a, w, acc, SWAP_AB, FP8)
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
     acc = _unswap(acc, SWAP_AB)
     if FP8:
-        if SCALE_GROUP == 0:
-            acc = acc * tl.load(a_scale_ptr + entries)[:, None]
+        acc = acc * tl.load(a_scale_ptr + entries)[:, None]
         acc = acc * tl.load(w_scale_ptr + expert * stride_se + wrapped)[None, :]
     dtype = out_ptr.dtype.element_ty
     y = acc.to(dtype).to(tl.float32) * tl.load(topk_weights_ptr + entries)[:, None]

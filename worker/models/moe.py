@@ -8,8 +8,7 @@
 ``forward`` routes (worker.kernels.moe.route) and runs the experts
 (worker.kernels.moe.moe_experts: the fused kernel on CUDA, the expert loop elsewhere);
 ``fp8_sums`` is the fused kernel's FP8 gate/up arithmetic (the engine option ``moe_fp8_sums``,
-set by worker.engine.engine after loading), ``act_quant`` its down GEMM's input quantization
-(``moe_act_quant``). Under
+set by worker.engine.engine after loading). Under
 tensor parallelism each rank holds every expert's share of the intermediate rows (I / tp)
 and the partial sums are all-reduced; the router is replicated.
 """
@@ -42,7 +41,6 @@ class SparseMoE(nn.Module):
         self.register_parameter("w13_scale", None)  # FP8 only (quantize_fp8)
         self.register_parameter("w2_scale", None)
         self.fp8_sums = "exact"  # fused_moe's own default; an Engine sets its moe_fp8_sums
-        self.act_quant = "row"  # and its moe_act_quant
 
     def weight_pieces(self) -> dict[str, Piece]:
         inter, pieces = self.intermediate_size, {}
@@ -57,7 +55,7 @@ class SparseMoE(nn.Module):
         topk_weights, topk_ids = route(self.gate(x), self.top_k, self.renormalize)
         out = moe_experts(
             x, self.w13, self.w2, topk_weights, topk_ids,
-            w13_scale=self.w13_scale, w2_scale=self.w2_scale, fp8_sums=self.fp8_sums, act_quant=self.act_quant,
+            w13_scale=self.w13_scale, w2_scale=self.w2_scale, fp8_sums=self.fp8_sums,
         )  # fmt: skip
         return all_reduce(out) if self.tp_size > 1 else out
 
