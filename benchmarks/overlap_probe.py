@@ -19,6 +19,13 @@ timed these ways, interleaved, median of ``--reps`` replays:
               S/tma: its operands read by TMA (``--gemm-loads``)
     carve@C   (``--carveout``, CUDA) overlap with cuBLAS told to leave C SMs free
               (torch's SM carve-out, set while the graph is captured)
+    overlap/prio, overlap/prio-attention   the two nano-batches' chains again, each op on a
+              stream of its kind: GEMMs on a high-priority stream and attention on a normal one
+              (or the reverse). PyTorch instantiates its graphs with
+              cudaGraphInstantiateFlagUseNodePriority, so each kernel keeps the priority of the
+              stream it was captured on: as SMs free, the ready kernel of higher priority takes
+              them first. ``prio_agree``: how far half A's output on those streams is from its
+              output on one stream (eager; 0 unless the streams race)
 
 ``overlap`` below ``whole`` is what nano-batching could gain on that shape; at best it reaches
 max(attention, gemms). The two halves read distinct KV pools and weights of the same shapes
@@ -39,7 +46,8 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -55,7 +63,8 @@ from worker.kernels.bounded_gemm import bounded_linear  # noqa: E402
 from worker.kernels.ops import quantize_fp8_rows  # noqa: E402
 from worker.models.fp8 import Fp8Linear, quantize_channels  # noqa: E402
 
-VARIANTS = ("whole", "halves", "overlap", "attention", "gemms")  # and overlap@S, gemms@S, carve@C
+VARIANTS = ("whole", "halves", "overlap", "attention", "gemms", "overlap/prio", "overlap/prio-attention")
+# and overlap@S, gemms@S, carve@C
 
 
 @dataclass
@@ -129,25 +138,69 @@ def linear(bound: Bound | None) -> Callable[[torch.Tensor, torch.Tensor | Fp8Lin
     return run
 
 
+class Lanes:
+    """Where one nano-batch's ops run: its GEMMs on one stream and its attention on another, of
+    the given priorities (lower is higher, as CUDA's), each op after the one before it (the
+    chain stays a chain). On CPU every op runs in turn on the host."""
+
+    def __init__(self, gemm_priority: int, attention_priority: int) -> None:
+        cuda = torch.cuda.is_available()
+        self.streams = {
+            "gemm": torch.cuda.Stream(priority=gemm_priority) if cuda else None,
+            "attention": torch.cuda.Stream(priority=attention_priority) if cuda else None,
+        }
+        self.last: torch.cuda.Stream | None = None
+
+    @contextmanager
+    def on(self, kind: str) -> Iterator[None]:
+        stream = self.streams[kind]
+        if stream is None:
+            yield
+            return
+        stream.wait_stream(self.last or torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            yield
+        self.last = stream
+
+    def join(self) -> None:
+        """The current stream waits for both (a capture's forked streams must rejoin it)."""
+        for stream in self.streams.values():
+            if stream is not None:
+                torch.cuda.current_stream().wait_stream(stream)
+        self.last = None
+
+
 def step(
-    h: Half, shape: ModelShape, attention: bool = True, gemms: bool = True, bound: Bound | None = None
+    h: Half,
+    shape: ModelShape,
+    attention: bool = True,
+    gemms: bool = True,
+    bound: Bound | None = None,
+    lanes: Lanes | None = None,
 ) -> torch.Tensor:
     """The layers' chain over one nano-batch (module docstring); either part alone when asked;
-    GEMMs as ``linear(bound)``."""
+    GEMMs as ``linear(bound)``; each op on its stream of ``lanes`` when given (the caller joins)."""
     x = h.x
     mm = linear(bound)
     rows, q_dim = x.shape[0], shape.heads * shape.head_dim
+
+    def on(kind: str) -> AbstractContextManager[None]:
+        return lanes.on(kind) if lanes is not None else nullcontext()
+
     q = torch.zeros(rows, shape.heads, shape.head_dim, dtype=x.dtype, device=x.device)
     for i, w in enumerate(h.layers):
         if gemms:
-            qkv = mm(x, w["qkv"])
-            q = qkv[:, :q_dim].reshape(rows, shape.heads, shape.head_dim)
+            with on("gemm"):
+                qkv = mm(x, w["qkv"])
+                q = qkv[:, :q_dim].reshape(rows, shape.heads, shape.head_dim)
         if attention:
-            q = h.backend.forward(q.contiguous(), i % POOL_LAYERS, h.meta).reshape(rows, shape.heads, -1)
+            with on("attention"):
+                q = h.backend.forward(q.contiguous(), i % POOL_LAYERS, h.meta).reshape(rows, shape.heads, -1)
         if gemms:
-            x = mm(q.reshape(rows, q_dim), w["o"])
-            gate, up = mm(x, w["gate_up"]).chunk(2, dim=-1)
-            x = mm(torch.nn.functional.silu(gate) * up, w["down"])
+            with on("gemm"):
+                x = mm(q.reshape(rows, q_dim), w["o"])
+                gate, up = mm(x, w["gate_up"]).chunk(2, dim=-1)
+                x = mm(torch.nn.functional.silu(gate) * up, w["down"])
     return x
 
 
@@ -162,6 +215,17 @@ def agreement(h: Half, bound: Bound) -> float:
         reference = linear(None)(x, w).float()
         worst = max(worst, float((linear(bound)(x, w).float() - reference).norm() / reference.norm()))
     return worst
+
+
+def split_agreement(h: Half, shape: ModelShape, lanes: Lanes) -> float:
+    """The largest difference between one half's output with its ops on ``lanes`` and on one
+    stream, run eagerly (the same kernels on the same inputs: 0 unless the streams race)."""
+    if torch.cuda.is_available():
+        h.backend.plan_for_replay(h.layout, h.x.shape[0])
+    alone = step(h, shape)
+    split = step(h, shape, lanes=lanes)
+    lanes.join()
+    return float((split.float() - alone.float()).abs().max())
 
 
 def graphed(h_list: list[Half], run: Callable[[], object], carveout: int | None = None) -> Callable[[], None]:
@@ -234,15 +298,29 @@ def probe(args: argparse.Namespace, shape: ModelShape) -> dict:
     def overlap(bound: Bound | None = None) -> Callable[[], None]:
         return two_streams(lambda: step(a, shape, bound=bound), lambda: step(b, shape, bound=bound), side)
 
+    def prioritized(gemm_priority: int, attention_priority: int) -> Callable[[], None]:
+        lanes = Lanes(gemm_priority, attention_priority), Lanes(gemm_priority, attention_priority)
+
+        def run() -> None:
+            step(a, shape, lanes=lanes[0]), step(b, shape, lanes=lanes[1])
+            for lane in lanes:
+                lane.join()
+
+        return run
+
+    high = -100  # torch.cuda.Stream maps a priority past the device's range to its highest
+
     runs = {
         "whole": graphed([whole], lambda: step(whole, shape)),
         "halves": graphed([a, b], lambda: (step(a, shape), step(b, shape))),
         "overlap": graphed([a, b], overlap()),
         "attention": graphed([whole], lambda: step(whole, shape, gemms=False)),
         "gemms": graphed([whole], lambda: step(whole, shape, attention=False)),
+        "overlap/prio": graphed([a, b], prioritized(high, 0)),
+        "overlap/prio-attention": graphed([a, b], prioritized(0, high)),
     }  # fmt: skip
     row = {"kv": args.kv, "weights": args.weights, "batch": args.batch, "length": args.length,
-           "layers": args.layers}  # fmt: skip
+           "layers": args.layers, "prio_agree": split_agreement(a, shape, Lanes(high, 0))}  # fmt: skip
     for bound in (Bound(sms, load == "tma") for sms in args.gemm_sms for load in args.gemm_loads):
         runs[f"overlap@{bound}"] = graphed([a, b], overlap(bound))
         runs[f"gemms@{bound}"] = graphed(
