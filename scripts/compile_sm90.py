@@ -7,14 +7,16 @@ tensors stand in for the GPU's, their values unused). Use the device's Triton ve
 what would fail to compile there before a device call is spent on it:
 
     pip install --no-deps --target /tmp/triton-device triton==3.6.0     # the device's (scripts/device)
-    PYTHONPATH=/tmp/triton-device python scripts/compile_sm90.py moe sample gemm
+    PYTHONPATH=/tmp/triton-device python scripts/compile_sm90.py moe sample gemm rows
 
 ``moe``: fused_moe's kernels under every transposed tile of ``sweep_tiles(kind, swap=True)``
 (FP8 fast, tile, exact; bf16) and the tiles moe_tiles picks for Qwen3-30B-A3B's decode and
 prefill; ``moe-wide``: FP8 fast under every transposed tile of ``sweep_tiles(kind, swap=True,
 wide=True)`` (what ``moe_kernel.py --sweep --swap --wide`` times); ``sample``: the fused sampler
 (bf16 and float32 logits); ``gemm``: the bounded GEMM (worker.kernels.bounded_gemm, bf16 and
-FP8) at Llama-3.1-8B's decode shapes. Prints one line per compiled
+FP8) at Llama-3.1-8B's decode shapes; ``rows``: the per-row FP8 quantizer (worker.kernels.ops
+``quantize_fp8_rows``, and SiLU-mul / GELU-mul with ``fp8=True``) at the MoE intermediate's and
+Llama-3.1-8B's widths. Prints one line per compiled
 kernel variant: its name, tiles, and its MMA instructions (wgmma with operand types, or
 mma.sync); exits 1 if any launch fails to compile.
 """
@@ -225,6 +227,30 @@ def compile_gemm() -> int:
     return failures
 
 
+def compile_rows() -> int:
+    """The row quantizer at widths that take its one-pass tiles (768: four rows a program; 4,096:
+    one) and its two-pass loop (a gated 14,336), bf16 inputs."""
+    failures = 0
+    cases = (
+        ("rows", 8192, 768, None), ("rows", 65536, 768, None), ("rows", 1024, 4096, None),
+        ("silu", 1024, 14336, "silu"), ("gelu", 1024, 15360, "gelu_pytorch_tanh"),
+    )  # fmt: skip
+    for label, rows, width, act in cases:
+        before = len(compiled)
+        try:
+            if act is None:
+                ops.quantize_fp8_rows(torch.zeros(rows, width, dtype=torch.bfloat16))
+            else:
+                ops.act_and_mul(torch.zeros(rows, 2 * width, dtype=torch.bfloat16), act, fp8=True)
+        except Exception as exc:  # noqa: BLE001
+            failures += 1
+            print(f"FAILED {label} {rows}x{width}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+            continue
+        for name, summary in compiled[before:]:
+            print(f"{label:8s} {name:18s} {rows}x{width}: {summary}", flush=True)
+    return failures
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -232,8 +258,8 @@ def main() -> None:
     parser.add_argument(
         "what",
         nargs="*",
-        default=["moe", "sample", "gemm"],
-        help=f"of {', '.join(TARGETS)} (moe, sample and gemm by default)",
+        default=["moe", "sample", "gemm", "rows"],
+        help=f"of {', '.join(TARGETS)} (all but moe-wide by default)",
     )
     args = parser.parse_args()
     if set(args.what) - set(TARGETS):
@@ -249,6 +275,7 @@ TARGETS = {
     "moe-wide": lambda: compile_moe(wide=True),
     "sample": compile_sampler,
     "gemm": compile_gemm,
+    "rows": compile_rows,
 }
 
 if __name__ == "__main__":

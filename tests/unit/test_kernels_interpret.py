@@ -211,8 +211,10 @@ def test_fp8_quantizing_kernels(ops, dtype):
     w = (1 + 0.1 * torch.randn(96, generator=gen)).to(dtype)
     gate_up = torch.randn(5, 2 * 700, generator=gen).to(dtype)
     gate, up = gate_up.chunk(2, dim=-1)
+    wide = torch.randn(3, 4100, generator=gen).to(dtype)  # past one block: two passes a row
     cases = [
-        (ops.quantize_fp8_rows(gate_up), ops.quantize_fp8_rows_ref(gate_up)),
+        (ops.quantize_fp8_rows(gate_up), ops.quantize_fp8_rows_ref(gate_up)),  # 2 rows a program, one masked
+        (ops.quantize_fp8_rows(wide), ops.quantize_fp8_rows_ref(wide)),
         (ops.rms_norm(x, w, 1e-6, fp8=True), ops.quantize_fp8_rows_ref(ops.rms_norm_ref(x, w, 1e-6))),
         (ops.add_rms_norm(x, res, w, 1e-6, fp8=True)[0], ops.quantize_fp8_rows_ref(ops.rms_norm_ref(res + x, w, 1e-6))),
         (ops.silu_and_mul(gate_up, fp8=True), ops.quantize_fp8_rows_ref(torch.nn.functional.silu(gate) * up)),

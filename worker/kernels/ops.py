@@ -34,6 +34,7 @@ import torch.nn.functional as F
 _ENABLED = [True]
 FP8_MAX = 448.0  # the largest finite float8_e4m3fn value
 _FP8_MIN_SCALE = 1e-12 / FP8_MAX  # an all-zero row gets this scale, not 0 (no division by 0)
+_FP8_ROWS_TILE = 4096  # values a one-pass fp8_rows_kernel program holds (rows x block)
 
 
 class Fp8Rows(NamedTuple):
@@ -171,15 +172,18 @@ def quantize_fp8_rows(x: torch.Tensor) -> Fp8Rows:
 
 def _fp8_rows(k: Any, x: torch.Tensor, n: int, *, act: str | None) -> Fp8Rows:
     """fp8_rows_kernel over x's rows: x itself (n columns, act None), or act_and_mul(x, act)
-    (x has 2n)."""
+    (x has 2n). Rows of at most 4,096 values are read once, several a program (MoE
+    intermediates of 768: four); longer ones twice, one a program."""
     rows = x.shape[0]
     data = torch.empty((rows, n), dtype=torch.float8_e4m3fn, device=x.device)
     scale = torch.empty(rows, dtype=torch.float32, device=x.device)
+    block = min(_FP8_ROWS_TILE, triton_block(n))
+    one_pass = n <= block
+    per_program = max(1, min(16, _FP8_ROWS_TILE // block)) if one_pass else 1
     if rows:
-        k.fp8_rows_kernel[(rows,)](
-            x, data, scale, x.stride(0), n, GATED=act is not None, GELU=act == "gelu_pytorch_tanh",
-            FP8_MAX=FP8_MAX, MIN_SCALE=_FP8_MIN_SCALE,
-            BLOCK=min(4096, triton_block(n)),
+        k.fp8_rows_kernel[(-(-rows // per_program),)](
+            x, data, scale, x.stride(0), rows, n, GATED=act is not None, GELU=act == "gelu_pytorch_tanh",
+            FP8_MAX=FP8_MAX, MIN_SCALE=_FP8_MIN_SCALE, BLOCK=block, ROWS=per_program, ONE_PASS=one_pass,
         )  # fmt: skip
     return Fp8Rows(data, scale)
 

@@ -88,7 +88,8 @@ def _gate_act(g, GELU: tl.constexpr):
 @triton.jit
 def _fp8_row_values(x_ptr, stride_x_row, row, cols, mask, n_cols, GATED: tl.constexpr, GELU: tl.constexpr):
     """Row ``row``'s values at ``cols`` in float32: x itself, or act(gate) * up rounded as
-    act_and_mul_kernel rounds it (gate = x[:, :n], up = x[:, n:2n]; act SiLU, or GELU-tanh)."""
+    act_and_mul_kernel rounds it (gate = x[:, :n], up = x[:, n:2n]; act SiLU, or GELU-tanh).
+    ``row`` may be a column of row indices and ``cols`` a row of columns (a tile of rows)."""
     base = x_ptr + row * stride_x_row
     x = tl.load(base + cols, mask=mask, other=0.0)
     if GATED:
@@ -105,31 +106,46 @@ def fp8_rows_kernel(
     q_ptr,
     scale_ptr,
     stride_x_row,
+    n_rows,
     n_cols,
     GATED: tl.constexpr,
     GELU: tl.constexpr,
     FP8_MAX: tl.constexpr,
     MIN_SCALE: tl.constexpr,
     BLOCK: tl.constexpr,
+    ROWS: tl.constexpr,
+    ONE_PASS: tl.constexpr,
 ):
-    """Program r quantizes row r of x (or of act_and_mul(x) with GATED) to e4m3 in q[r]
-    ([rows, n_cols], contiguous) with scale[r] = max|row| / FP8_MAX (at least MIN_SCALE).
-    Two passes over the row: its maximum, then the quantized values."""
-    row = tl.program_id(0)
-    amax = tl.zeros((), dtype=tl.float32)
-    for off in range(0, n_cols, BLOCK):
-        cols = off + tl.arange(0, BLOCK)
-        mask = cols < n_cols
-        y = _fp8_row_values(x_ptr, stride_x_row, row, cols, mask, n_cols, GATED, GELU)
-        amax = tl.maximum(amax, tl.max(tl.abs(y), axis=0))
-    scale = tl.maximum(amax / FP8_MAX, MIN_SCALE)
-    for off in range(0, n_cols, BLOCK):
-        cols = off + tl.arange(0, BLOCK)
-        mask = cols < n_cols
-        y = _fp8_row_values(x_ptr, stride_x_row, row, cols, mask, n_cols, GATED, GELU)
-        q = tl.clamp(y / scale, -FP8_MAX, FP8_MAX)
-        tl.store(q_ptr + row * n_cols + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
-    tl.store(scale_ptr + row, scale)
+    """Rows of x (or of act_and_mul(x) with GATED) to e4m3 in q ([n_rows, n_cols], contiguous)
+    with scale[r] = max|row r| / FP8_MAX (at least MIN_SCALE). ONE_PASS (a row fits one BLOCK):
+    program p takes rows p * ROWS .. p * ROWS + ROWS - 1 and reads each value once; otherwise
+    (ROWS 1) program r reads row r twice, for its maximum, then for the quantized values."""
+    if ONE_PASS:
+        first = tl.program_id(0) * ROWS
+        rows = first + tl.arange(0, ROWS)
+        cols = tl.arange(0, BLOCK)
+        mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
+        y = _fp8_row_values(x_ptr, stride_x_row, rows[:, None], cols[None, :], mask, n_cols, GATED, GELU)
+        scales = tl.maximum(tl.max(tl.abs(y), axis=1) / FP8_MAX, MIN_SCALE)
+        q = tl.clamp(y / scales[:, None], -FP8_MAX, FP8_MAX)
+        tl.store(q_ptr + rows[:, None] * n_cols + cols[None, :], q.to(q_ptr.dtype.element_ty), mask=mask)
+        tl.store(scale_ptr + rows, scales, mask=rows < n_rows)
+    else:
+        row = tl.program_id(0)
+        amax = tl.zeros((), dtype=tl.float32)
+        for off in range(0, n_cols, BLOCK):
+            cols = off + tl.arange(0, BLOCK)
+            mask = cols < n_cols
+            y = _fp8_row_values(x_ptr, stride_x_row, row, cols, mask, n_cols, GATED, GELU)
+            amax = tl.maximum(amax, tl.max(tl.abs(y), axis=0))
+        scale = tl.maximum(amax / FP8_MAX, MIN_SCALE)
+        for off in range(0, n_cols, BLOCK):
+            cols = off + tl.arange(0, BLOCK)
+            mask = cols < n_cols
+            y = _fp8_row_values(x_ptr, stride_x_row, row, cols, mask, n_cols, GATED, GELU)
+            q = tl.clamp(y / scale, -FP8_MAX, FP8_MAX)
+            tl.store(q_ptr + row * n_cols + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
+        tl.store(scale_ptr + row, scale)
 
 
 @_jit_any_alignment("pos_ptr")
