@@ -36,8 +36,10 @@ def test_quantizing_kernels_match_the_reference():
     w = (1 + 0.1 * torch.randn(4096, device="cuda", generator=gen)).bfloat16()
     gate_up = torch.randn(300, 2 * 14336, device="cuda", generator=gen).bfloat16()
     gate, up = gate_up.chunk(2, dim=-1)
+    narrow = (3 * torch.randn(301, 768, device="cuda", generator=gen)).bfloat16()  # 4 rows a program, 1 left
     cases = {
         "rows": (ops.quantize_fp8_rows(x), ops.quantize_fp8_rows_ref(x), 0.0),
+        "rows768": (ops.quantize_fp8_rows(narrow), ops.quantize_fp8_rows_ref(narrow), 0.0),
         "norm": (ops.rms_norm(x, w, 1e-6, fp8=True), ops.quantize_fp8_rows_ref(ops.rms_norm_ref(x, w, 1e-6)), 1e-3),
         "add_norm": (
             ops.add_rms_norm(x, res, w, 1e-6, fp8=True)[0],
