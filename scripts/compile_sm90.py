@@ -30,6 +30,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -109,6 +110,21 @@ def mma_summary(ptx: str) -> str:
     return (", ".join(sorted(found)) or "no MMA") + loads
 
 
+def attempt(label: str, launch: Callable[[], object], only: tuple[str, ...] = ()) -> int:
+    """Run ``launch`` (its kernels compile, nothing runs) and print each kernel it compiled (those
+    named in ``only`` where given) after ``label``, or FAILED with the reason; the failures (0, 1)."""
+    before = len(compiled)
+    try:
+        launch()
+    except Exception as exc:  # noqa: BLE001 - every failure is reported, the rest go on
+        print(f"FAILED {label}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+        return 1
+    for name, summary in compiled[before:]:
+        if not only or name in only:
+            print(f"{label} {name}: {summary}", flush=True)
+    return 0
+
+
 for _module in (moe_triton, triton_kernels, sampling_triton, bounded_gemm_triton):
     for _name in dir(_module):
         _obj = getattr(_module, _name)
@@ -160,20 +176,17 @@ def compile_moe(wide: bool = False) -> int:
         picked = [moe_tiles(experts, hidden, inter, n * top_k, kind) for n in (1024, 8192)]
         swapped = (t for t in sweep_tiles(kind, swap=True, wide=wide) if t.swap_ab)
         for tiles in dict.fromkeys([*picked, *swapped]):
-            before = len(compiled)
-            try:
-                if sums:
-                    fused_moe(x, fp8["w13"], fp8["w2"], weights, ids, w13_scale=fp8["w13_scale"],
-                              w2_scale=fp8["w2_scale"], tiles=tiles, fp8_sums=sums)  # fmt: skip
-                else:
-                    fused_moe(x, bf16["w13"], bf16["w2"], weights, ids, tiles=tiles)
-            except Exception as exc:  # noqa: BLE001 - every failure is reported, the rest go on
-                failures += 1
-                print(f"FAILED {kind} {tiles}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
-                continue
-            for name, mma in compiled[before:]:
-                if name in ("moe_gate_up_kernel", "moe_down_kernel"):
-                    print(f"{kind:8s} {name:18s} {tiles}: {mma}", flush=True)
+            weights_of = fp8 if sums else bf16
+            scales = (
+                {"w13_scale": fp8["w13_scale"], "w2_scale": fp8["w2_scale"], "fp8_sums": sums} if sums else {}
+            )
+            failures += attempt(
+                f"{kind:8s} {tiles}",
+                lambda tiles=tiles, w=weights_of, s=scales: fused_moe(
+                    x, w["w13"], w["w2"], weights, ids, tiles=tiles, **s
+                ),
+                only=("moe_gate_up_kernel", "moe_down_kernel"),
+            )
     return failures
 
 
@@ -186,17 +199,11 @@ def compile_sampler() -> int:
     params = [SamplingParams(temperature=0.6, seed=i + 1) for i in range(256)]
     t = sampling_tensors(params, list(range(256)), "cpu")
     for dtype in (torch.bfloat16, torch.float32):
-        before = len(compiled)
-        try:
-            sample_unfiltered(
-                torch.zeros(256, 151936, dtype=dtype), t.temperature, t.seeds, t.steps, t.greedy
-            )
-        except Exception as exc:  # noqa: BLE001
-            failures += 1
-            print(f"FAILED sampler {dtype}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
-            continue
-        for name, mma in compiled[before:]:
-            print(f"sampler  {name:18s} logits {dtype}: {mma}", flush=True)
+        logits = torch.zeros(256, 151936, dtype=dtype)
+        failures += attempt(
+            f"sampler  logits {dtype}",
+            lambda logits=logits: sample_unfiltered(logits, t.temperature, t.seeds, t.steps, t.greedy),
+        )
     return failures
 
 
@@ -212,18 +219,12 @@ def compile_gemm() -> int:
             x, w = torch.zeros(rows, depth, dtype=dtype), torch.zeros(cols, depth, dtype=dtype)
             scales = {"x_scale": torch.ones(rows), "w_scale": torch.ones(cols), "out_dtype": torch.bfloat16}
             for tma in (False, True):
-                before = len(compiled)
-                try:
-                    bounded_linear(x, w, programs=66, tma=tma, **(scales if fp8 else {}))
-                except Exception as exc:  # noqa: BLE001
-                    failures += 1
-                    reason = str(exc).splitlines()[0][:200]
-                    print(
-                        f"FAILED gemm {dtype} {rows}x{cols}x{depth} tma={tma}: {type(exc).__name__}: {reason}"
-                    )
-                    continue
-                for name, mma in compiled[before:]:
-                    print(f"gemm     {name:23s} {str(dtype)[6:]} {rows}x{cols}x{depth}: {mma}", flush=True)
+                failures += attempt(
+                    f"gemm     {str(dtype)[6:]} {rows}x{cols}x{depth} tma={tma}",
+                    lambda x=x, w=w, tma=tma, fp8=fp8, scales=scales: bounded_linear(
+                        x, w, programs=66, tma=tma, **(scales if fp8 else {})
+                    ),
+                )
     return failures
 
 
@@ -236,18 +237,14 @@ def compile_rows() -> int:
         ("silu", 1024, 14336, "silu"), ("gelu", 1024, 15360, "gelu_pytorch_tanh"),
     )  # fmt: skip
     for label, rows, width, act in cases:
-        before = len(compiled)
-        try:
-            if act is None:
-                ops.quantize_fp8_rows(torch.zeros(rows, width, dtype=torch.bfloat16))
-            else:
-                ops.act_and_mul(torch.zeros(rows, 2 * width, dtype=torch.bfloat16), act, fp8=True)
-        except Exception as exc:  # noqa: BLE001
-            failures += 1
-            print(f"FAILED {label} {rows}x{width}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
-            continue
-        for name, summary in compiled[before:]:
-            print(f"{label:8s} {name:18s} {rows}x{width}: {summary}", flush=True)
+        if act is None:
+            x = torch.zeros(rows, width, dtype=torch.bfloat16)
+            failures += attempt(f"{label:8s} {rows}x{width}", lambda x=x: ops.quantize_fp8_rows(x))
+        else:
+            x = torch.zeros(rows, 2 * width, dtype=torch.bfloat16)
+            failures += attempt(
+                f"{label:8s} {rows}x{width}", lambda x=x, act=act: ops.act_and_mul(x, act, fp8=True)
+            )
     return failures
 
 
