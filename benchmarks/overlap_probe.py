@@ -26,6 +26,12 @@ timed these ways, interleaved, median of ``--reps`` replays:
               stream it was captured on: as SMs free, the ready kernel of higher priority takes
               them first. ``prio_agree``: how far half A's output on those streams is from its
               output on one stream (eager; 0 unless the streams race)
+    attention@greenA, overlap/greenA   (``--green-sms``, CUDA 12.8+) launched op by op: the whole
+              batch's attention with every kernel held to A SMs by a green context, and the two
+              halves with their attention held there and their GEMMs on high-priority streams
+              (free to use any SM); beside them whole/eager and attention/eager, the same ops
+              launched the same way. Does attention keep its bandwidth on fewer SMs, and do the
+              GEMMs fill the rest? A failure (an old torch, a driver) is reported as green_error
 
 ``overlap`` below ``whole`` is what nano-batching could gain on that shape; at best it reaches
 max(attention, gemms). The two halves read distinct KV pools and weights of the same shapes
@@ -139,17 +145,20 @@ def linear(bound: Bound | None) -> Callable[[torch.Tensor, torch.Tensor | Fp8Lin
 
 
 class Lanes:
-    """Where one nano-batch's ops run: its GEMMs on one stream and its attention on another, of
-    the given priorities (lower is higher, as CUDA's), each op after the one before it (the
-    chain stays a chain). On CPU every op runs in turn on the host."""
+    """Where one nano-batch's ops run: its GEMMs on one stream and its attention on another (CUDA;
+    None: every op runs in turn on the host), each op after the one before it (the chain stays a
+    chain)."""
 
-    def __init__(self, gemm_priority: int, attention_priority: int) -> None:
-        cuda = torch.cuda.is_available()
-        self.streams = {
-            "gemm": torch.cuda.Stream(priority=gemm_priority) if cuda else None,
-            "attention": torch.cuda.Stream(priority=attention_priority) if cuda else None,
-        }
+    def __init__(self, gemm: torch.cuda.Stream | None, attention: torch.cuda.Stream | None) -> None:
+        self.streams = {"gemm": gemm, "attention": attention}
         self.last: torch.cuda.Stream | None = None
+
+    @classmethod
+    def prioritized(cls, gemm_priority: int, attention_priority: int) -> Lanes:
+        """Two new streams of these priorities (lower is higher, as CUDA's)."""
+        if not torch.cuda.is_available():
+            return cls(None, None)
+        return cls(torch.cuda.Stream(priority=gemm_priority), torch.cuda.Stream(priority=attention_priority))
 
     @contextmanager
     def on(self, kind: str) -> Iterator[None]:
@@ -168,6 +177,24 @@ class Lanes:
             if stream is not None:
                 torch.cuda.current_stream().wait_stream(stream)
         self.last = None
+
+
+_GREEN_CONTEXTS: list[object] = []  # NOTE: a green context must outlive the streams it handed out
+
+
+def green_stream(sms: int) -> torch.cuda.Stream:
+    """A stream whose kernels run on at most ``sms`` SMs: one of a green context's
+    (torch.cuda.green_contexts, beta: CUDA 12.8+, and a torch whose GreenContext hands out
+    streams); RuntimeError where there is none."""
+    from torch.cuda import green_contexts
+
+    if not green_contexts.SUPPORTED:
+        raise RuntimeError(f"torch {torch.__version__} was built without green contexts")
+    context = green_contexts.GreenContext.create(num_sms=sms)
+    if not hasattr(context, "Stream"):
+        raise RuntimeError(f"torch {torch.__version__}: GreenContext has no Stream()")
+    _GREEN_CONTEXTS.append(context)
+    return context.Stream()
 
 
 def step(
@@ -226,6 +253,18 @@ def split_agreement(h: Half, shape: ModelShape, lanes: Lanes) -> float:
     split = step(h, shape, lanes=lanes)
     lanes.join()
     return float((split.float() - alone.float()).abs().max())
+
+
+def eager(h_list: list[Half], run: Callable[[], object]) -> Callable[[], None]:
+    """``run`` launched op by op (for streams a graph may not capture), after each backend's plan."""
+
+    def launch() -> None:
+        for h in h_list:
+            if torch.cuda.is_available():
+                h.backend.plan_for_replay(h.layout, h.x.shape[0])
+        run()
+
+    return launch
 
 
 def graphed(h_list: list[Half], run: Callable[[], object], carveout: int | None = None) -> Callable[[], None]:
@@ -298,8 +337,8 @@ def probe(args: argparse.Namespace, shape: ModelShape) -> dict:
     def overlap(bound: Bound | None = None) -> Callable[[], None]:
         return two_streams(lambda: step(a, shape, bound=bound), lambda: step(b, shape, bound=bound), side)
 
-    def prioritized(gemm_priority: int, attention_priority: int) -> Callable[[], None]:
-        lanes = Lanes(gemm_priority, attention_priority), Lanes(gemm_priority, attention_priority)
+    def split(lanes: tuple[Lanes, Lanes]) -> Callable[[], None]:
+        """The two halves, each op on its half's lanes, both joined at the end."""
 
         def run() -> None:
             step(a, shape, lanes=lanes[0]), step(b, shape, lanes=lanes[1])
@@ -307,6 +346,10 @@ def probe(args: argparse.Namespace, shape: ModelShape) -> dict:
                 lane.join()
 
         return run
+
+    def prioritized(gemm_priority: int, attention_priority: int) -> Callable[[], None]:
+        return split((Lanes.prioritized(gemm_priority, attention_priority),
+                      Lanes.prioritized(gemm_priority, attention_priority)))  # fmt: skip
 
     high = -100  # torch.cuda.Stream maps a priority past the device's range to its highest
 
@@ -320,7 +363,7 @@ def probe(args: argparse.Namespace, shape: ModelShape) -> dict:
         "overlap/prio-attention": graphed([a, b], prioritized(0, high)),
     }  # fmt: skip
     row = {"kv": args.kv, "weights": args.weights, "batch": args.batch, "length": args.length,
-           "layers": args.layers, "prio_agree": split_agreement(a, shape, Lanes(high, 0))}  # fmt: skip
+           "layers": args.layers, "prio_agree": split_agreement(a, shape, Lanes.prioritized(high, 0))}  # fmt: skip
     for bound in (Bound(sms, load == "tma") for sms in args.gemm_sms for load in args.gemm_loads):
         runs[f"overlap@{bound}"] = graphed([a, b], overlap(bound))
         runs[f"gemms@{bound}"] = graphed(
@@ -329,6 +372,27 @@ def probe(args: argparse.Namespace, shape: ModelShape) -> dict:
         row[f"agree@{bound}"] = agreement(whole, bound)
     for free in args.carveout if side is not None else ():
         runs[f"carve@{free}"] = graphed([a, b], overlap(), carveout=free)
+    if args.green_sms:
+        try:  # NOTE: green contexts are beta in torch: a failure is reported in the row, the rest go on
+            green = {
+                "whole/eager": eager([whole], lambda: step(whole, shape)),
+                "attention/eager": eager([whole], lambda: step(whole, shape, gemms=False)),
+            }
+            for sms in args.green_sms:
+                alone = Lanes(None, green_stream(sms))
+                green[f"attention@green{sms}"] = eager(
+                    [whole], lambda lanes=alone: (step(whole, shape, gemms=False, lanes=lanes), lanes.join())
+                )
+                halves = (
+                    Lanes(torch.cuda.Stream(priority=high), green_stream(sms)),
+                    Lanes(torch.cuda.Stream(priority=high), green_stream(sms)),
+                )
+                green[f"overlap/green{sms}"] = eager([a, b], split(halves))
+            for fn in green.values():
+                event_ms(fn)  # a first call: what fails, fails here
+            runs.update(green)
+        except Exception as exc:  # noqa: BLE001
+            row["green_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
     times: dict[str, list[float]] = {name: [] for name in runs}
     for rep in range(args.reps):  # interleaved
         if rep >= 3 and args.deadline is not None and time.monotonic() > args.deadline:
@@ -383,6 +447,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument(
         "--carveout", default="44,66", help="comma list: SMs cuBLAS leaves free in carve@C (CUDA)"
     )
+    parser.add_argument(
+        "--green-sms",
+        default="",
+        help="comma list: SMs of the green contexts of attention@greenA, overlap/greenA (CUDA)",
+    )
     parser.add_argument("--attention", default="flashinfer", help="attention backend: flashinfer, torch")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--page-size", type=int, default=16)
@@ -405,6 +474,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if set(args.gemm_loads) - {"ptr", "tma"}:
         parser.error(f"--gemm-loads: {args.gemm_loads}, expected ptr and/or tma")
     args.carveout = [int(v) for v in args.carveout.split(",") if v]
+    args.green_sms = [int(v) for v in args.green_sms.split(",") if v]
+    if args.green_sms and args.device != "cuda":
+        parser.error("--green-sms needs CUDA (green contexts hold kernels to a set of SMs)")
     if args.gemm_sms and args.device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         parser.error(
             "--gemm-sms on CPU needs TRITON_INTERPRET=1 (the bounded GEMM is a Triton kernel); pass --gemm-sms ''"

@@ -83,3 +83,9 @@ def test_budget_stops_the_rounds_after_three_and_keeps_the_rows(tmp_path) -> Non
     )  # fmt: skip
     assert rows[0]["reps"] == 3
     assert json.loads(out.read_text())[0]["whole_ms"] == rows[0]["whole_ms"]
+
+
+def test_green_contexts_are_refused_off_cuda() -> None:
+    """--green-sms holds kernels to SMs of a green context: a CUDA-only variant, refused at once."""
+    with pytest.raises(SystemExit):
+        main([*SMOKE, "--gemm-sms", "", "--green-sms", "66"])
