@@ -12,13 +12,16 @@ what would fail to compile there before a device call is spent on it:
 ``moe``: fused_moe's kernels under every transposed tile of ``sweep_tiles(kind, swap=True)``
 (FP8 fast, tile, exact; bf16) and the tiles moe_tiles picks for Qwen3-30B-A3B's decode and
 prefill; ``moe-wide``: FP8 fast under every transposed tile of ``sweep_tiles(kind, swap=True,
-wide=True)`` (what ``moe_kernel.py --sweep --swap --wide`` times); ``sample``: the fused sampler
+wide=True)`` (what ``moe_kernel.py --sweep --swap --wide`` times); ``moe-mixtral``: FP8 fast
+at Mixtral-8x7B's experts under the tiles moe_tiles picks and every tile of ``sweep_tiles``
+(what ``moe_kernel.py --sweep --models mixtral-8x7b`` times); ``sample``: the fused sampler
 (bf16 and float32 logits); ``gemm``: the bounded GEMM (worker.kernels.bounded_gemm, bf16 and
 FP8) at Llama-3.1-8B's decode shapes; ``rows``: the per-row FP8 quantizer (worker.kernels.ops
 ``quantize_fp8_rows``, and SiLU-mul / GELU-mul with ``fp8=True``) at the MoE intermediate's and
 Llama-3.1-8B's widths. Prints one line per compiled
 kernel variant: its name, tiles, and its MMA instructions (wgmma with operand types, or
-mma.sync); exits 1 if any launch fails to compile.
+mma.sync); exits 1 if any launch fails to compile, or if a MoE tile that moe_tiles picks spills
+registers.
 """
 
 from __future__ import annotations
@@ -110,19 +113,28 @@ def mma_summary(ptx: str) -> str:
     return (", ".join(sorted(found)) or "no MMA") + loads
 
 
-def attempt(label: str, launch: Callable[[], object], only: tuple[str, ...] = ()) -> int:
+def attempt(
+    label: str, launch: Callable[[], object], only: tuple[str, ...] = (), spill_fails: bool = False
+) -> int:
     """Run ``launch`` (its kernels compile, nothing runs) and print each kernel it compiled (those
-    named in ``only`` where given) after ``label``, or FAILED with the reason; the failures (0, 1)."""
+    named in ``only`` where given) after ``label``, or FAILED with the reason; with
+    ``spill_fails`` a kernel that spills registers fails too. The failures (0, 1)."""
     before = len(compiled)
     try:
         launch()
     except Exception as exc:  # noqa: BLE001 - every failure is reported, the rest go on
         print(f"FAILED {label}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
         return 1
+    failed = 0
     for name, summary in compiled[before:]:
         if not only or name in only:
-            print(f"{label} {name}: {summary}", flush=True)
-    return 0
+            spills = re.search(r"(\d+) B spilled", summary)
+            if spill_fails and spills and int(spills.group(1)):
+                print(f"FAILED {label} {name}: spills, {summary}", flush=True)
+                failed = 1
+            else:
+                print(f"{label} {name}: {summary}", flush=True)
+    return failed
 
 
 for _module in (moe_triton, triton_kernels, sampling_triton, bounded_gemm_triton):
@@ -148,11 +160,13 @@ def _check_on_cpu(*args):
 fused_moe_module._check = _check_on_cpu
 
 
-def compile_moe(wide: bool = False) -> int:
+def compile_moe(wide: bool = False, mixtral: bool = False) -> int:
     from worker.kernels.fused_moe import fused_moe
     from worker.kernels.moe_tiles import moe_tiles, sweep_tiles
 
-    experts, hidden, inter, tokens, top_k = 128, 2048, 768, 64, 8  # Qwen3-30B-A3B's experts
+    # Qwen3-30B-A3B's experts, or Mixtral-8x7B's
+    experts, hidden, inter, top_k = (8, 4096, 14336, 2) if mixtral else (128, 2048, 768, 8)
+    tokens = 64
     x = torch.zeros(tokens, hidden, dtype=torch.bfloat16)
     ids = torch.randint(0, experts, (tokens, top_k), dtype=torch.int32)
     weights = torch.rand(tokens, top_k)
@@ -169,13 +183,16 @@ def compile_moe(wide: bool = False) -> int:
     failures = 0
     kinds = (
         (("fp8-fast", "fast"),)
-        if wide
+        if wide or mixtral
         else (("fp8-fast", "fast"), ("fp8-tile", "tile"), ("fp8", "exact"), ("bf16", None))
     )
     for kind, sums in kinds:
         picked = [moe_tiles(experts, hidden, inter, n * top_k, kind) for n in (1024, 8192)]
-        swapped = (t for t in sweep_tiles(kind, swap=True, wide=wide) if t.swap_ab)
-        for tiles in dict.fromkeys([*picked, *swapped]):
+        if mixtral:  # what moe_kernel.py --sweep times for it (256 and 2,048 rows an expert)
+            others = iter(sweep_tiles(kind))
+        else:
+            others = (t for t in sweep_tiles(kind, swap=True, wide=wide) if t.swap_ab)
+        for tiles in dict.fromkeys([*picked, *others]):  # NOTE: a tile moe_tiles picks must not spill
             weights_of = fp8 if sums else bf16
             scales = (
                 {"w13_scale": fp8["w13_scale"], "w2_scale": fp8["w2_scale"], "fp8_sums": sums} if sums else {}
@@ -186,6 +203,7 @@ def compile_moe(wide: bool = False) -> int:
                     x, w["w13"], w["w2"], weights, ids, tiles=tiles, **s
                 ),
                 only=("moe_gate_up_kernel", "moe_down_kernel"),
+                spill_fails=tiles in picked,
             )
     return failures
 
@@ -256,7 +274,7 @@ def main() -> None:
         "what",
         nargs="*",
         default=["moe", "sample", "gemm", "rows"],
-        help=f"of {', '.join(TARGETS)} (all but moe-wide by default)",
+        help=f"of {', '.join(TARGETS)} (all but moe-wide and moe-mixtral by default)",
     )
     args = parser.parse_args()
     if set(args.what) - set(TARGETS):
@@ -270,6 +288,7 @@ def main() -> None:
 TARGETS = {
     "moe": compile_moe,
     "moe-wide": lambda: compile_moe(wide=True),
+    "moe-mixtral": lambda: compile_moe(mixtral=True),
     "sample": compile_sampler,
     "gemm": compile_gemm,
     "rows": compile_rows,

@@ -94,9 +94,14 @@ _FP8_TILE_32 = replace(_TILE_32, block_k=256)
 # e4m3 straight into wgmma (fp8-tile, fp8-fast): the bf16 tiles' bytes per stage at twice the
 # block_k, one stage fewer at block_m 128 (147 KB)
 _FP8_TILE_64 = replace(_TILE_64, block_k=128)
-_FP8_TILE_128 = replace(_TILE_128, block_k=128, num_stages=3)
+# NOTE: every FP8 kind's down GEMM holds two accumulators (each K tile's e4m3 sum and the float32
+# total): at 128 rows x 256 columns they take 255 registers a thread and spill (316-364 B at 8
+# warps; `scripts/compile_sm90.py moe-mixtral`, Triton 3.6 for sm_90a), so the FP8 tiles of 128
+# rows take 128 down columns (202 registers, no spill); bf16's one accumulator fits 256 (199).
+_FP8_TILE_128 = replace(_TILE_128, block_k=128, num_stages=3, down_n=128)
+_EXACT_FP8_TILE_128 = replace(_TILE_128, down_n=128)
 
-_EXACT_FP8 = ((8, _FP8_TILE_16), (16, _FP8_TILE_32), (64, _TILE_64), (float("inf"), _TILE_128))
+_EXACT_FP8 = ((8, _FP8_TILE_16), (16, _FP8_TILE_32), (64, _TILE_64), (float("inf"), _EXACT_FP8_TILE_128))
 _WGMMA_FP8 = ((8, _FP8_TILE_16), (16, _FP8_TILE_32), (64, _FP8_TILE_64), (float("inf"), _FP8_TILE_128))
 Table = tuple[tuple[float, MoeTiles], ...]  # (rows per expert at most, tiles), ascending
 
@@ -141,7 +146,7 @@ TUNED: dict[tuple[int, int, int, str], Table] = {
         (8, _FP8_TILE_16),
         (16, _FP8_TILE_32),
         (256, _TILE_64),
-        (float("inf"), _TILE_128),
+        (float("inf"), _EXACT_FP8_TILE_128),
     ),
 }
 
