@@ -244,11 +244,17 @@ def agreement(h: Half, bound: Bound) -> float:
     return worst
 
 
+def replan(h_list: list[Half]) -> None:
+    """Each backend's plan for its rows, before a replay or an eager run (CUDA)."""
+    if torch.cuda.is_available():
+        for h in h_list:
+            h.backend.plan_for_replay(h.layout, h.x.shape[0])
+
+
 def split_agreement(h: Half, shape: ModelShape, lanes: Lanes) -> float:
     """The largest difference between one half's output with its ops on ``lanes`` and on one
     stream, run eagerly (the same kernels on the same inputs: 0 unless the streams race)."""
-    if torch.cuda.is_available():
-        h.backend.plan_for_replay(h.layout, h.x.shape[0])
+    replan([h])
     alone = step(h, shape)
     split = step(h, shape, lanes=lanes)
     lanes.join()
@@ -259,9 +265,7 @@ def eager(h_list: list[Half], run: Callable[[], object]) -> Callable[[], None]:
     """``run`` launched op by op (for streams a graph may not capture), after each backend's plan."""
 
     def launch() -> None:
-        for h in h_list:
-            if torch.cuda.is_available():
-                h.backend.plan_for_replay(h.layout, h.x.shape[0])
+        replan(h_list)
         run()
 
     return launch
@@ -289,8 +293,7 @@ def graphed(h_list: list[Half], run: Callable[[], object], carveout: int | None 
         torch.backends.cuda.preferred_blas_library(library)
 
     def replay() -> None:
-        for h in h_list:
-            h.backend.plan_for_replay(h.layout, h.x.shape[0])
+        replan(h_list)
         graph.replay()
 
     return replay

@@ -189,14 +189,14 @@ def compile_moe(wide: bool = False, mixtral: bool = False) -> int:
     for kind, sums in kinds:
         picked = [moe_tiles(experts, hidden, inter, n * top_k, kind) for n in (1024, 8192)]
         if mixtral:  # what moe_kernel.py --sweep times for it (256 and 2,048 rows an expert)
-            others = iter(sweep_tiles(kind))
+            others = sweep_tiles(kind)
         else:
-            others = (t for t in sweep_tiles(kind, swap=True, wide=wide) if t.swap_ab)
+            others = [t for t in sweep_tiles(kind, swap=True, wide=wide) if t.swap_ab]
+        weights_of = fp8 if sums else bf16
+        scales = (
+            {"w13_scale": fp8["w13_scale"], "w2_scale": fp8["w2_scale"], "fp8_sums": sums} if sums else {}
+        )
         for tiles in dict.fromkeys([*picked, *others]):  # NOTE: a tile moe_tiles picks must not spill
-            weights_of = fp8 if sums else bf16
-            scales = (
-                {"w13_scale": fp8["w13_scale"], "w2_scale": fp8["w2_scale"], "fp8_sums": sums} if sums else {}
-            )
             failures += attempt(
                 f"{kind:8s} {tiles}",
                 lambda tiles=tiles, w=weights_of, s=scales: fused_moe(

@@ -170,15 +170,16 @@ def quantize_fp8_rows(x: torch.Tensor) -> Fp8Rows:
     return _fp8_rows(k, x, x.shape[1], act=None)
 
 
-def _fp8_rows(k: Any, x: torch.Tensor, n: int, *, act: str | None) -> Fp8Rows:
+def _fp8_rows(k: Any, x: torch.Tensor, n: int, *, act: str | None, two_pass: bool = False) -> Fp8Rows:
     """fp8_rows_kernel over x's rows: x itself (n columns, act None), or act_and_mul(x, act)
     (x has 2n). Rows of at most 4,096 values are read once, several a program (MoE
-    intermediates of 768: four); longer ones twice, one a program."""
+    intermediates of 768: four); longer ones twice, one a program (every row with
+    ``two_pass``: the schedule benchmarks/fp8_rows.py compares against)."""
     rows = x.shape[0]
     data = torch.empty((rows, n), dtype=torch.float8_e4m3fn, device=x.device)
     scale = torch.empty(rows, dtype=torch.float32, device=x.device)
     block = min(_FP8_ROWS_TILE, triton_block(n))
-    one_pass = n <= block
+    one_pass = n <= block and not two_pass
     per_program = max(1, min(16, _FP8_ROWS_TILE // block)) if one_pass else 1
     if rows:
         k.fp8_rows_kernel[(-(-rows // per_program),)](
