@@ -32,6 +32,15 @@ timed these ways, interleaved, median of ``--reps`` replays:
               (free to use any SM); beside them whole/eager and attention/eager, the same ops
               launched the same way. Does attention keep its bandwidth on fewer SMs, and do the
               GEMMs fill the rest? A failure (an old torch, a driver) is reported as green_error
+    attention@splitA, gemms@splitR, overlap/splitA   (``--split-sms``, CUDA, cuda-python) the
+              device cut in two disjoint green contexts, A SMs (the driver rounds up to 8) for
+              attention and the other R for GEMMs: each part alone, then the two halves with
+              every attention on the first and every GEMM on the second, launched op by op
+              (``split_agree@A``: half A's output so against one stream, 0 unless they race);
+              with ``--split-graph`` also overlap/splitA/graph, the same captured in a CUDA graph
+              (a failure is reported as split_graph_error). Unlike greenA, neither part can take
+              the other's SMs: the NanoFlow plan, attention keeping its bandwidth on A SMs while
+              the GEMMs compute on the rest
 
 ``overlap`` below ``whole`` is what nano-batching could gain on that shape; at best it reaches
 max(attention, gemms). The two halves read distinct KV pools and weights of the same shapes
@@ -197,6 +206,38 @@ def green_stream(sms: int) -> torch.cuda.Stream:
     return context.Stream()
 
 
+def split_streams(
+    attention_sms: int, per_side: int = 2
+) -> tuple[list[torch.cuda.Stream], list[torch.cuda.Stream], int, int]:
+    """The device cut in two disjoint green contexts: ``attention_sms`` SMs (rounded up by the
+    driver: 8 at a time on sm90) and the rest, ``per_side`` streams on each; returns (the first's
+    streams, the rest's, their SM counts). torch's GreenContext takes its SMs from the whole
+    device each time (two of them may share SMs), so this goes through the driver API
+    (cuda-python), FlashInfer's green_ctx helpers cutting the SMs; RuntimeError where there is
+    no cuda-python."""
+    try:
+        import cuda.bindings.driver as driver
+        from flashinfer.cuda_utils import checkCudaErrors
+        from flashinfer.green_ctx import get_cudevice, get_device_resource, split_resource_by_sm_count
+    except ImportError as exc:
+        raise RuntimeError(f"--split-sms needs cuda-python (cuda-bindings): {exc}") from exc
+
+    device = get_cudevice(torch.device("cuda", torch.cuda.current_device()))
+    groups, rest = split_resource_by_sm_count(device, get_device_resource(device), [attention_sms])
+    sides: list[list[torch.cuda.Stream]] = []
+    for resource in (groups[0], rest):
+        desc = checkCudaErrors(driver.cuDevResourceGenerateDesc([resource], 1))
+        flags = driver.CUgreenCtxCreate_flags.CU_GREEN_CTX_DEFAULT_STREAM
+        context = checkCudaErrors(driver.cuGreenCtxCreate(desc, device, flags))
+        _GREEN_CONTEXTS.append(context)
+        nonblocking = driver.CUstream_flags.CU_STREAM_NON_BLOCKING
+        handles = [
+            checkCudaErrors(driver.cuGreenCtxStreamCreate(context, nonblocking, 0)) for _ in range(per_side)
+        ]
+        sides.append([torch.cuda.get_stream_from_external(int(h)) for h in handles])
+    return sides[0], sides[1], int(groups[0].sm.smCount), int(rest.sm.smCount)
+
+
 def step(
     h: Half,
     shape: ModelShape,
@@ -329,6 +370,48 @@ def prepare(h: Half) -> None:
         h.meta = h.backend.plan(h.layout)
 
 
+def failure(exc: BaseException) -> str:
+    """An exception in one line of a result row."""
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+
+
+def split_runs(
+    whole: Half, a: Half, b: Half, shape: ModelShape, sms: int, row: dict, graph: bool
+) -> dict[str, Callable[[], None]]:
+    """The split variants for one cut (module docstring): each half's attention on its own stream
+    of the attention part and its GEMMs on its own stream of the rest, so the halves' chains
+    interleave; checked against one stream (``split_agree@A``) and run once before timing."""
+    attention, gemms, attention_sms, gemm_sms = split_streams(sms)
+    lanes = (Lanes(gemms[0], attention[0]), Lanes(gemms[1], attention[1]))
+
+    def alone(attention: bool) -> Callable[[], None]:
+        def run() -> None:
+            step(whole, shape, attention=attention, gemms=not attention, lanes=lanes[0])
+            lanes[0].join()
+
+        return eager([whole], run)
+
+    def both() -> None:
+        step(a, shape, lanes=lanes[0]), step(b, shape, lanes=lanes[1])
+        for lane in lanes:
+            lane.join()
+
+    runs = {
+        f"attention@split{attention_sms}": alone(attention=True),
+        f"gemms@split{gemm_sms}": alone(attention=False),
+        f"overlap/split{attention_sms}": eager([a, b], both),
+    }
+    row[f"split_agree@{attention_sms}"] = split_agreement(a, shape, lanes[0])
+    for fn in runs.values():
+        event_ms(fn)  # a first call: what fails, fails here
+    if graph:
+        try:
+            runs[f"overlap/split{attention_sms}/graph"] = graphed([a, b], both)
+        except Exception as exc:  # noqa: BLE001
+            row[f"split_graph_error@{attention_sms}"] = failure(exc)
+    return runs
+
+
 def probe(args: argparse.Namespace, shape: ModelShape) -> dict:
     """Median ms per step of each variant (module docstring) for one KV dtype."""
     whole = half(args, shape, args.batch, 1)
@@ -375,12 +458,12 @@ def probe(args: argparse.Namespace, shape: ModelShape) -> dict:
         row[f"agree@{bound}"] = agreement(whole, bound)
     for free in args.carveout if side is not None else ():
         runs[f"carve@{free}"] = graphed([a, b], overlap(), carveout=free)
+    if args.green_sms or args.split_sms:
+        runs["whole/eager"] = eager([whole], lambda: step(whole, shape))
+        runs["attention/eager"] = eager([whole], lambda: step(whole, shape, gemms=False))
     if args.green_sms:
         try:  # NOTE: green contexts are beta in torch: a failure is reported in the row, the rest go on
-            green = {
-                "whole/eager": eager([whole], lambda: step(whole, shape)),
-                "attention/eager": eager([whole], lambda: step(whole, shape, gemms=False)),
-            }
+            green: dict[str, Callable[[], None]] = {}
             for sms in args.green_sms:
                 alone = Lanes(None, green_stream(sms))
                 green[f"attention@green{sms}"] = eager(
@@ -395,7 +478,12 @@ def probe(args: argparse.Namespace, shape: ModelShape) -> dict:
                 event_ms(fn)  # a first call: what fails, fails here
             runs.update(green)
         except Exception as exc:  # noqa: BLE001
-            row["green_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+            row["green_error"] = failure(exc)
+    for sms in args.split_sms:
+        try:  # NOTE: as green contexts: a failure is reported in the row, the rest go on
+            runs.update(split_runs(whole, a, b, shape, sms, row, args.split_graph))
+        except Exception as exc:  # noqa: BLE001
+            row[f"split_error@{sms}"] = failure(exc)
     times: dict[str, list[float]] = {name: [] for name in runs}
     for rep in range(args.reps):  # interleaved
         if rep >= 3 and args.deadline is not None and time.monotonic() > args.deadline:
@@ -455,6 +543,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
         default="",
         help="comma list: SMs of the green contexts of attention@greenA, overlap/greenA (CUDA)",
     )
+    parser.add_argument(
+        "--split-sms",
+        default="",
+        help="comma list: SMs of attention's part in attention@splitA, gemms@splitR, overlap/splitA (CUDA, cuda-python)",
+    )
+    parser.add_argument(
+        "--split-graph",
+        action="store_true",
+        help="also overlap/splitA/graph: the split captured in a CUDA graph",
+    )
     parser.add_argument("--attention", default="flashinfer", help="attention backend: flashinfer, torch")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--page-size", type=int, default=16)
@@ -478,8 +576,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
         parser.error(f"--gemm-loads: {args.gemm_loads}, expected ptr and/or tma")
     args.carveout = [int(v) for v in args.carveout.split(",") if v]
     args.green_sms = [int(v) for v in args.green_sms.split(",") if v]
-    if args.green_sms and args.device != "cuda":
-        parser.error("--green-sms needs CUDA (green contexts hold kernels to a set of SMs)")
+    args.split_sms = [int(v) for v in args.split_sms.split(",") if v]
+    if (args.green_sms or args.split_sms) and args.device != "cuda":
+        parser.error("--green-sms and --split-sms need CUDA (green contexts hold kernels to a set of SMs)")
     if args.gemm_sms and args.device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         parser.error(
             "--gemm-sms on CPU needs TRITON_INTERPRET=1 (the bounded GEMM is a Triton kernel); pass --gemm-sms ''"

@@ -3,10 +3,11 @@
 # repository root:
 #   bash scripts/device/fetch_deps.sh
 # writes .whl/ (cp312 manylinux wheels of what the device image lacks: FlashInfer and its
-# tvm-ffi, the queue's client libraries, gguf, xgrammar and pydantic) and .redis/root/
-# (redis-server and redis-cli from Debian packages, with the two libraries an Ubuntu image may
-# lack). Both folders are git-ignored; scripts/device/prelude.sh installs them there. The
-# FlashInfer JIT cache (.fi_cache/) is built on the device: scripts/device/warm_flashinfer.py.
+# tvm-ffi, the queue's client libraries, gguf, xgrammar, pydantic, cuda-python's driver
+# bindings; 29 MB) and .redis/root/ (redis-server and redis-cli from Debian packages, with the
+# two libraries an Ubuntu image may lack). Both folders are git-ignored; scripts/device/prelude.sh
+# installs them there. The FlashInfer JIT cache (.fi_cache/) is built on the device:
+# scripts/device/warm_flashinfer.py.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -15,6 +16,7 @@ WHEELS=(
     msgspec pyzmq redis fakeredis gguf
     xgrammar==0.2.9 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types typing-inspection
     typing-extensions
+    cuda-bindings==13.0.3 cuda-pathfinder  # the driver API (green contexts) for overlap_probe --split-sms
 )
 mkdir -p .whl
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \

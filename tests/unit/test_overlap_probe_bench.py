@@ -85,7 +85,10 @@ def test_budget_stops_the_rounds_after_three_and_keeps_the_rows(tmp_path) -> Non
     assert json.loads(out.read_text())[0]["whole_ms"] == rows[0]["whole_ms"]
 
 
-def test_green_contexts_are_refused_off_cuda() -> None:
-    """--green-sms holds kernels to SMs of a green context: a CUDA-only variant, refused at once."""
+@pytest.mark.parametrize("option", ["--green-sms", "--split-sms"])
+def test_green_contexts_are_refused_off_cuda(option, capsys) -> None:
+    """--green-sms and --split-sms hold kernels to SMs of green contexts: CUDA-only variants,
+    refused at once with the option named."""
     with pytest.raises(SystemExit):
-        main([*SMOKE, "--gemm-sms", "", "--green-sms", "66"])
+        main([*SMOKE, "--gemm-sms", "", option, "66"])
+    assert "--split-sms need CUDA" in capsys.readouterr().err
