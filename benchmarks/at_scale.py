@@ -21,8 +21,9 @@ turn (interleaved, one engine at a time, each built afresh; with several presets
 variant of the first, then of the next, in each round); the median counts. By default
 (``--rounds 0``) N is 3 when every run of the first round took over 30 s, else 5 (issue
 13). Beside each figure: the floor of the shape (benchmarks/floor.py: weights x steps + KV reads + prefill
-FLOPs at 4.3 TB/s and 790 TFLOP/s) with at most ``max_running_reqs`` running, and the floor
-with the KV pool the engine actually had.
+FLOPs at 4.3 TB/s and 790 TFLOP/s, the H200's) with at most ``max_running_reqs`` running, the floor
+with the KV pool the engine actually had, and the first at this card's copy bandwidth and bf16
+GEMM rate, measured after the runs (floor.measure_ceilings: on an H100, what "of floor" means there).
 
     python benchmarks/at_scale.py --preset llama-3.1-8b
     python benchmarks/at_scale.py --preset qwen3-0.6b --variants engine:auto,engine:fp8_e4m3
@@ -65,6 +66,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from at_scale_report import print_presets_table, summarize  # noqa: E402
+from floor import measure_ceilings  # noqa: E402
 from offline import Workload  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -363,7 +365,19 @@ def main(argv: list[str] | None = None) -> list[dict]:
     finally:
         if redis is not None:
             redis.stop()
-    rows = [row for n in names for row in summarize(args, n, preset_of(args, n), variants, records, rounds)]
+    ceilings = None
+    try:  # NOTE: after the runs, so its buffers never shrink a KV pool; a failure costs only its column
+        ceilings = measure_ceilings() if records else None
+    except RuntimeError as exc:
+        print(f"this card's ceilings not measured: {str(exc).splitlines()[0][:200]}")
+    if ceilings:
+        bandwidth, peak = ceilings
+        print(f"this card: copy {bandwidth / 1e12:.2f} TB/s, bf16 GEMM {peak / 1e12:.0f} TFLOP/s (measured)")
+    rows = [
+        row
+        for n in names
+        for row in summarize(args, n, preset_of(args, n), variants, records, rounds, ceilings)
+    ]
     if len(names) > 1:
         print_presets_table(rows)
     if args.out:

@@ -19,26 +19,42 @@ if TYPE_CHECKING:
 
 
 def floors(
-    preset: Preset, kv: str | None, max_running: int, pool_tokens: int | None, fp8_weights: bool = False
-) -> tuple[Floor, Floor | None]:
-    """The shape's floor (at most ``max_running`` at once) and the floor with this KV pool."""
+    preset: Preset,
+    kv: str | None,
+    max_running: int,
+    pool_tokens: int | None,
+    fp8_weights: bool = False,
+    ceilings: tuple[float, float] | None = None,
+) -> tuple[Floor, Floor | None, Floor | None]:
+    """The shape's floor (at most ``max_running`` at once), the floor with this KV pool, and
+    the first again at ``ceilings`` (this card's bandwidth and bf16 peak) when given."""
     shape = ModelShape.from_config(json.loads(Path(preset.model).read_text()))
     prompts = [preset.prompt_len] * preset.num_requests
     outputs = [preset.output_len] * preset.num_requests
     kv_bytes = KV_BYTES.get(kv or "auto", 2)
     common = dict(kv_bytes=kv_bytes, fp8_weights=fp8_weights, max_running=max_running)
     ideal = shape_floor(shape, prompts, outputs, **common)  # type: ignore[arg-type]
+    card = None
+    if ceilings is not None:
+        bandwidth, peak = ceilings
+        card = shape_floor(shape, prompts, outputs, bandwidth=bandwidth, peak=peak, **common)  # type: ignore[arg-type]
     if pool_tokens is None or pool_tokens < preset.prompt_len + preset.output_len:
-        return ideal, None
+        return ideal, None, card
     pooled = shape_floor(shape, prompts, outputs, kv_capacity_tokens=pool_tokens, **common)  # type: ignore[arg-type]
-    return ideal, pooled
+    return ideal, pooled, card
 
 
 def summarize(
-    args: argparse.Namespace, name: str, preset: Preset, variants: list[Variant], records: list, rounds: int
+    args: argparse.Namespace,
+    name: str,
+    preset: Preset,
+    variants: list[Variant],
+    records: list,
+    rounds: int,
+    ceilings: tuple[float, float] | None = None,
 ) -> list[dict]:
     """Print preset ``name``'s table (stdout is what comes back from a device run) and return
-    its rows."""
+    its rows; with ``ceilings`` (floor.measure_ceilings) each beside this card's floor too."""
     max_running = args.max_running_reqs or preset.max_running_reqs
     records = [r for r in records if r.preset == name]
     rows = []
@@ -50,7 +66,9 @@ def summarize(
         engine_name = v.engine.name  # a queue run's pool: its engine's
         pages = [r for r in records if r.variant == engine_name and r.kv_pages]
         pool_tokens = pages[0].kv_pages * pages[0].page_size if pages else None
-        ideal, pooled = floors(preset, v.kv_cache_dtype, max_running, pool_tokens, v.quantization == "fp8")
+        ideal, pooled, card = floors(
+            preset, v.kv_cache_dtype, max_running, pool_tokens, v.quantization == "fp8", ceilings
+        )
         tokens = runs[0].output_tokens
         row = {
             "preset": name,
@@ -60,6 +78,7 @@ def summarize(
             "tok_per_s": tokens / median_s,
             "floor_s": ideal.total_s,
             "pool_floor_s": pooled.total_s if pooled else None,
+            "card_floor_s": card.total_s if card else None,
             "pool_tokens": pool_tokens,
             "max_decode_batch": max((r.max_decode_batch or 0) for r in runs) or None,
             "retractions": max((r.retractions or 0) for r in runs)
@@ -93,6 +112,14 @@ def summarize(
             f"{row['tok_per_s'] / rows[0]['tok_per_s']:>7.3f}"
         )
     for row in rows:
+        if row["card_floor_s"]:
+            bandwidth, peak = ceilings or (0.0, 0.0)
+            print(
+                f"  {row['variant']}: this card's floor (copy {bandwidth / 1e12:.2f} TB/s, bf16 GEMM "
+                f"{peak / 1e12:.0f} TFLOP/s, measured) {row['card_floor_s']:.2f} s: "
+                f"{row['card_floor_s'] / row['median_s']:.0%} of it"
+            )
+    for row in rows:
         eager = (
             f"; graphs to {row['graph_max_bs']}, eager decode steps {row['eager_decode_steps']}"
             + (f" (batches up to {row['eager_batch_max']})" if row["eager_batch_max"] else "")
@@ -119,16 +146,19 @@ def summarize(
 def print_presets_table(rows: list[dict]) -> None:
     """The presets of one call side by side (Markdown): median, its floor and the share."""
     print(
-        "\n| preset | variant | runs | median s | tok/s | floor tok/s | of floor | pool floor tok/s | of pool floor |"
+        "\n| preset | variant | runs | median s | tok/s | floor tok/s | of floor | pool floor tok/s | of pool floor "
+        "| this card's floor tok/s | of it |"
     )
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for row in rows:
         tokens = row["tok_per_s"] * row["median_s"]
-        pool = row["pool_floor_s"]
+        pool, card = row["pool_floor_s"], row.get("card_floor_s")
         pooled = f"{tokens / pool:,.0f} | {pool / row['median_s']:.0%}" if pool else "- | -"
+        carded = f"{tokens / card:,.0f} | {card / row['median_s']:.0%}" if card else "- | -"
         print(
             f"| {row['preset']} | {row['variant']} | {len(row['runs_s'])} | {row['median_s']:.2f} | "
-            f"{row['tok_per_s']:,.0f} | {tokens / row['floor_s']:,.0f} | {row['floor_s'] / row['median_s']:.0%} | {pooled} |"
+            f"{row['tok_per_s']:,.0f} | {tokens / row['floor_s']:,.0f} | {row['floor_s'] / row['median_s']:.0%} | {pooled} | "
+            f"{carded} |"
         )
 
 

@@ -14,7 +14,8 @@ counted as compute at peak (its weight reads are amortised over thousands of tok
 and experts in e4m3, the LM head and MoE routers in bf16) halve their bytes and run their
 FLOPs at twice the bf16 peak. Ceilings default to what was measured on the H200 here:
 ~4.3 TB/s copy bandwidth and ~790 TFLOP/s dense bf16 (FP8: 2x, the datasheet's ratio; not
-measured). docs/performance.md ("The floor") writes the formula out.
+measured). docs/performance.md ("The floor") writes the formula out. ``measure_ceilings``
+takes the two on the card at hand (at_scale.py prints its floor beside the H200's).
 
 ``memory_s + prefill_s`` (weights x steps + KV reads + prefill FLOPs, each at its ceiling) is
 the floor whenever every decode step is bandwidth-bound; ``total_s`` takes the per-step max,
@@ -36,11 +37,15 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from model_shape import ModelShape  # noqa: E402
 from offline import standard_workload  # noqa: E402
+
+if TYPE_CHECKING:
+    import torch
 
 H200_BANDWIDTH = 4.3e12  # bytes/s
 H200_PEAK = 790e12  # dense bf16 FLOP/s
@@ -223,6 +228,42 @@ def shape_floor(
         weight_bytes=body_bytes * shape.body_params + 2 * head_params,
         output_tokens=sum(output_lens),
     )
+
+
+def measure_ceilings(reps: int = 5) -> tuple[float, float]:
+    """This machine's (copy bandwidth in bytes/s, dense bf16 GEMM FLOP/s): a 2 GiB tensor copied
+    into another (bytes read plus written per second) and an 8,192-square bf16 product, medians of
+    ``reps`` after a warm-up; on CUDA when there is one (else 64 MiB and 512 square on the CPU,
+    for smoke runs). What the caching allocator holds is released first (an engine just torn
+    down), and its buffers before it returns."""
+    import gc
+
+    import torch
+
+    cuda = torch.cuda.is_available()
+    if cuda:
+        gc.collect()
+        torch.cuda.empty_cache()
+    device, nbytes, n = ("cuda", 2**31, 8192) if cuda else ("cpu", 2**26, 512)
+    bandwidth = 2 * nbytes / _median_s(torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device), reps)
+    a, b = (torch.randn(n, n, device=device).to(torch.bfloat16) for _ in range(2))
+    peak = 2 * n**3 / _median_s(a, reps, b)
+    if cuda:
+        torch.cuda.empty_cache()
+    return bandwidth, peak
+
+
+def _median_s(x: torch.Tensor, reps: int, other: torch.Tensor | None = None) -> float:
+    """Median seconds of ``x @ other``, or without ``other`` of copying ``x`` into a new tensor
+    of its size, after one warm-up call."""
+    import statistics
+
+    from gpu_timing import event_ms
+
+    out = x.new_empty(x.shape)
+    fn = (lambda: out.copy_(x)) if other is None else (lambda: x @ other)
+    fn()
+    return statistics.median(event_ms(fn) for _ in range(reps)) / 1e3
 
 
 def floor_seconds(

@@ -93,7 +93,9 @@ def test_tiny_preset_runs_end_to_end_on_cpu(tmp_path: Path, capsys: pytest.Captu
     assert row["variant"] == "engine" and row["runs_s"] == [round(r["seconds"], 3) for r in runs]
     assert row["median_s"] == pytest.approx(sum(r["seconds"] for r in runs) / 2)
     assert row["floor_s"] > 0 and row["pool_tokens"] == runs[0]["kv_pages"] * runs[0]["page_size"]
+    assert row["card_floor_s"] > 0  # beside this machine's measured ceilings (here the CPU's)
     assert "at-scale tiny: 6 requests x 36/12 tokens" in printed
+    assert "this card: copy" in printed and "  engine: this card's floor (copy" in printed
     assert printed.rstrip().splitlines()[-1].startswith("  engine: runs")
 
 

@@ -241,3 +241,21 @@ def test_gemma3_windows_five_of_every_six_layers():
     assert (qwen.window, qwen.window_layers) == (0, 0)
     mistral = ModelShape.from_config({**cfg["text_config"], "model_type": "mistral", "sliding_window": 4096})
     assert (mistral.window, mistral.window_layers) == (4096, 48)
+
+
+def test_measured_ceilings_are_rates_and_the_card_floor_follows_them():
+    """measure_ceilings on this CPU (smoke sizes): a copy rate and a GEMM rate, both positive;
+    at_scale's third floor is shape_floor at those ceilings: equal to the H200 floor at the
+    H200's ceilings, and longer on a card with half the bandwidth and peak."""
+    from at_scale import PRESETS
+    from at_scale_report import floors
+    from floor import H200_BANDWIDTH, H200_PEAK, measure_ceilings
+
+    bandwidth, peak = measure_ceilings(reps=2)
+    assert bandwidth > 1e8 and peak > 1e8
+    preset = PRESETS["llama-3.1-8b"]
+    ideal, _, same = floors(preset, "fp8_e4m3", 1024, None, True, (H200_BANDWIDTH, H200_PEAK))
+    assert same is not None and same.total_s == pytest.approx(ideal.total_s)
+    _, _, slower = floors(preset, "fp8_e4m3", 1024, None, True, (H200_BANDWIDTH / 2, H200_PEAK / 2))
+    assert slower is not None and slower.total_s == pytest.approx(2 * ideal.total_s)
+    assert floors(preset, "fp8_e4m3", 1024, None, True)[2] is None
