@@ -217,11 +217,14 @@ def compile_sampler() -> int:
     params = [SamplingParams(temperature=0.6, seed=i + 1) for i in range(256)]
     t = sampling_tensors(params, list(range(256)), "cpu")
     for dtype in (torch.bfloat16, torch.float32):
-        logits = torch.zeros(256, 151936, dtype=dtype)
-        failures += attempt(
-            f"sampler  logits {dtype}",
-            lambda logits=logits: sample_unfiltered(logits, t.temperature, t.seeds, t.steps, t.greedy),
-        )
+        for two_pass in (False, True):  # the schedule and the one benchmarks/sampling.py times it against
+            logits = torch.zeros(256, 151936, dtype=dtype)
+            failures += attempt(
+                f"sampler  logits {dtype}{' two-pass' if two_pass else ''}",
+                lambda logits=logits, two_pass=two_pass: sample_unfiltered(
+                    logits, t.temperature, t.seeds, t.steps, t.greedy, two_pass=two_pass
+                ),
+            )
     return failures
 
 

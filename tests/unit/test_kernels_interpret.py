@@ -71,11 +71,14 @@ def test_gelu_tanh_and_mul(ops, dtype):
     torch.testing.assert_close(ops.act_and_mul(x, "gelu_pytorch_tanh"), want, **tol)
 
 
+@pytest.mark.parametrize("two_pass", [False, True], ids=["one-pass", "two-pass"])
 @pytest.mark.parametrize("chunk", [8192, 512], ids=["chunks-8192", "chunks-512"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fused_sampling_draws_what_the_torch_sampler_draws(ops, dtype, chunk, monkeypatch):
+def test_fused_sampling_draws_what_the_torch_sampler_draws(ops, dtype, chunk, two_pass, monkeypatch):
     """Rows summarised in chunks (2 or 18 a row), some masked out to -inf as a grammar masks
-    them (whole chunks, and all but a few tokens), greedy rows whose max is tied across chunks."""
+    them (whole chunks, and all but a few tokens), greedy rows whose max is tied across chunks;
+    the chunk summaries in one pass (a row's mass rescaled as its max rises within a chunk of
+    8,192) and in the two-pass schedule the benchmark times against."""
     from wire.schema import SamplingParams
     from worker.engine.sampler import Sampler
     from worker.kernels import sampling
@@ -100,7 +103,7 @@ def test_fused_sampling_draws_what_the_torch_sampler_draws(ops, dtype, chunk, mo
     ]
     t = sampling_tensors(params, [1000 + 37 * i for i in range(24)], "cpu")
     expected = Sampler().sample(logits, t)
-    got = sample_unfiltered(logits, t.temperature, t.seeds, t.steps, t.greedy)
+    got = sample_unfiltered(logits, t.temperature, t.seeds, t.steps, t.greedy, two_pass=two_pass)
     assert got is not None and got.dtype == torch.int32
     assert got.tolist() == expected.tolist()
 

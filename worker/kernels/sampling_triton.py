@@ -32,33 +32,49 @@ def sample_chunks_kernel(
     num_chunks: tl.constexpr,
     CHUNK: tl.constexpr,
     BLOCK: tl.constexpr,
+    TWO_PASS: tl.constexpr = False,
 ):
-    """Program (row, c) summarises columns [c * CHUNK, (c + 1) * CHUNK) of its row: their max
-    and its first column, and (rows that sample) their mass sum(exp(x / T - max / T)), 0 when
-    every logit there is -inf (a masked-out chunk). sample_pick_kernel combines the chunks."""
+    """Program (row, c) summarises columns [c * CHUNK, (c + 1) * CHUNK) of its row: their max,
+    and for a greedy row its first column, for a row that samples their mass
+    sum(exp(x / T - max / T)) (0 when every logit there is -inf: a masked-out chunk), in one
+    pass over the logits: the mass is kept relative to the running max and rescaled when it
+    rises. ``TWO_PASS`` is the schedule it replaced (benchmarks/sampling.py's "before"): every
+    row takes the greedy pass, then a row that samples reads its chunk again for the mass.
+    sample_pick_kernel combines the chunks."""
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     base = logits_ptr + row * stride_row
     cols = tl.arange(0, BLOCK)
     start = chunk * CHUNK
     best = float("-inf")
-    best_idx = tl.zeros((), dtype=tl.int32)
-    for off in range(start, start + CHUNK, BLOCK):
-        x = tl.load(base + off + cols, mask=off + cols < vocab, other=float("-inf")).to(tl.float32)
-        block_max = tl.max(x, axis=0)
-        better = block_max > best
-        best_idx = tl.where(better, off + tl.argmax(x, axis=0, tie_break_left=True), best_idx)
-        best = tl.where(better, block_max, best)
+    best_idx = tl.zeros((), dtype=tl.int32) + start  # read for greedy rows only
+    mass = tl.zeros((), dtype=tl.float64)
+    greedy = tl.load(greedy_ptr + row)
+    if (greedy != 0) | TWO_PASS:
+        for off in range(start, start + CHUNK, BLOCK):
+            x = tl.load(base + off + cols, mask=off + cols < vocab, other=float("-inf")).to(tl.float32)
+            block_max = tl.max(x, axis=0)
+            better = block_max > best
+            best_idx = tl.where(better, off + tl.argmax(x, axis=0, tie_break_left=True), best_idx)
+            best = tl.where(better, block_max, best)
+        if (greedy == 0) & (best > float("-inf")):
+            t = tl.load(temperature_ptr + row)
+            for off in range(start, start + CHUNK, BLOCK):
+                x = tl.load(base + off + cols, mask=off + cols < vocab, other=float("-inf")).to(tl.float32)
+                mass += tl.sum(tl.exp(x / t - best / t), axis=0).to(tl.float64)
+    else:
+        t = tl.load(temperature_ptr + row)
+        for off in range(start, start + CHUNK, BLOCK):
+            x = tl.load(base + off + cols, mask=off + cols < vocab, other=float("-inf")).to(tl.float32)
+            top = tl.maximum(best, tl.max(x, axis=0))
+            ref = tl.where(top > float("-inf"), top, 0.0)  # NOTE: -inf - -inf would be nan
+            rescale = tl.exp(best / t - ref / t)  # 1 while the max holds, 0 before the first logit
+            block = tl.sum(tl.exp(x / t - ref / t), axis=0)
+            mass = mass * rescale.to(tl.float64) + block.to(tl.float64)
+            best = top
     slot = row * num_chunks + chunk
     tl.store(max_ptr + slot, best)
     tl.store(idx_ptr + slot, best_idx)
-    mass = tl.zeros((), dtype=tl.float64)
-    if (tl.load(greedy_ptr + row) == 0) & (best > float("-inf")):
-        t = tl.load(temperature_ptr + row)
-        peak = best / t
-        for off in range(start, start + CHUNK, BLOCK):
-            x = tl.load(base + off + cols, mask=off + cols < vocab, other=float("-inf")).to(tl.float32)
-            mass += tl.sum(tl.exp(x / t - peak), axis=0).to(tl.float64)
     tl.store(mass_ptr + slot, mass)
 
 
