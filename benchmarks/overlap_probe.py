@@ -74,6 +74,7 @@ from attention_backend import POOL_LAYERS, build  # noqa: E402
 from gpu_timing import captured, event_ms  # noqa: E402
 from model_shape import ModelShape  # noqa: E402
 
+from worker.engine.split import green_streams  # noqa: E402
 from worker.kernels.bounded_gemm import bounded_linear  # noqa: E402
 from worker.kernels.ops import quantize_fp8_rows  # noqa: E402
 from worker.models.fp8 import Fp8Linear, quantize_channels  # noqa: E402
@@ -204,38 +205,6 @@ def green_stream(sms: int) -> torch.cuda.Stream:
         raise RuntimeError(f"torch {torch.__version__}: GreenContext has no Stream()")
     _GREEN_CONTEXTS.append(context)
     return context.Stream()
-
-
-def split_streams(
-    attention_sms: int, per_side: int = 2
-) -> tuple[list[torch.cuda.Stream], list[torch.cuda.Stream], int, int]:
-    """The device cut in two disjoint green contexts: ``attention_sms`` SMs (rounded up by the
-    driver: 8 at a time on sm90) and the rest, ``per_side`` streams on each; returns (the first's
-    streams, the rest's, their SM counts). torch's GreenContext takes its SMs from the whole
-    device each time (two of them may share SMs), so this goes through the driver API
-    (cuda-python), FlashInfer's green_ctx helpers cutting the SMs; RuntimeError where there is
-    no cuda-python."""
-    try:
-        import cuda.bindings.driver as driver
-        from flashinfer.cuda_utils import checkCudaErrors
-        from flashinfer.green_ctx import get_cudevice, get_device_resource, split_resource_by_sm_count
-    except ImportError as exc:
-        raise RuntimeError(f"--split-sms needs cuda-python (cuda-bindings): {exc}") from exc
-
-    device = get_cudevice(torch.device("cuda", torch.cuda.current_device()))
-    groups, rest = split_resource_by_sm_count(device, get_device_resource(device), [attention_sms])
-    sides: list[list[torch.cuda.Stream]] = []
-    for resource in (groups[0], rest):
-        desc = checkCudaErrors(driver.cuDevResourceGenerateDesc([resource], 1))
-        flags = driver.CUgreenCtxCreate_flags.CU_GREEN_CTX_DEFAULT_STREAM
-        context = checkCudaErrors(driver.cuGreenCtxCreate(desc, device, flags))
-        _GREEN_CONTEXTS.append(context)
-        nonblocking = driver.CUstream_flags.CU_STREAM_NON_BLOCKING
-        handles = [
-            checkCudaErrors(driver.cuGreenCtxStreamCreate(context, nonblocking, 0)) for _ in range(per_side)
-        ]
-        sides.append([torch.cuda.get_stream_from_external(int(h)) for h in handles])
-    return sides[0], sides[1], int(groups[0].sm.smCount), int(rest.sm.smCount)
 
 
 def step(
@@ -381,7 +350,7 @@ def split_runs(
     """The split variants for one cut (module docstring): each half's attention on its own stream
     of the attention part and its GEMMs on its own stream of the rest, so the halves' chains
     interleave; checked against one stream (``split_agree@A``) and run once before timing."""
-    attention, gemms, attention_sms, gemm_sms = split_streams(sms)
+    attention, gemms, attention_sms, gemm_sms = green_streams(sms)
     lanes = (Lanes(gemms[0], attention[0]), Lanes(gemms[1], attention[1]))
 
     def alone(attention: bool) -> Callable[[], None]:

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from worker.attention.base import AttentionBackend
     from worker.engine.logprobs import HostLogprobs
     from worker.engine.sampler import SamplingTensors
+    from worker.engine.split import Lanes
     from worker.kvcache.pool import KVPool
 
 
@@ -90,6 +91,9 @@ class ForwardBatch:
     backend: AttentionBackend
     attn_meta: Any
     kv: KVPool
+    # a half of a split decode pass (worker.engine.split): its attention runs on the lanes'
+    # attention stream, the rest of its layers on their other stream; None: one stream
+    lanes: Lanes | None = None
 
     @property
     def wants_new_kv(self) -> bool:
@@ -101,7 +105,17 @@ class ForwardBatch:
         """Store this pass's k/v ([T, kv_heads, head_dim]) for the layer, then attend with q (and
         k/v themselves when the backend wants them)."""
         self.kv.store(layer_id, self.out_loc, k, v)
-        return self.backend.forward(q, layer_id, self.attn_meta, (k, v) if self.wants_new_kv else None)
+        return self.attend(q, layer_id, (k, v) if self.wants_new_kv else None)
+
+    def attend(
+        self, q: torch.Tensor, layer_id: int, new_kv: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> torch.Tensor:
+        """The backend's attention for the layer, this pass's K/V already in the pool (on the
+        attention stream of a split pass's half)."""
+        if self.lanes is None:
+            return self.backend.forward(q, layer_id, self.attn_meta, new_kv)
+        with self.lanes.on("attention"):
+            return self.backend.forward(q, layer_id, self.attn_meta, new_kv)
 
 
 class ForwardOutput(NamedTuple):

@@ -16,11 +16,13 @@ pytestmark = pytest.mark.gpu
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from overlap_probe import main, split_streams  # noqa: E402
+from overlap_probe import main  # noqa: E402
+
+from worker.engine.split import green_streams  # noqa: E402
 
 
 def test_the_two_parts_are_disjoint_and_cover_at_most_the_device() -> None:
-    attention, gemms, attention_sms, gemm_sms = split_streams(48)
+    attention, gemms, attention_sms, gemm_sms = green_streams(48)
     total = torch.cuda.get_device_properties(0).multi_processor_count
     assert len(attention) == len(gemms) == 2
     assert attention_sms >= 48 and gemm_sms > 0

@@ -94,6 +94,17 @@ class EngineConfig:
         "runs eagerly, host-bound)",
         check=at_least(1),
     )
+    decode_split_sms: int = option(
+        0,
+        "experimental (CUDA, one GPU): a decode pass of at least `decode_split_min_batch` requests is cut in "
+        "two halves whose layers interleave, each half's attention on a green context of this many SMs and "
+        "its other kernels on the rest of the GPU, so attention and GEMMs overlap; eager (no CUDA graph); "
+        "needs cuda-python (`cuda-bindings`); 0: off",
+        check=at_least(0, "0: off"),
+    )
+    decode_split_min_batch: int = option(
+        512, "smallest decode batch that `decode_split_sms` splits", check=at_least(2)
+    )
     triton: bool = option(True, "fused Triton kernels on CUDA (false: the torch paths, for ablation)")
     moe_fp8_sums: str = option(
         "fast",

@@ -17,7 +17,9 @@ from worker.kvcache.pool import KVPool, cache_dtype_of
 from worker.models.moe import SparseMoE
 
 if TYPE_CHECKING:
+    from worker.attention.base import AttentionBackend
     from worker.engine.graph import GraphRunner
+    from worker.engine.split import SplitDecode
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +58,6 @@ class Engine:
     """
 
     def __init__(self, config: EngineConfig) -> None:
-        from worker.attention.registry import create_backend
         from worker.distributed import all_reduce_min, tp_info
         from worker.engine.sampler import Sampler
         from worker.models.loader import load_model, resolve_dtype
@@ -71,6 +72,11 @@ class Engine:
                 "(radixq worker / run; worker.scheduler.tp), not in this process"
             )
         self.device = rank_device(config.device, self.tp.rank, self.tp.size)
+        if config.decode_split_sms and (self.device.type != "cuda" or self.tp.size > 1):
+            raise StartupError(
+                f"decode_split_sms={config.decode_split_sms} needs one CUDA GPU (device {self.device.type}, "
+                f"tensor_parallel_size {self.tp.size}): set it to 0"
+            )
         if self.device.index is not None:  # a TP rank's own GPU; plain "cuda" stays the current one
             torch.cuda.set_device(self.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
@@ -141,8 +147,7 @@ class Engine:
         self.token_pool = torch.zeros(table_shape, dtype=torch.int32, device=self.device)
         self.dummy_loc = self.num_pages * self.page_size  # first location of the dummy page
         self.page_table[-1].fill_(self.dummy_loc)
-        self.backend = create_backend(
-            config.attention,
+        self._backend_args: dict[str, Any] = dict(
             kv=self.kv,
             page_table=self.page_table,
             model_config=model_config,
@@ -155,6 +160,18 @@ class Engine:
                 else {}
             ),
         )
+        self.backend = self.new_attention_backend()
+        # a split decode pass's second half plans into a backend of its own (worker.engine.split)
+        self.split: SplitDecode | None = None
+        if config.decode_split_sms:
+            from worker.engine.split import SplitDecode
+
+            self.split = SplitDecode.on_gpu(
+                self.new_attention_backend(),
+                config.decode_split_sms,
+                config.decode_split_min_batch,
+                self.device.index if self.device.index is not None else torch.cuda.current_device(),
+            )
         self.sampler = Sampler()
         if self.kv.quantized and config.kv_scales == "calibrated":
             from worker.engine.kv_calibration import calibrate_kv_scales, calibration_ids
@@ -167,6 +184,13 @@ class Engine:
         self.graph_runner: GraphRunner | None = None  # CUDA graphs: replays captured decode batch sizes
         if self.device.type == "cuda":
             self._setup_cuda(config)
+
+    def new_attention_backend(self) -> AttentionBackend:
+        """An attention backend over this engine's KV pool and page table (the engine's own, or
+        a split decode pass's second one: a plan lives in its backend's buffers)."""
+        from worker.attention.registry import create_backend
+
+        return create_backend(self.config.attention, **self._backend_args)
 
     def _setup_cuda(self, config: EngineConfig) -> None:
         if config.overlap:
@@ -270,6 +294,8 @@ class Engine:
             return self._sample(fi, logits, token_bitmask)
 
     def _logits(self, fi: ForwardInput) -> torch.Tensor:
+        if self.split is not None and self.split.applies(fi):
+            return self.split.logits(self, fi)
         if fi.graph_bs is not None:
             assert self.graph_runner is not None, "a graph batch size without captured graphs"
             self.backend.plan_for_replay(fi.layout, fi.graph_bs)

@@ -134,7 +134,40 @@ class CausalLM(nn.Module):
         h, residual = self.embed(batch.input_ids), None
         for layer in self.model.layers:
             h, residual = layer(positions, h, residual, batch)
-        idx, norm = batch.sample_idx, self.model.norm
+        return self.head(h, residual, batch.sample_idx, logits_out)
+
+    def forward_split(self, halves: list[ForwardBatch]) -> torch.Tensor:
+        """Logits [B, vocab] of a decode pass cut in halves (worker.engine.split), their rows in
+        order: the halves' layers interleave, layer by layer, each half's kernels on its lanes
+        (attention on one stream, the rest on another), so one half's attention may run beside
+        the other's GEMMs; then the final norm and LM head over every row."""
+        states: list[tuple[torch.Tensor, torch.Tensor | None]] = []
+        for batch in halves:
+            assert batch.lanes is not None
+            with batch.lanes.on("gemm"):
+                states.append((self.embed(batch.input_ids), None))
+        for layer in self.model.layers:
+            for i, batch in enumerate(halves):
+                assert batch.lanes is not None
+                with batch.lanes.on("gemm"):
+                    states[i] = layer(batch.positions, *states[i], batch)
+        for batch in halves:
+            assert batch.lanes is not None
+            batch.lanes.join()
+        h = torch.cat([state[0] for state in states])
+        residuals = [state[1] for state in states if state[1] is not None]
+        residual = torch.cat(residuals) if residuals else None  # None: a model without layers
+        return self.head(h, residual, torch.arange(h.shape[0], device=h.device))
+
+    def head(
+        self,
+        h: torch.Tensor,
+        residual: torch.Tensor | None,
+        idx: torch.Tensor,
+        logits_out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The final norm (with the last residual add) and the LM head of rows ``idx``."""
+        norm = self.model.norm
         if residual is None:
             h = norm(h[idx])
         else:  # the last layer's residual add, fused into the final norm of the sampled rows

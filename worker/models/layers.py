@@ -96,7 +96,7 @@ class Attention(nn.Module):
             if new_k is not None:
                 v_new = qkv[:, self.q_size + self.kv_size :].view(-1, self.num_kv_heads, self.head_dim)
                 new_kv = (new_k, v_new)
-            out = batch.backend.forward(fused_q, layer, batch.attn_meta, new_kv)
+            out = batch.attend(fused_q, layer, new_kv)
         else:
             q, k, v = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
             q = norm_rope(q.view(-1, self.num_q_heads, self.head_dim), positions, cos, sin, q_w, eps)
