@@ -341,6 +341,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 f"{record.graph_batch_sizes[-1] if record.graph_batch_sizes else None}, "
                 f"eager decode steps {record.eager_decode_steps}"
                 + (f" up to batch {record.eager_batch_max}" if record.eager_batch_max else "")
+                + (f", split decode passes {record.split_passes}" if record.split_passes is not None else "")
                 + ")",
                 flush=True,
             )

@@ -45,6 +45,7 @@ class RunRecord:
     eager_decode_steps: int | None = None  # decode steps no captured graph held (run eagerly)
     eager_batch_max: int | None = None  # the largest of their batches
     step_profile: dict[str, Any] | None = None  # with --profile-steps: step_breakdown() of the run
+    split_passes: int | None = None  # decode passes cut in halves (engine option decode_split_sms)
 
     @property
     def tok_per_s(self) -> float:
@@ -129,6 +130,7 @@ def run_engine(
         profiler = StepProfiler(llm.engine)
     llm.scheduler.hooks = watch if profiler is None else HookGroup(watch, profiler)
     retractions = llm.scheduler.stats.retractions
+    split_before = llm.engine.split.passes if llm.engine.split is not None else None
     timed = params(workload)
     if torch.cuda.is_available():
         torch.cuda.synchronize()
@@ -163,6 +165,9 @@ def run_engine(
         eager_decode_steps=watch.eager_decode_steps,
         eager_batch_max=watch.eager_batch_max or None,
         step_profile=step_breakdown(profiler.summary()) if profiler is not None else None,
+        split_passes=engine.split.passes - split_before
+        if engine.split is not None and split_before is not None
+        else None,
     )
     llm = engine = results = profiler = None  # type: ignore[assignment]  # NOTE: drop every reference first
     free_gpu_memory()

@@ -89,6 +89,7 @@ def test_tiny_preset_runs_end_to_end_on_cpu(tmp_path: Path, capsys: pytest.Captu
         # 6 requests, 4 slots: the decode batch fills the slots and never passes them
         assert 2 <= run["max_decode_batch"] <= preset.max_running_reqs
         assert run["prefill_steps"] >= 2  # the last two requests wait for slots
+        assert run["split_passes"] is None  # no decode_split_sms
     (row,) = rows
     assert row["variant"] == "engine" and row["runs_s"] == [round(r["seconds"], 3) for r in runs]
     assert row["median_s"] == pytest.approx(sum(r["seconds"] for r in runs) / 2)
