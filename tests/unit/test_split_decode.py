@@ -60,3 +60,55 @@ def test_split_needs_one_cuda_gpu(tmp_path) -> None:
     family_dir("mistral", tmp_path)
     with pytest.raises(StartupError, match=r"decode_split_sms=64 needs one CUDA GPU \(device cpu"):
         LLM(str(tmp_path), device="cpu", decode_split_sms=64)
+
+
+class FakeStream:
+    """Records the waits a Lanes asks of it (CPU: no CUDA streams)."""
+
+    def __init__(self, name: str, log: list[str]) -> None:
+        self.name, self.log = name, log
+
+    def wait_stream(self, other: FakeStream) -> None:
+        self.log.append(f"{self.name} waits {other.name}")
+
+
+def test_lanes_keep_a_half_in_order(monkeypatch) -> None:
+    """A layer on the GEMM lane with its attention nested on the attention lane: the attention
+    waits for the QKV projection, the O projection for the attention, the next layer runs on
+    without a wait, and the pass joins the current stream at the end."""
+    from contextlib import contextmanager
+
+    log: list[str] = []
+    main, gemm, attention = (FakeStream(name, log) for name in ("main", "gemm", "attention"))
+    current = [main]
+
+    @contextmanager
+    def on_stream(stream):
+        outer, current[0] = current[0], stream
+        try:
+            yield
+        finally:
+            current[0] = outer
+
+    monkeypatch.setattr(torch.cuda, "stream", on_stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: current[0])
+    lanes = Lanes(gemm, attention)
+
+    def kernel(name: str) -> None:
+        log.append(f"{name} on {current[0].name}")
+
+    with lanes.on("gemm"):
+        kernel("qkv")
+        with lanes.on("attention"):
+            kernel("attend")
+        kernel("o_proj")
+    with lanes.on("gemm"):
+        kernel("next layer")
+    lanes.join()
+    assert log == [
+        "gemm waits main", "qkv on gemm",
+        "attention waits gemm", "attend on attention",
+        "gemm waits attention", "o_proj on gemm",
+        "next layer on gemm",
+        "main waits gemm",
+    ]  # fmt: skip

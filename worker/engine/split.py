@@ -37,13 +37,16 @@ _GREEN_CONTEXTS: list[Any] = []  # NOTE: a green context must outlive the stream
 class Lanes:
     """Where one half's kernels run: its attention on one stream, everything else on another
     (None: the current stream, in turn). Each kernel waits for the one before it in the half's
-    chain, so the half computes what one stream computes."""
+    chain, so the half computes what one stream computes. Blocks nest (a layer runs on "gemm"
+    and its attention on "attention" inside it): when an inner block ends, the outer block's
+    stream waits for it before going on."""
 
     def __init__(
         self, gemm: torch.cuda.Stream | None = None, attention: torch.cuda.Stream | None = None
     ) -> None:
         self.streams = {"gemm": gemm, "attention": attention}
-        self.last: torch.cuda.Stream | None = None
+        self.last: torch.cuda.Stream | None = None  # the stream of the chain's latest kernel
+        self._open: list[torch.cuda.Stream] = []  # the streams of the blocks entered, innermost last
 
     @contextmanager
     def on(self, kind: str) -> Iterator[None]:
@@ -55,9 +58,16 @@ class Lanes:
             return
         if self.last is not stream:
             stream.wait_stream(self.last or torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            yield
         self.last = stream
+        self._open.append(stream)
+        try:
+            with torch.cuda.stream(stream):
+                yield
+        finally:
+            self._open.pop()
+            if self._open and self._open[-1] is not stream:  # back in the enclosing block
+                self._open[-1].wait_stream(stream)
+                self.last = self._open[-1]
 
     def join(self) -> None:
         """The current stream waits for the half's last kernel; the next pass starts afresh."""
