@@ -5,8 +5,9 @@ the engine turns it into the ForwardBatch a model reads, and returns a ForwardOu
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 if TYPE_CHECKING:
     import torch
@@ -14,7 +15,6 @@ if TYPE_CHECKING:
     from worker.attention.base import AttentionBackend
     from worker.engine.logprobs import HostLogprobs
     from worker.engine.sampler import SamplingTensors
-    from worker.engine.split import Lanes
     from worker.kvcache.pool import KVPool
 
 
@@ -72,6 +72,16 @@ class ForwardInput:
     @property
     def batch_size(self) -> int:
         return self.layout.batch_size
+
+
+class Lanes(Protocol):
+    """Where a half of a split decode pass runs its kernels (worker.engine.split.Lanes):
+    ``on("attention")`` or ``on("gemm")`` holds a block on that stream, after the half's last
+    kernel; ``join`` makes the current stream wait for the half."""
+
+    def on(self, kind: str) -> AbstractContextManager[None]: ...
+
+    def join(self) -> None: ...
 
 
 @dataclass(frozen=True)
