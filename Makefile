@@ -28,9 +28,10 @@ lint: $(STAMP)
 FAST_TIER := -m 'not gpu and not model'
 MODEL_TIER := -m 'model and not gpu'
 
+# --durations: each run names its slowest tests (CI should stay near 20 minutes: docs/development.md)
 test: lint
-	$(PY) -m pytest $(FAST_TIER)
-	$(PY) -m pytest $(MODEL_TIER)
+	$(PY) -m pytest $(FAST_TIER) --durations=20
+	$(PY) -m pytest $(MODEL_TIER) --durations=10
 
 test-fast: $(STAMP)
 	$(PY) -m pytest $(FAST_TIER)
