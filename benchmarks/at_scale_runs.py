@@ -165,9 +165,7 @@ def run_engine(
         eager_decode_steps=watch.eager_decode_steps,
         eager_batch_max=watch.eager_batch_max or None,
         step_profile=step_breakdown(profiler.summary()) if profiler is not None else None,
-        split_passes=engine.split.passes - split_before
-        if engine.split is not None and split_before is not None
-        else None,
+        split_passes=None if split_before is None else engine.split.passes - split_before,
     )
     llm = engine = results = profiler = None  # type: ignore[assignment]  # NOTE: drop every reference first
     free_gpu_memory()
