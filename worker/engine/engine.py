@@ -166,12 +166,17 @@ class Engine:
         if config.decode_split_sms:
             from worker.engine.split import SplitDecode
 
-            self.split = SplitDecode.on_gpu(
-                self.new_attention_backend(),
-                config.decode_split_sms,
-                config.decode_split_min_batch,
-                self.device.index if self.device.index is not None else torch.cuda.current_device(),
-            )
+            try:
+                self.split = SplitDecode.on_gpu(
+                    self.new_attention_backend(),
+                    config.decode_split_sms,
+                    config.decode_split_min_batch,
+                    self.device.index if self.device.index is not None else torch.cuda.current_device(),
+                )
+            except RuntimeError as exc:  # no cuda-python, a driver without green contexts, too many SMs
+                raise StartupError(
+                    f"decode_split_sms={config.decode_split_sms}: {str(exc).splitlines()[0][:300]}"
+                ) from exc
         self.sampler = Sampler()
         if self.kv.quantized and config.kv_scales == "calibrated":
             from worker.engine.kv_calibration import calibrate_kv_scales, calibration_ids
